@@ -1,0 +1,134 @@
+"""Shell-side. Scrape-time collector for live state (ARCHITECTURE §4.3, STYLE §2.F and §4.6).
+
+The event loop owns the live state (connection ledger, traffic counters, policy). It publishes
+an immutable :class:`MetricsSnapshot` by swapping one reference; :class:`LiveCollector` runs on
+the exporter's HTTP thread and reads only that snapshot, once per scrape, never a live dict.
+The pattern is prometheus_client's ``ProcessCollector``: an injected data source, fresh metric
+families built on every ``collect()``.
+
+May import prometheus_client; must not import the daemon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+__all__ = ["DIRECTIONS", "LiveCollector", "MetricsSnapshot"]
+
+#: The ``direction`` label values: bytes/transfers received from the client, and sent to it.
+DIRECTIONS: tuple[str, str] = ("client_to_broker", "broker_to_client")
+
+_EMPTY: Mapping[tuple[str, str], int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """The live figures at one instant, published by the event loop for scrapes.
+
+    Build a new snapshot and swap the reference the collector's source returns; never mutate
+    the mappings of a published snapshot (the exporter thread may be iterating them). The
+    default instance is the empty snapshot (no connections, no traffic, no policy).
+    """
+
+    connections_active: Mapping[tuple[str, str], int] = field(default_factory=lambda: _EMPTY)
+    """Open (approved, not yet closed) connections per ``(vhost, group)``."""
+    bytes_total: Mapping[tuple[str, str], int] = field(default_factory=lambda: _EMPTY)
+    """Cumulative bytes per ``(vhost, direction)`` since the daemon started, frames included.
+    Must never decrease: closed connections' bytes stay in the total."""
+    transfers_total: Mapping[tuple[str, str], int] = field(default_factory=lambda: _EMPTY)
+    """Cumulative Transfer frames per ``(vhost, direction)`` since the daemon started."""
+    limits: tuple[tuple[str, str, str, float], ...] = field(default=())
+    """Configured limits as ``(vhost, group, limit, value)``: ``limit`` is the QDR key
+    (``maxConnections``, ``maxConnectionsPerUser``, ...), ``group`` is ``""`` for vhost-level
+    limits. Omit unlimited settings rather than exporting 0."""
+    policy_digest: str = ""
+    """Digest of the running policy; ``""`` before one is loaded (no ``policy_info`` sample)."""
+
+
+class LiveCollector:
+    """Exports the current :class:`MetricsSnapshot` at scrape time.
+
+    Families (ARCHITECTURE §4.3): ``amqp_proxy_connections_active{vhost,group}`` (gauge),
+    ``amqp_proxy_bytes_total{vhost,direction}`` and ``amqp_proxy_transfers_total{vhost,direction}``
+    (counters), ``amqp_proxy_limit{vhost,group,limit}`` (gauge) and
+    ``amqp_proxy_policy_info{digest}`` (gauge, always 1). Families are yielded even when empty.
+
+    Args:
+        source: zero-argument callable returning the current snapshot. It is called exactly
+            once per scrape, on the exporter thread, so it must only read a reference (e.g.
+            ``lambda: state.snapshot``), never compute from live event-loop state.
+        registry: when given, the collector registers itself there.
+
+    Raises:
+        ValueError: ``registry`` already has a family of the same name.
+    """
+
+    def __init__(
+        self,
+        source: Callable[[], MetricsSnapshot],
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self._source = source
+        if registry is not None:
+            registry.register(self)
+
+    def describe(self) -> list[Metric]:
+        """Return the families without samples (the registry's clash check; no source call)."""
+        return list(self._families(MetricsSnapshot()))
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the snapshot once and yield the five families built from it."""
+        return self._families(self._source())
+
+    @staticmethod
+    def _families(snap: MetricsSnapshot) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "amqp_proxy_connections_active",
+            "Open connections per vhost and policy group.",
+            labels=("vhost", "group"),
+        )
+        for (vhost, group), count in snap.connections_active.items():
+            active.add_metric((vhost, group), count)
+        yield active
+
+        traffic = CounterMetricFamily(
+            "amqp_proxy_bytes_total",
+            "Bytes relayed per vhost and direction, AMQP frames included.",
+            labels=("vhost", "direction"),
+        )
+        for (vhost, direction), count in snap.bytes_total.items():
+            traffic.add_metric((vhost, direction), count)
+        yield traffic
+
+        transfers = CounterMetricFamily(
+            "amqp_proxy_transfers_total",
+            "Transfer frames relayed per vhost and direction.",
+            labels=("vhost", "direction"),
+        )
+        for (vhost, direction), count in snap.transfers_total.items():
+            transfers.add_metric((vhost, direction), count)
+        yield transfers
+
+        limit = GaugeMetricFamily(
+            "amqp_proxy_limit",
+            "Configured policy limits (QDR setting names), for utilisation panels.",
+            labels=("vhost", "group", "limit"),
+        )
+        for vhost, group, name, value in snap.limits:
+            limit.add_metric((vhost, group, name), value)
+        yield limit
+
+        info = GaugeMetricFamily(
+            "amqp_proxy_policy_info",
+            "Always 1; the digest label identifies the running policy.",
+            labels=("digest",),
+        )
+        if snap.policy_digest:
+            info.add_metric((snap.policy_digest,), 1)
+        yield info

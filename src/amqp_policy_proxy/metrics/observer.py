@@ -1,0 +1,316 @@
+"""Shell-side. Turns core events into Prometheus counters and histograms (ARCHITECTURE §4.3).
+
+The daemon fans every :mod:`amqp_policy_proxy.core.events` event out to
+:meth:`MetricsObserver.handle` on the event loop thread. Counters and histograms live here;
+gauges and traffic counters that describe live state come from
+:class:`~amqp_policy_proxy.metrics.collectors.LiveCollector` at scrape time (STYLE §4.6).
+
+Label discipline (the contract): labels only from ``vhost``, ``group``, ``reason``, ``role``,
+``side``, ``condition``, ``result``, ``upstream``, ``direction``. Never a user, remote host,
+container-id or address: those go to the event log only.
+
+May import prometheus_client; must not import the daemon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics_core import Metric
+
+from amqp_policy_proxy.core.events import (
+    ConnectionApproved,
+    ConnectionClosed,
+    ConnectionDenied,
+    ConnectionDenyReason,
+    LinkDenied,
+    MessageDenied,
+    PolicyReloaded,
+    ProtocolViolation,
+    SessionDenied,
+    UpstreamConnectFailed,
+)
+
+__all__ = [
+    "CONNECTION_DURATION_BUCKETS",
+    "METRIC_NAMES",
+    "OPEN_DECISION_BUCKETS",
+    "MetricsObserver",
+]
+
+#: Every ``amqp_proxy_`` family the daemon exports, as written in ARCHITECTURE §4.3 (counters
+#: with their ``_total``; histograms without ``_bucket``/``_sum``/``_count``). Includes the
+#: families of :class:`~amqp_policy_proxy.metrics.collectors.LiveCollector`.
+METRIC_NAMES: frozenset[str] = frozenset(
+    {
+        "amqp_proxy_connections_active",
+        "amqp_proxy_connections_approved_total",
+        "amqp_proxy_connections_denied_total",
+        "amqp_proxy_sessions_denied_total",
+        "amqp_proxy_links_denied_total",
+        "amqp_proxy_messages_denied_total",
+        "amqp_proxy_protocol_errors_total",
+        "amqp_proxy_bytes_total",
+        "amqp_proxy_transfers_total",
+        "amqp_proxy_open_decision_seconds",
+        "amqp_proxy_connection_duration_seconds",
+        "amqp_proxy_limit",
+        "amqp_proxy_policy_reloads_total",
+        "amqp_proxy_policy_info",
+        "amqp_proxy_upstream_connect_failures_total",
+        "amqp_proxy_event_log_dropped_total",
+    }
+)
+
+#: Open decision latency buckets, seconds: 10 µs .. 100 ms. A decision is a few dict lookups
+#: plus a remoteHosts match, so the interesting range is microseconds to a few milliseconds;
+#: the upper buckets catch event-loop stalls.
+OPEN_DECISION_BUCKETS: tuple[float, ...] = (
+    0.00001,
+    0.000025,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+)
+
+#: Connection lifetime buckets, seconds: 100 ms (connect-and-go clients) .. 1 day.
+CONNECTION_DURATION_BUCKETS: tuple[float, ...] = (
+    0.1,
+    1.0,
+    10.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+    14400.0,
+    86400.0,
+)
+
+#: Denial reasons that happen before a vhost is resolved; their ``vhost=""`` series are
+#: pre-created at zero so ``rate()`` sees the first increment and dashboards show a flat line.
+_VHOSTLESS_DENY_REASONS = (
+    ConnectionDenyReason.GLOBAL_LIMIT,
+    ConnectionDenyReason.NO_VHOST,
+    ConnectionDenyReason.HANDSHAKE_TIMEOUT,
+)
+
+
+def _label(value: object) -> str:
+    """Return a label value: ``""`` for None, the plain string otherwise (StrEnum → value)."""
+    return "" if value is None else str(value)
+
+
+class _NoCreatedSeries:
+    """Collector exposing a fixed set of metrics without their ``_created`` samples.
+
+    prometheus_client adds a ``<name>_created`` series to every counter and histogram child.
+    They are not part of the §4.3 contract and double the series count, so the observer's
+    metrics are built unregistered and exported through this filter instead. This keeps the
+    filter local to our registry (``disable_created_metrics()`` would be process-global).
+    """
+
+    def __init__(self, metrics: Iterable[Counter | Histogram]) -> None:
+        self._metrics = tuple(metrics)
+
+    def describe(self) -> list[Metric]:
+        """Return the families without samples (used by the registry to detect clashes)."""
+        return [family for metric in self._metrics for family in metric.describe()]
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield each metric's families, minus the ``_created`` samples."""
+        for metric in self._metrics:
+            for family in metric.collect():
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+                yield family
+
+
+class MetricsObserver:
+    """Counts core events into the §4.3 counters and histograms of one registry.
+
+    Args:
+        registry: the daemon's dedicated registry (:func:`~.registry.build_registry`); the
+            observer registers its families there once.
+
+    Raises:
+        ValueError: a family of the same name is already registered in ``registry`` (for
+            example a second observer on the same registry).
+
+    Thread-safety: :meth:`handle` and :meth:`observe_open_decision` run on the event loop;
+    :meth:`event_log_dropped` may also be called from the event log writer thread. The
+    prometheus_client metrics are thread-safe.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, labels, registry=None)
+
+        self.connections_approved = counter(
+            "amqp_proxy_connections_approved_total",
+            "Connections whose Open passed every admission rule.",
+            ("vhost", "group"),
+        )
+        self.connections_denied = counter(
+            "amqp_proxy_connections_denied_total",
+            "Connections refused at TCP accept, at Open or by the handshake timeout.",
+            ("vhost", "reason"),
+        )
+        self.sessions_denied = counter(
+            "amqp_proxy_sessions_denied_total",
+            "Begin frames denied by maxSessions (answered Begin+End).",
+            ("vhost",),
+        )
+        self.links_denied = counter(
+            "amqp_proxy_links_denied_total",
+            "Attach frames denied by policy (answered Attach+Detach); role is the client's side.",
+            ("vhost", "role", "reason"),
+        )
+        self.messages_denied = counter(
+            "amqp_proxy_messages_denied_total",
+            "Deliveries rejected by policy.",
+            ("vhost", "reason"),
+        )
+        self.protocol_errors = counter(
+            "amqp_proxy_protocol_errors_total",
+            "Connections closed because a side broke the AMQP protocol.",
+            ("side", "condition"),
+        )
+        self.upstream_connect_failures = counter(
+            "amqp_proxy_upstream_connect_failures_total",
+            "Failed attempts to connect to an upstream router or broker.",
+            ("upstream",),
+        )
+        self.policy_reloads = counter(
+            "amqp_proxy_policy_reloads_total",
+            "Policy reloads by result (error: the running policy was kept).",
+            ("result",),
+        )
+        self.event_log_dropped_total = counter(
+            "amqp_proxy_event_log_dropped_total",
+            "Event log records dropped (writer queue full, writer stopped or sink failure).",
+        )
+        self.open_decision = Histogram(
+            "amqp_proxy_open_decision_seconds",
+            "Time to decide on a client's Open (vhost, group, remoteHosts, limits), seconds.",
+            buckets=OPEN_DECISION_BUCKETS,
+            registry=None,
+        )
+        self.connection_duration = Histogram(
+            "amqp_proxy_connection_duration_seconds",
+            "Lifetime of approved connections from approval to close, seconds.",
+            ("vhost",),
+            buckets=CONNECTION_DURATION_BUCKETS,
+            registry=None,
+        )
+        registry.register(
+            _NoCreatedSeries(
+                (
+                    self.connections_approved,
+                    self.connections_denied,
+                    self.sessions_denied,
+                    self.links_denied,
+                    self.messages_denied,
+                    self.protocol_errors,
+                    self.upstream_connect_failures,
+                    self.policy_reloads,
+                    self.event_log_dropped_total,
+                    self.open_decision,
+                    self.connection_duration,
+                )
+            )
+        )
+
+        # Zero series that dashboards and alerts rely on being present from the start.
+        for result in ("ok", "error"):
+            self.policy_reloads.labels(result)
+        for reason in _VHOSTLESS_DENY_REASONS:
+            self.connections_denied.labels("", reason.value)
+
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ConnectionApproved: self._on_connection_approved,
+            ConnectionDenied: self._on_connection_denied,
+            ConnectionClosed: self._on_connection_closed,
+            SessionDenied: self._on_session_denied,
+            LinkDenied: self._on_link_denied,
+            MessageDenied: self._on_message_denied,
+            ProtocolViolation: self._on_protocol_violation,
+            UpstreamConnectFailed: self._on_upstream_connect_failed,
+            PolicyReloaded: self._on_policy_reloaded,
+        }
+
+    def handle(self, event: object) -> None:
+        """Update the metrics for one core event.
+
+        Args:
+            event: any event of :mod:`amqp_policy_proxy.core.events`. Event types without a
+                metric (including types added to the core later) are ignored, so a new event
+                can never break the daemon's fan-out.
+        """
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def observe_open_decision(self, seconds: float) -> None:
+        """Record the time one Open decision took (``amqp_proxy_open_decision_seconds``).
+
+        Args:
+            seconds: elapsed loop-clock seconds from the Open's arrival to the decision;
+                negative values (clock glitches) are recorded as 0.
+        """
+        self.open_decision.observe(max(0.0, seconds))
+
+    def event_log_dropped(self, n: int = 1) -> None:
+        """Count event log records that were dropped (``amqp_proxy_event_log_dropped_total``).
+
+        Suitable as :class:`~amqp_policy_proxy.eventlog.writer.EventLogWriter`'s ``on_drop``.
+
+        Args:
+            n: number of records dropped (0 is a no-op).
+
+        Raises:
+            ValueError: ``n`` is negative (counters only go up).
+        """
+        if n:
+            self.event_log_dropped_total.inc(n)
+
+    # One handler per event type; names follow the event class.
+
+    def _on_connection_approved(self, event: ConnectionApproved) -> None:
+        self.connections_approved.labels(_label(event.vhost), _label(event.group)).inc()
+
+    def _on_connection_denied(self, event: ConnectionDenied) -> None:
+        self.connections_denied.labels(_label(event.vhost), _label(event.reason)).inc()
+
+    def _on_connection_closed(self, event: ConnectionClosed) -> None:
+        self.connection_duration.labels(_label(event.vhost)).observe(
+            max(0.0, event.duration_seconds)
+        )
+
+    def _on_session_denied(self, event: SessionDenied) -> None:
+        self.sessions_denied.labels(_label(event.vhost)).inc()
+
+    def _on_link_denied(self, event: LinkDenied) -> None:
+        self.links_denied.labels(
+            _label(event.vhost), _label(event.role), _label(event.reason)
+        ).inc()
+
+    def _on_message_denied(self, event: MessageDenied) -> None:
+        self.messages_denied.labels(_label(event.vhost), _label(event.reason)).inc()
+
+    def _on_protocol_violation(self, event: ProtocolViolation) -> None:
+        self.protocol_errors.labels(_label(event.side), _label(event.condition)).inc()
+
+    def _on_upstream_connect_failed(self, event: UpstreamConnectFailed) -> None:
+        self.upstream_connect_failures.labels(_label(event.upstream)).inc()
+
+    def _on_policy_reloaded(self, event: PolicyReloaded) -> None:
+        self.policy_reloads.labels(_label(event.result)).inc()
