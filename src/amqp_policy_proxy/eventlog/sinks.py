@@ -1,0 +1,280 @@
+"""Shell-side. Where event log records go: memory (tests) or partitioned JSON Lines files.
+
+The writer thread (:mod:`amqp_policy_proxy.eventlog.writer`) calls a sink; the event loop never
+does. Same interface for a test sink and a production sink, as aioquic's ``QuicLogger`` and
+``QuicFileLogger`` (STYLE §2.C).
+
+File layout (ARCHITECTURE §4.4): ``DIR/dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl``, UTC,
+partitioned by each record's own ``ts`` (not the time of writing), appended to, one JSON object
+per line. One process writes its own files only (pid in the name), so lines never interleave.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from amqp_policy_proxy.eventlog import schema
+
+__all__ = ["EventSink", "FileEventSink", "MemoryEventSink", "dumps_record"]
+
+logger = logging.getLogger(__name__)
+
+_TS = re.compile(r"(\d{4}-\d{2}-\d{2})T(\d{2}):")
+_UNSAFE_HOST_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+_FILE_MODE = 0o640  # records name users and client addresses: not world-readable
+_DIR_MODE = 0o750
+
+
+def dumps_record(record: Mapping[str, Any]) -> str:
+    """Serialise one record as one compact JSON line (without the newline).
+
+    Args:
+        record: a record from :func:`~amqp_policy_proxy.eventlog.records.to_record`.
+
+    Returns:
+        ASCII-only JSON (non-ASCII escaped, so no encoding error is possible).
+
+    Raises:
+        TypeError: a value is not JSON-serialisable.
+        ValueError: a float is NaN or infinite (not valid JSON).
+    """
+    return json.dumps(record, separators=(",", ":"), allow_nan=False)
+
+
+class EventSink(Protocol):
+    """What :class:`~amqp_policy_proxy.eventlog.writer.EventLogWriter` needs from a sink.
+
+    Calls come from one thread at a time (the writer's).
+    """
+
+    def write(self, records: Sequence[Mapping[str, Any]]) -> int:
+        """Append a batch of records in order; return how many were written.
+
+        Records that cannot be serialised are skipped (and not counted); I/O failures raise.
+        """
+        ...
+
+    def flush(self) -> None:
+        """Push buffered records to the operating system."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release resources."""
+        ...
+
+
+class MemoryEventSink:
+    """Keeps records in a list (tests). Records go through JSON like a file sink's would.
+
+    Attributes:
+        records: every record written, as parsed back from its JSON line.
+        flushes: number of :meth:`flush` calls.
+        closed: whether :meth:`close` was called.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.flushes = 0
+        self.closed = False
+
+    def write(self, records: Sequence[Mapping[str, Any]]) -> int:
+        """Append ``records``; see :meth:`EventSink.write`.
+
+        Args:
+            records: schema records in order.
+
+        Returns:
+            The number of records kept (unserialisable ones are skipped).
+        """
+        written = 0
+        for record in records:
+            try:
+                line = dumps_record(record)
+            except (TypeError, ValueError):
+                logger.error("event log record not serialisable, dropped: %r", record)
+                continue
+            self.records.append(json.loads(line))
+            written += 1
+        return written
+
+    def flush(self) -> None:
+        """Count the flush (nothing is buffered)."""
+        self.flushes += 1
+
+    def close(self) -> None:
+        """Mark the sink closed; records stay readable."""
+        self.closed = True
+
+
+def _safe_host(host: str) -> str:
+    """Make a host name safe for a file name: keep ``[A-Za-z0-9._-]``, replace the rest."""
+    return _UNSAFE_HOST_CHARS.sub("_", host) or "unknown"
+
+
+def _make_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, each with :data:`_DIR_MODE` (less the umask).
+
+    ``Path.mkdir(parents=True)`` gives intermediate directories the default mode instead.
+    """
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=_DIR_MODE)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+
+
+class FileEventSink:
+    """Appends records to hourly JSON Lines files, partitioned by each record's ``ts``.
+
+    One file is open at a time; a record whose ``ts`` falls in another UTC hour (or day) closes
+    it and opens (appending) that hour's file, creating ``dt=``/``hour=`` directories as needed.
+    Files are created with mode 0640 and directories 0750 (less the umask): records name users
+    and client addresses.
+
+    Args:
+        directory: the event log root (``[event_log] directory``); created if missing.
+        host: host name for the file name; default :func:`socket.gethostname`. Characters
+            outside ``[A-Za-z0-9._-]`` become ``_``.
+        pid: process id for the file name; default :func:`os.getpid`.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        """The event log root."""
+        self.host = _safe_host(socket.gethostname() if host is None else host)
+        """The host part of the file names."""
+        self.pid = os.getpid() if pid is None else int(pid)
+        """The pid part of the file names."""
+        self._file: IO[str] | None = None
+        self._partition: tuple[str, str] | None = None
+
+    def path_for(self, ts: str) -> Path:
+        """Return the file a record with this ``ts`` goes to.
+
+        Args:
+            ts: the record's ``ts`` (``YYYY-MM-DDTHH:MM:SS.mmmZ``).
+
+        Returns:
+            ``directory/dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl``.
+
+        Raises:
+            ValueError: ``ts`` does not start with an RFC 3339 date and hour.
+        """
+        dt, hour = self._partition_of(ts)
+        return self.directory / schema.partition_path(dt, int(hour), self.host, self.pid)
+
+    @property
+    def current_path(self) -> Path | None:
+        """The file currently open for appending, or None."""
+        if self._partition is None:
+            return None
+        dt, hour = self._partition
+        return self.directory / schema.partition_path(dt, int(hour), self.host, self.pid)
+
+    @staticmethod
+    def _partition_of(ts: object) -> tuple[str, str]:
+        match = _TS.match(ts) if isinstance(ts, str) else None
+        if match is None:
+            raise ValueError(f"record ts is not RFC 3339: {ts!r}")
+        return match.group(1), match.group(2)
+
+    def write(self, records: Sequence[Mapping[str, Any]]) -> int:
+        """Append ``records`` to their hourly files, in order; see :meth:`EventSink.write`.
+
+        A record without a valid ``ts`` or that cannot be serialised is skipped and logged.
+
+        Args:
+            records: schema records.
+
+        Returns:
+            The number of records written.
+
+        Raises:
+            OSError: a directory or file cannot be created or written.
+        """
+        written = 0
+        lines: list[str] = []
+        partition: tuple[str, str] | None = None
+        for record in records:
+            try:
+                record_partition = self._partition_of(record.get("ts"))
+                line = dumps_record(record)
+            except (TypeError, ValueError):
+                logger.error("event log record rejected (bad ts or not serialisable): %r", record)
+                continue
+            if partition is not None and record_partition != partition:
+                written += self._append(partition, lines)
+                lines = []
+            partition = record_partition
+            lines.append(line)
+        if partition is not None:
+            written += self._append(partition, lines)
+        return written
+
+    def _append(self, partition: tuple[str, str], lines: list[str]) -> int:
+        if partition != self._partition or self._file is None:
+            self._switch(partition)
+        assert self._file is not None
+        self._file.write("\n".join(lines) + "\n")
+        return len(lines)
+
+    def _switch(self, partition: tuple[str, str]) -> None:
+        self._close_file()
+        dt, hour = partition
+        path = self.directory / schema.partition_path(dt, int(hour), self.host, self.pid)
+        _make_dirs(path.parent)
+        # Kept open across batches until the hour changes.
+        self._file = open(
+            path,
+            "a",
+            encoding="ascii",
+            newline="\n",
+            opener=lambda p, flags: os.open(p, flags, _FILE_MODE),
+        )
+        self._partition = partition
+        logger.debug("event log now appending to %s", path)
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            finally:
+                self._file = None
+                self._partition = None
+
+    def flush(self) -> None:
+        """Push buffered lines of the open file to the operating system (no fsync).
+
+        Raises:
+            OSError: the write-back failed (e.g. disk full).
+        """
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        """Flush and close the open file. A later :meth:`write` opens it again.
+
+        Raises:
+            OSError: the final write-back failed.
+        """
+        self._close_file()
