@@ -1,0 +1,38 @@
+# Two entry points a newcomer needs: `make demo` and `make test`. Both set everything up first.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps venv demo test lint bench clean
+
+setup: system-deps venv
+
+# Debian packages: libsasl2-dev must be present before python-qpid-proton is built so that
+# proton links Cyrus SASL (server-side PLAIN in the in-tree broker); the rest are test peers
+# and tools (RabbitMQ, HAProxy, promtool/prometheus).
+system-deps:
+	@scripts/install-system-deps.sh
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+venv: $(BIN)/python
+	@scripts/install-python-deps.sh $(BIN)
+
+demo: setup
+	$(BIN)/amqp-policy-proxy demo
+
+test: setup
+	$(BIN)/ruff check src tests bench
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check src tests bench
+
+bench: setup
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

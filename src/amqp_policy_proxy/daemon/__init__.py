@@ -1,0 +1,1 @@
+"""The only I/O package: process, sockets, signals, clocks, systemd."""

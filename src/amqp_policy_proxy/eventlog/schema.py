@@ -1,0 +1,110 @@
+"""Event log schema, version 1 (ARCHITECTURE section 4.4). Dependency-free.
+
+This module is the single source of truth for event names and field names. It is imported by
+the daemon's writer and by ``spark_reports`` (which builds its explicit Spark schemas from it),
+so it must import nothing but the standard library.
+
+File layout: ``DIR/dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl`` (UTC), one JSON object per
+line. ``ts`` is UTC RFC 3339 with milliseconds, e.g. ``2026-11-21T11:42:00.123Z``.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# Event names (the ``event`` field).
+CONNECTION_OPENED = "connection_opened"
+CONNECTION_DENIED = "connection_denied"
+CONNECTION_CLOSED = "connection_closed"
+SESSION_DENIED = "session_denied"
+LINK_DENIED = "link_denied"
+MESSAGE_DENIED = "message_denied"
+PROTOCOL_ERROR = "protocol_error"
+POLICY_RELOADED = "policy_reloaded"
+
+EVENT_NAMES: tuple[str, ...] = (
+    CONNECTION_OPENED,
+    CONNECTION_DENIED,
+    CONNECTION_CLOSED,
+    SESSION_DENIED,
+    LINK_DENIED,
+    MESSAGE_DENIED,
+    PROTOCOL_ERROR,
+    POLICY_RELOADED,
+)
+
+#: Fields present in every record, with their JSON type. ``vhost``, ``group``, ``user`` may be
+#: null when not known yet (e.g. a connection denied before its vhost was resolved).
+COMMON_FIELDS: dict[str, str] = {
+    "schema_version": "int",
+    "event": "string",
+    "ts": "string",
+    "conn_id": "string",
+    "vhost": "string",
+    "group": "string",
+    "user": "string",
+    "remote_host": "string",
+    "listener": "string",
+}
+
+#: Extra fields per event, with their JSON type ("int", "double", "string", "array<string>").
+EVENT_FIELDS: dict[str, dict[str, str]] = {
+    CONNECTION_OPENED: {},
+    CONNECTION_DENIED: {"reason": "string", "condition": "string", "description": "string"},
+    CONNECTION_CLOSED: {
+        "opened_ts": "string",
+        "duration_seconds": "double",
+        "bytes_in": "long",
+        "bytes_out": "long",
+        "transfers_in": "long",
+        "transfers_out": "long",
+        "max_sessions": "int",
+        "max_senders": "int",
+        "max_receivers": "int",
+        "close_reason": "string",
+    },
+    SESSION_DENIED: {},
+    LINK_DENIED: {"role": "string", "address": "string", "reason": "string"},
+    MESSAGE_DENIED: {"address": "string", "reason": "string", "size": "long"},
+    PROTOCOL_ERROR: {"side": "string", "condition": "string", "description": "string"},
+    POLICY_RELOADED: {"digest": "string", "result": "string", "issues": "array<string>"},
+}
+
+#: Every field that may appear in a record, in a stable order (common fields first).
+ALL_FIELDS: dict[str, str] = dict(COMMON_FIELDS)
+for _fields in EVENT_FIELDS.values():
+    for _name, _type in _fields.items():
+        ALL_FIELDS.setdefault(_name, _type)
+del _fields, _name, _type
+
+#: ``bytes_in``/``transfers_in`` count what the proxy received from the client (client to
+#: broker); ``bytes_out``/``transfers_out`` what it sent to the client (broker to client).
+DIRECTION_IN = "client_to_broker"
+DIRECTION_OUT = "broker_to_client"
+
+#: ``close_reason`` values of ``connection_closed``.
+CLOSE_REASONS: tuple[str, ...] = (
+    "client_close",  # the client sent Close or closed its transport
+    "broker_close",  # the router/broker sent Close or closed its transport
+    "protocol_error",  # a framing/decode/state violation by either side
+    "message_size",  # QDR oversize handling closed the connection
+    "timeout",  # handshake timeout or idle-time-out
+    "shutdown",  # the proxy is draining
+    "upstream_unavailable",  # no upstream accepted the connection
+    "internal_error",  # a proxy bug contained to this connection
+)
+
+
+def partition_path(dt: str, hour: int, host: str, pid: int) -> str:
+    """Return the relative path of one writer's hourly file.
+
+    Args:
+        dt: UTC date ``YYYY-MM-DD``.
+        hour: UTC hour 0..23.
+        host: the writing host's name (no ``/``).
+        pid: the writing process id.
+
+    Returns:
+        ``dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl``.
+    """
+    return f"dt={dt}/hour={hour:02d}/events-{host}-{pid}.jsonl"

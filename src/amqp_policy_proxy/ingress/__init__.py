@@ -1,0 +1,1 @@
+"""Remote-host classification (QDR ``remoteHosts``) on netaddr (sans-IO)."""

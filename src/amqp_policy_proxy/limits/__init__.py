@@ -1,0 +1,1 @@
+"""Counting and checking of connection, session, link, frame and address limits (sans-IO)."""

@@ -1,0 +1,1 @@
+"""Prometheus export: an observer of core events plus scrape-time collectors."""

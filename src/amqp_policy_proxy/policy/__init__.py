@@ -1,0 +1,1 @@
+"""Immutable policy model, QDR policy file loading and validation, lookups and decisions."""

@@ -1,0 +1,1 @@
+"""PySpark capacity reports over the event log. Never imported by the daemon."""
