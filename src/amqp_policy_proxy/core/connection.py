@@ -1,0 +1,1470 @@
+"""Sans-IO. ``ProxyConnection``: one proxied AMQP 1.0 connection, bytes and ``now`` in, commands out.
+
+The shell (``daemon/relay.py``) feeds it the bytes each transport delivers and executes the
+returned commands in order. Nothing here touches sockets or clocks.
+
+What it does (ARCHITECTURE section 1 and decisions 1-6):
+
+- relays the SASL exchange and takes the user from the client's sasl-init, trusting it only
+  once the router's sasl-outcome is ``ok``;
+- intercepts the client's Open and holds everything the client pipelines behind it until the
+  admission decision; a denied connection gets QDR's Open+Close and the router receives
+  nothing of its Open;
+- after admission, forwards frames as their original bytes, decoding only what policy needs
+  (Open, Begin, Attach, Detach, End, Close, and Flow when rewriting), rewrites the router's
+  Open/Begin/Flow toward the client, and synthesizes QDR's session, link and message denials;
+- turns every protocol violation into a Close of this one connection.
+
+Protocol violations raise :class:`~amqp_policy_proxy.amqp.errors.AmqpError` inside the
+handlers and are caught only in :meth:`ProxyConnection.receive_data`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from struct import Struct
+from typing import Any
+
+from ..amqp import constants as C
+from ..amqp.constants import Condition, Descriptor, FrameType
+from ..amqp.errors import (
+    AmqpError,
+    DecodeError,
+    FramingError,
+    HandleInUseError,
+    IllegalStateError,
+    NotAllowedError,
+    ResourceLimitError,
+    UnattachedHandleError,
+)
+from ..amqp.framing import encode_frame
+from ..amqp.performatives import (
+    Attach,
+    Begin,
+    Close,
+    Detach,
+    Disposition,
+    End,
+    Error,
+    Flow,
+    Open,
+    Rejected,
+    SaslInit,
+    SaslMechanisms,
+    SaslOutcome,
+    Source,
+    Target,
+    Transfer,
+    decode_performative,
+)
+from ..amqp.sasl import ANONYMOUS_USER, user_from_sasl_init
+from ..amqp.transfer import is_transfer_descriptor, read_message_routing, read_transfer
+from ..policy import decisions
+from ..policy.lookup import lookup_vhost
+from .commands import CloseTransport, Command, ConnectBroker, Emit, SendData, Side
+from .events import (
+    ConnectionApproved,
+    ConnectionClosed,
+    ConnectionDenied,
+    ConnectionDenyReason,
+    LinkDenied,
+    LinkDenyReason,
+    MessageDenied,
+    MessageDenyReason,
+    ProtocolViolation,
+    ProxyEvent,
+    SessionDenied,
+)
+from .state import LinkRecord, Phase, SessionRecord
+
+logger = logging.getLogger(__name__)
+
+_HDR = Struct(">IBBH")
+_UINT_MAX = 0xFFFFFFFF
+#: Largest frame accepted from the client before the proxy has advertised a max-frame-size
+#: (the spec says 512 for SASL frames and an Open; we are lenient but bounded).
+PRE_OPEN_FRAME_LIMIT = 65536
+#: Cap on the broker-side frame size we buffer (the router honours the client's value).
+BROKER_FRAME_LIMIT = 64 * 1024 * 1024
+#: Channels kept back from the router (top of the client's channel-max) for Begin+End replies.
+RESERVED_CHANNELS = 8
+#: Handles kept back from the router (top of the client's handle-max) for Attach+Detach replies.
+RESERVED_HANDLES = 64
+#: Seconds to wait for the client's Close after a denial or shutdown Close before closing.
+LINGER_SECONDS = 2.0
+UPSTREAM_UNAVAILABLE = "no upstream available"
+UPSTREAM_LOST = "upstream connection lost"
+
+_TRANSFER = Descriptor.TRANSFER
+_FLOW = Descriptor.FLOW
+_DISPOSITION = Descriptor.DISPOSITION
+
+
+def _frame(channel: int, perf: Any, payload: bytes = b"", ftype: int = FrameType.AMQP) -> bytes:
+    return encode_frame(channel, perf.encode() + payload, ftype)
+
+
+def _error(condition: str, description: str) -> Error:
+    return Error(condition=condition, description=description)
+
+
+def _address(terminus: Any) -> str | None:
+    address = getattr(terminus, "address", None)
+    if address is None:
+        return None
+    return str(address)
+
+
+class ProxyConnection:
+    """One client connection and its upstream leg, as a sans-IO state machine.
+
+    Inputs: :meth:`receive_data`, :meth:`broker_connected`, :meth:`broker_connect_failed`,
+    :meth:`connection_lost`, :meth:`handle_timer`, :meth:`begin_shutdown`. Each returns the
+    list of commands to execute in order. :meth:`get_timer` says when to call
+    :meth:`handle_timer` next (loop-clock seconds) or None.
+    """
+
+    def __init__(
+        self,
+        conn_id: str,
+        *,
+        remote_host: str,
+        listener: str,
+        policy: Any,
+        ledger: Any,
+        now: float,
+        handshake_timeout: float = 10.0,
+        container_id: str = "amqp-policy-proxy",
+    ) -> None:
+        """Create the state machine for a freshly accepted client transport.
+
+        Args:
+            conn_id: unique id for logs and events.
+            remote_host: the client's IP address, already normalised (ingress.peer).
+            listener: the listener's ``HOST:PORT``.
+            policy: the :class:`~amqp_policy_proxy.policy.model.Policy` snapshot current at
+                accept time; the connection keeps it for its whole life (decision 7).
+            ledger: the :class:`~amqp_policy_proxy.limits.connections.ConnectionLedger`.
+                The global (TCP accept) count is the shell's; this object admits and
+                releases the vhost/user/host counts.
+            now: loop-clock seconds at accept.
+            handshake_timeout: seconds from accept to the Open decision.
+            container_id: container-id of Opens the proxy synthesizes.
+        """
+        self.conn_id = conn_id
+        self.remote_host = remote_host
+        self.listener = listener
+        self.policy = policy
+        self.ledger = ledger
+        self.container_id = container_id
+        self.accepted_at = now
+        self.phase = Phase.AWAIT_HEADER
+        self.user: str | None = None
+        self.vhost: Any = None
+        self.group: Any = None
+        self.governed = False
+        self.admitted = False
+        self.opened_at: float | None = None
+        self.close_reason: str | None = None
+
+        self._handshake_deadline: float | None = now + handshake_timeout
+        self._linger_deadline: float | None = None
+        self._cbuf = bytearray()
+        self._bbuf = bytearray()
+        self._client_mode = "header"  # header | sasl | amqp | closed
+        self._broker_mode = "header"
+        self._broker_up = False
+        self._broker_failed = False
+        self._broker_closed = False
+        self._client_closed = False
+        self._to_broker_pending: list[bytes] = []
+        self._sasl_user: str | None = None
+        self._sasl_ok = False
+        self._used_sasl = False
+        self._held_client = bytearray()  # client frames after its Open, before the decision
+        self._held_broker: list[bytes] = []  # broker AMQP frames before the decision
+        self._client_open: Open | None = None
+        self._broker_open_seen = False
+        self._open_sent_to_client = False
+        self._close_sent = {Side.CLIENT: False, Side.BROKER: False}
+        self._close_received = {Side.CLIENT: False, Side.BROKER: False}
+        self._finished = False
+
+        # negotiated/advertised limits
+        self._client_frame_limit = PRE_OPEN_FRAME_LIMIT
+        self._broker_frame_limit = PRE_OPEN_FRAME_LIMIT
+        self._advertised_channel_max = 0xFFFF
+        self._policy_channel_max: int | None = None
+        self._window_frames: int | None = None
+        self._client_channel_max = 0xFFFF
+        self._free_reserved_channels: list[int] = []
+        self._sessions: dict[int, SessionRecord] = {}
+        self._broker_sessions: dict[int, SessionRecord] = {}
+        self._denied_sessions: dict[int, int] = {}
+        self._max_message_size: int | None = None
+        self._check_user_id = False
+
+        # figures for the event log
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.transfers_in = 0
+        self.transfers_out = 0
+        self.active_sessions = 0
+        self.active_senders = 0
+        self.active_receivers = 0
+        self.peak_sessions = 0
+        self.peak_senders = 0
+        self.peak_receivers = 0
+
+    # ------------------------------------------------------------------ public inputs
+
+    def receive_data(self, side: Side, data: bytes, now: float) -> list[Command]:
+        """Feed bytes received from ``side``.
+
+        Args:
+            side: which transport delivered them.
+            data: the bytes (any split; frames may span calls).
+            now: loop-clock seconds.
+
+        Returns:
+            Commands to execute in order.
+        """
+        out: list[Command] = []
+        if self._finished or not data:
+            return out
+        try:
+            if side is Side.CLIENT:
+                self.bytes_in += len(data)
+                if self._client_mode != "closed":
+                    self._client_data(data, now, out)
+            else:
+                self.bytes_out += len(data)
+                if self._broker_mode != "closed":
+                    self._broker_data(data, now, out)
+        except AmqpError as exc:
+            self._violation(side, exc, now, out)
+        return out
+
+    def broker_connected(self, now: float) -> list[Command]:
+        """The upstream transport is up: flush what the client sent meanwhile."""
+        out: list[Command] = []
+        self._broker_up = True
+        if self._finished:
+            out.append(CloseTransport(Side.BROKER))
+            return out
+        if self._to_broker_pending:
+            out.append(SendData(Side.BROKER, b"".join(self._to_broker_pending)))
+            self._to_broker_pending.clear()
+        return out
+
+    def broker_connect_failed(self, now: float) -> list[Command]:
+        """No upstream accepted the connection (after trying each in turn).
+
+        The client gets ``amqp:connection:forced`` / ``no upstream available``: the proxy
+        completes a minimal handshake itself (offering ANONYMOUS and PLAIN, accepting any
+        credentials, since nothing is reachable) so that the client can read the Close.
+        """
+        out: list[Command] = []
+        self._broker_failed = True
+        self._broker_mode = "closed"
+        self._to_broker_pending.clear()
+        if self._finished:
+            return out
+        self.close_reason = self.close_reason or "upstream_unavailable"
+        self.phase = Phase.UNAVAILABLE
+        self._handshake_deadline = None
+        self._linger_deadline = now + 10.0
+        if self._client_mode == "sasl" and not self._sasl_ok:
+            out.append(SendData(Side.CLIENT, C.SASL_HEADER + _frame(
+                0,
+                SaslMechanisms(sasl_server_mechanisms=_symbol_array(["ANONYMOUS", "PLAIN"])),
+                ftype=FrameType.SASL,
+            )))
+            self._unavailable_sasl = True
+        elif self._client_mode in ("amqp", "header") and self._client_mode != "header":
+            self._send_unavailable_close(out)
+        elif self._client_mode == "sasl":
+            pass  # after SASL: wait for the AMQP header
+        return out
+
+    def connection_lost(self, side: Side, now: float) -> list[Command]:
+        """``side``'s transport closed (by the peer, by us, or by an error).
+
+        When the client's transport is gone the connection is finished: counts are released
+        exactly once and :class:`ConnectionClosed` is emitted (if it was admitted).
+        """
+        out: list[Command] = []
+        if side is Side.BROKER:
+            self._broker_closed = True
+            self._broker_mode = "closed"
+            if self._finished:
+                return out
+            if self.phase is Phase.UNAVAILABLE or self._broker_failed:
+                return out
+            if self.close_reason is None:
+                self.close_reason = "broker_close"
+            if not self._client_closed:
+                if self._open_sent_to_client and not self._close_sent[Side.CLIENT]:
+                    if not self._close_received[Side.BROKER]:
+                        self._send_close(
+                            Side.CLIENT, _error(Condition.CONNECTION_FORCED, UPSTREAM_LOST), out
+                        )
+                    out.append(CloseTransport(Side.CLIENT))
+                elif self._client_mode == "amqp" and not self._open_sent_to_client:
+                    self._send_open_close(
+                        _error(Condition.CONNECTION_FORCED, UPSTREAM_LOST), out
+                    )
+                    out.append(CloseTransport(Side.CLIENT))
+                else:
+                    out.append(CloseTransport(Side.CLIENT))
+            return out
+        # client side gone
+        self._client_closed = True
+        self._client_mode = "closed"
+        if self.close_reason is None:
+            self.close_reason = "client_close"
+        if not self._broker_closed and (self._broker_up or not self._broker_failed):
+            out.append(CloseTransport(Side.BROKER))
+        self._finish(now, out)
+        return out
+
+    def handle_timer(self, now: float) -> list[Command]:
+        """Handle the deadline returned by :meth:`get_timer` (handshake timeout, linger)."""
+        out: list[Command] = []
+        if self._finished:
+            return out
+        if self._handshake_deadline is not None and now >= self._handshake_deadline:
+            self._handshake_deadline = None
+            self.close_reason = "timeout"
+            self._emit(
+                ConnectionDenied(
+                    **self._ctx(now),
+                    reason=ConnectionDenyReason.HANDSHAKE_TIMEOUT,
+                    condition="",
+                    description="handshake timeout",
+                ),
+                out,
+            )
+            out.append(CloseTransport(Side.BROKER))
+            out.append(CloseTransport(Side.CLIENT))
+            self._client_mode = "closed"
+            self._broker_mode = "closed"
+        if self._linger_deadline is not None and now >= self._linger_deadline:
+            self._linger_deadline = None
+            out.append(CloseTransport(Side.CLIENT))
+            out.append(CloseTransport(Side.BROKER))
+        return out
+
+    def get_timer(self) -> float | None:
+        """Return the next deadline (loop-clock seconds), or None."""
+        deadlines = [d for d in (self._handshake_deadline, self._linger_deadline) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    def begin_shutdown(self, now: float) -> list[Command]:
+        """Start a graceful drain: Close(``amqp:connection:forced``, ``proxy shutting down``).
+
+        Admitted connections get the Close on the wire and the router gets a plain Close;
+        the transports close once both Close handshakes finish or the linger time passes.
+        Connections not admitted yet are closed at once.
+        """
+        out: list[Command] = []
+        if self._finished:
+            return out
+        self.close_reason = self.close_reason or "shutdown"
+        if self.phase is Phase.OPENED and self._open_sent_to_client:
+            if not self._close_sent[Side.CLIENT]:
+                self._send_close(
+                    Side.CLIENT, _error(Condition.CONNECTION_FORCED, C.PROXY_SHUTTING_DOWN), out
+                )
+            if not self._close_sent[Side.BROKER] and not self._broker_closed:
+                self._send_close(Side.BROKER, None, out)
+            self.phase = Phase.CLOSING
+            self._linger_deadline = now + LINGER_SECONDS
+        else:
+            out.append(CloseTransport(Side.BROKER))
+            out.append(CloseTransport(Side.CLIENT))
+        return out
+
+    @property
+    def finished(self) -> bool:
+        """True once the connection is over and its counts are released."""
+        return self._finished
+
+    # ------------------------------------------------------------------ helpers
+
+    def _ctx(self, now: float) -> dict[str, Any]:
+        return {
+            "conn_id": self.conn_id,
+            "at": now,
+            "vhost": getattr(self.vhost, "hostname", None),
+            "group": getattr(self.group, "name", None),
+            "user": self.user,
+            "remote_host": self.remote_host,
+            "listener": self.listener,
+        }
+
+    def _emit(self, event: ProxyEvent, out: list[Command]) -> None:
+        out.append(Emit(event))
+
+    def _send(self, side: Side, data: bytes, out: list[Command]) -> None:
+        if side is Side.BROKER:
+            if self._broker_failed or self._broker_closed:
+                return
+            if not self._broker_up:
+                self._to_broker_pending.append(bytes(data))
+                return
+        elif self._client_closed:
+            return
+        out.append(SendData(side, data))
+
+    def _send_close(self, side: Side, error: Error | None, out: list[Command]) -> None:
+        self._close_sent[side] = True
+        self._send(side, _frame(0, Close(error=error)), out)
+
+    def _send_open_close(self, error: Error, out: list[Command]) -> None:
+        """QDR's denial on the wire: an Open (listener defaults) immediately followed by Close."""
+        self._open_sent_to_client = True
+        self._close_sent[Side.CLIENT] = True
+        data = _frame(0, Open(container_id=self.container_id)) + _frame(0, Close(error=error))
+        self._send(Side.CLIENT, data, out)
+
+    def _send_unavailable_close(self, out: list[Command]) -> None:
+        self._send(Side.CLIENT, C.AMQP_HEADER, out)
+        self._send_open_close(_error(Condition.CONNECTION_FORCED, UPSTREAM_UNAVAILABLE), out)
+        self._client_mode = "amqp"
+
+    def _violation(self, side: Side, exc: AmqpError, now: float, out: list[Command]) -> None:
+        """Close this connection because ``side`` broke the protocol."""
+        condition = str(exc.condition)
+        description = exc.description
+        logger.info("[%s] %s protocol error %s: %s", self.conn_id, side, condition, description)
+        self._emit(
+            ProtocolViolation(**self._ctx(now), side=str(side), condition=condition,
+                              description=description),
+            out,
+        )
+        if self.close_reason is None:
+            self.close_reason = "protocol_error"
+        err = _error(condition, description)
+        if side is Side.CLIENT:
+            if self._client_mode == "amqp" and not self._close_sent[Side.CLIENT]:
+                if self._open_sent_to_client:
+                    self._send_close(Side.CLIENT, err, out)
+                else:
+                    self._send_open_close(err, out)
+            if self.admitted and not self._close_sent[Side.BROKER]:
+                self._send_close(Side.BROKER, _error(Condition.CONNECTION_FORCED, "client error"),
+                                 out)
+        else:
+            if self._open_sent_to_client and not self._close_sent[Side.CLIENT]:
+                self._send_close(
+                    Side.CLIENT, _error(Condition.CONNECTION_FORCED, "upstream protocol error"),
+                    out,
+                )
+            if self._broker_mode == "amqp" and not self._close_sent[Side.BROKER]:
+                self._send_close(Side.BROKER, err, out)
+        self._client_mode = "closed"
+        self._broker_mode = "closed"
+        self._handshake_deadline = None
+        out.append(CloseTransport(Side.BROKER))
+        out.append(CloseTransport(Side.CLIENT))
+
+    def _finish(self, now: float, out: list[Command]) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self.phase = Phase.CLOSED
+        self._handshake_deadline = None
+        self._linger_deadline = None
+        if self.admitted:
+            self.ledger.release(self.conn_id)
+            opened = self.opened_at if self.opened_at is not None else now
+            self._emit(
+                ConnectionClosed(
+                    **self._ctx(now),
+                    opened_at=opened,
+                    duration_seconds=max(0.0, now - opened),
+                    bytes_in=self.bytes_in,
+                    bytes_out=self.bytes_out,
+                    transfers_in=self.transfers_in,
+                    transfers_out=self.transfers_out,
+                    max_sessions=self.peak_sessions,
+                    max_senders=self.peak_senders,
+                    max_receivers=self.peak_receivers,
+                    close_reason=self.close_reason or "client_close",
+                ),
+                out,
+            )
+
+    # ------------------------------------------------------------------ client bytes
+
+    def _client_data(self, data: bytes, now: float, out: list[Command]) -> None:
+        buf = self._cbuf
+        if buf:
+            buf += data
+            view: Any = buf
+        else:
+            view = data
+        pos = self._client_process(view, len(view), now, out)
+        if buf:
+            del buf[:pos]
+        elif pos < len(data):
+            self._cbuf += data[pos:]
+
+    def _client_process(self, buf: Any, end: int, now: float, out: list[Command]) -> int:
+        """Consume whole units (protocol headers, frames) from ``buf``; return bytes used."""
+        pos = 0
+        while pos < end and self._client_mode != "closed":
+            mode = self._client_mode
+            if mode == "header":
+                if end - pos < 8:
+                    if bytes(buf[pos:end]) != C.AMQP_HEADER[: end - pos][: end - pos] and not (
+                        C.SASL_HEADER.startswith(bytes(buf[pos:end]))
+                        or C.TLS_HEADER.startswith(bytes(buf[pos:end]))
+                    ):
+                        self._bad_header(out, now)
+                        return end
+                    return pos
+                self._client_header(bytes(buf[pos : pos + 8]), now, out)
+                pos += 8
+                continue
+            if end - pos < 8:
+                return pos
+            if buf[pos] == 0x41 and bytes(buf[pos : pos + 4]) == b"AMQP":
+                # a protocol header where a frame would be: only the AMQP header after SASL
+                self._client_header(bytes(buf[pos : pos + 8]), now, out)
+                pos += 8
+                continue
+            size, doff, ftype, channel = _HDR.unpack_from(buf, pos)
+            limit = self._client_frame_limit
+            if size < 8 or size > limit or doff < 2 or doff * 4 > size or ftype > 1:
+                if size > limit and size >= 8:
+                    raise FramingError(
+                        f"malformed frame: size {size} above max-frame-size {limit}"
+                    )
+                raise FramingError("malformed frame")
+            if end - pos < size:
+                return pos
+            fend = pos + size
+            if mode == "sasl":
+                self._client_sasl_frame(buf, pos, doff, ftype, fend, now, out)
+            elif self.phase is Phase.OPENED:
+                self._client_amqp_frame(buf, pos, doff, ftype, channel, fend, now, out)
+            else:
+                self._client_preopen_frame(buf, pos, doff, ftype, channel, fend, now, out)
+            pos = fend
+        return pos
+
+    def _bad_header(self, out: list[Command], now: float) -> None:
+        # QDR answers garbage with an AMQP 1.0 header, Open and Close framing-error.
+        self._emit(
+            ProtocolViolation(**self._ctx(now), side=str(Side.CLIENT),
+                              condition=str(Condition.CONNECTION_FRAMING_ERROR),
+                              description=C.UNKNOWN_PROTOCOL),
+            out,
+        )
+        self.close_reason = "protocol_error"
+        self._handshake_deadline = None
+        self._send(Side.CLIENT, C.AMQP_HEADER, out)
+        self._send_open_close(_error(Condition.CONNECTION_FRAMING_ERROR, C.UNKNOWN_PROTOCOL), out)
+        self._client_mode = "closed"
+        out.append(CloseTransport(Side.BROKER))
+        out.append(CloseTransport(Side.CLIENT))
+
+    def _client_header(self, header: bytes, now: float, out: list[Command]) -> None:
+        mode = self._client_mode
+        if mode == "header":
+            if header == C.SASL_HEADER:
+                self._used_sasl = True
+                self._client_mode = "sasl"
+                self.phase = Phase.SASL
+                out.append(ConnectBroker())
+                self._send(Side.BROKER, header, out)
+                return
+            if header == C.AMQP_HEADER:
+                self._client_mode = "amqp"
+                self.phase = Phase.AWAIT_OPEN
+                self._sasl_user = ANONYMOUS_USER
+                self._sasl_ok = True
+                out.append(ConnectBroker())
+                self._send(Side.BROKER, header, out)
+                return
+            self._bad_header(out, now)
+            return
+        if mode == "sasl" and header == C.AMQP_HEADER:
+            self._client_mode = "amqp"
+            self.phase = Phase.AWAIT_OPEN
+            if self.phase is Phase.UNAVAILABLE or self._broker_failed:
+                self._send_unavailable_close(out)
+                return
+            self._send(Side.BROKER, header, out)
+            return
+        raise FramingError(f"unexpected protocol header {header!r}")
+
+    def _client_sasl_frame(
+        self, buf: Any, pos: int, doff: int, ftype: int, fend: int, now: float,
+        out: list[Command],
+    ) -> None:
+        if ftype != FrameType.SASL:
+            raise FramingError("AMQP frame during SASL negotiation")
+        body = pos + doff * 4
+        if body == fend:
+            raise FramingError("empty frame during SASL negotiation")
+        perf, _ = decode_performative(memoryview(buf)[body:fend])
+        if isinstance(perf, SaslInit):
+            if self._sasl_user is not None or getattr(self, "_sasl_init_seen", False):
+                raise IllegalStateError("second sasl-init")
+            self._sasl_init_seen = True
+            mech = str(perf.mechanism or "")
+            self._sasl_user = user_from_sasl_init(mech, perf.initial_response)
+            if self._broker_failed:
+                out.append(SendData(Side.CLIENT, _frame(0, SaslOutcome(code=0),
+                                                        ftype=FrameType.SASL)))
+                self._sasl_ok = True
+                return
+        elif type(perf).__name__ != "SaslResponse":
+            raise IllegalStateError(f"client sent {type(perf).__name__} during SASL")
+        self._send(Side.BROKER, bytes(buf[pos:fend]), out)
+
+    def _client_preopen_frame(
+        self, buf: Any, pos: int, doff: int, ftype: int, channel: int, fend: int, now: float,
+        out: list[Command],
+    ) -> None:
+        if ftype != FrameType.AMQP:
+            raise FramingError("SASL frame after SASL negotiation")
+        if self.phase in (Phase.DENIED, Phase.UNAVAILABLE, Phase.CLOSING):
+            self._client_after_close_frame(buf, pos, doff, fend, now, out)
+            return
+        if self._client_open is not None:
+            # pipelined behind the Open: held until the decision
+            self._held_client += buf[pos:fend]
+            if len(self._held_client) > 4 * 1024 * 1024:
+                raise ResourceLimitError("too much data pipelined before the Open decision")
+            return
+        body = pos + doff * 4
+        if body == fend:
+            return  # heartbeat before Open: nothing to relay yet
+        perf, _ = decode_performative(memoryview(buf)[body:fend])
+        if not isinstance(perf, Open):
+            raise IllegalStateError(f"expected Open, got {type(perf).__name__}")
+        if channel != 0:
+            raise FramingError("Open on a channel other than 0")
+        self._client_open = perf
+        self._decide_open(perf, now, out)
+
+    def _client_after_close_frame(
+        self, buf: Any, pos: int, doff: int, fend: int, now: float, out: list[Command]
+    ) -> None:
+        body = pos + doff * 4
+        if body == fend:
+            return
+        code = is_transfer_descriptor(buf, body, fend)
+        if code == Descriptor.OPEN and self.phase is Phase.UNAVAILABLE:
+            return
+        if code == Descriptor.CLOSE:
+            self._close_received[Side.CLIENT] = True
+            out.append(CloseTransport(Side.CLIENT))
+            if self.phase is Phase.CLOSING:
+                out.append(CloseTransport(Side.BROKER))
+
+    # ------------------------------------------------------------------ the Open decision
+
+    def _decide_open(self, open_: Open, now: float, out: list[Command]) -> None:
+        if not self._sasl_ok or self._sasl_user is None and self._used_sasl:
+            # SASL did not succeed (the router will close), or the user is unknown
+            if not self._sasl_ok:
+                raise IllegalStateError("Open before a successful SASL outcome")
+        user = self._sasl_user
+        self.user = user
+        self._handshake_deadline = None
+        policy = self.policy
+        settings = policy.settings
+        if not settings.enable_vhost_policy:
+            self._approve(open_, None, None, now, out)
+            return
+        hostname = open_.hostname
+        hostname = None if hostname is None else str(hostname)
+        if user is None:
+            vhost = lookup_vhost(policy, hostname)
+            self.vhost = vhost
+            self._deny(ConnectionDenyReason.UNKNOWN_USER if vhost else ConnectionDenyReason.NO_VHOST,
+                       now, out)
+            return
+        decision = decisions.approve_open(
+            policy, hostname=hostname, user=user, remote_host=self.remote_host
+        )
+        if isinstance(decision, decisions.OpenDenied):
+            self.vhost = decision.vhost
+            self.group = decision.group
+            logger.info("[%s] %s", self.conn_id, decision.log)
+            self._deny(ConnectionDenyReason(decision.reason), now, out)
+            return
+        self.vhost = decision.vhost
+        self.group = decision.group
+        reason = self.ledger.try_admit(
+            self.conn_id, vhost=decision.vhost, group=decision.group, user=user,
+            remote_host=self.remote_host,
+        )
+        if reason is not None:
+            logger.info(
+                "[%s] DENY AMQP Open for user '%s', rhost '%s', vhost '%s': %s",
+                self.conn_id, user, self.remote_host, decision.vhost.hostname, reason,
+            )
+            self._deny(ConnectionDenyReason(reason), now, out)
+            return
+        self._approve(open_, decision.vhost, decision.group, now, out)
+
+    def _deny(self, reason: ConnectionDenyReason, now: float, out: list[Command]) -> None:
+        self.phase = Phase.DENIED
+        self.close_reason = "denied"
+        err = _error(Condition.RESOURCE_LIMIT_EXCEEDED, C.CONNECTION_DISALLOWED)
+        self._emit(
+            ConnectionDenied(
+                **self._ctx(now), reason=reason, condition=str(err.condition),
+                description=str(err.description),
+            ),
+            out,
+        )
+        self._held_client.clear()
+        self._held_broker.clear()
+        # the router never receives anything of a denied connection's Open
+        self._to_broker_pending.clear()
+        self._broker_mode = "closed"
+        out.append(CloseTransport(Side.BROKER))
+        self._send_open_close(err, out)
+        self._linger_deadline = now + LINGER_SECONDS
+
+    def _approve(self, open_: Open, vhost: Any, group: Any, now: float,
+                 out: list[Command]) -> None:
+        self.admitted = vhost is not None
+        self.governed = group is not None
+        self.phase = Phase.OPENED
+        self.opened_at = now
+        if group is not None:
+            self._max_message_size = group.max_message_size
+            self._check_user_id = not group.allow_user_id_proxy
+            if group.max_sessions:
+                self._policy_channel_max = max(0, group.max_sessions - 1)
+        self._emit(
+            ConnectionApproved(**self._ctx(now),
+                               hostname=None if open_.hostname is None else str(open_.hostname)),
+            out,
+        )
+        # Reserve the top of the client's channel-max for synthesized Begin+End replies.
+        cmax = _UINT_MAX if open_.channel_max is None else int(open_.channel_max)
+        cmax = min(cmax, 0xFFFF)
+        self._client_channel_max = cmax
+        reserve = min(RESERVED_CHANNELS, cmax // 2)
+        self._free_reserved_channels = list(range(cmax, cmax - reserve, -1))
+        fwd = open_
+        if reserve:
+            fwd = _replace(open_, channel_max=cmax - reserve)
+        # The router may send frames up to the client's max-frame-size.
+        cmfs = _UINT_MAX if open_.max_frame_size is None else int(open_.max_frame_size)
+        self._broker_frame_limit = max(C.MIN_MAX_FRAME_SIZE, min(cmfs, BROKER_FRAME_LIMIT))
+        self._send(Side.BROKER, _frame(0, fwd), out)
+        # Frames the router sent before the decision (its Open, usually).
+        held_broker = b"".join(self._held_broker)
+        self._held_broker.clear()
+        if held_broker:
+            self._broker_amqp(held_broker, now, out)
+        held = bytes(self._held_client)
+        self._held_client.clear()
+        if held:
+            self._client_process(held, len(held), now, out)
+
+    # ------------------------------------------------------------------ admitted client frames
+
+    def _client_amqp_frame(
+        self, buf: Any, pos: int, doff: int, ftype: int, channel: int, fend: int, now: float,
+        out: list[Command],
+    ) -> None:
+        if ftype != FrameType.AMQP:
+            raise FramingError("SASL frame after SASL negotiation")
+        body = pos + doff * 4
+        if body == fend:
+            self._send(Side.BROKER, bytes(buf[pos:fend]), out)  # heartbeat
+            return
+        code = is_transfer_descriptor(buf, body, fend)
+        if code == _TRANSFER:
+            self.transfers_in += 1
+            self._client_transfer(buf, pos, body, channel, fend, now, out)
+            return
+        if code == _DISPOSITION:
+            if channel in self._denied_sessions:
+                return
+            if channel not in self._sessions:
+                raise NotAllowedError(f"disposition on channel {channel} that was never begun")
+            self._send(Side.BROKER, bytes(buf[pos:fend]), out)
+            return
+        if code == _FLOW:
+            session = self._sessions.get(channel)
+            if session is None:
+                if channel in self._denied_sessions:
+                    return
+                raise NotAllowedError(f"flow on channel {channel} that was never begun")
+            if not session.denied_handles and not session.dropped_transfers:
+                self._send(Side.BROKER, bytes(buf[pos:fend]), out)
+                return
+        perf, consumed = decode_performative(memoryview(buf)[body:fend])
+        handler = self._CLIENT_HANDLERS.get(type(perf))
+        if handler is None:
+            raise IllegalStateError(f"unexpected {type(perf).__name__} from client")
+        handler(self, perf, bytes(buf[pos:fend]), channel, now, out)
+
+    def _on_client_open(self, perf: Any, raw: bytes, channel: int, now: float,
+                        out: list[Command]) -> None:
+        raise IllegalStateError("second Open")
+
+    def _on_client_begin(self, perf: Begin, raw: bytes, channel: int, now: float,
+                         out: list[Command]) -> None:
+        if channel in self._sessions or channel in self._denied_sessions:
+            raise NotAllowedError(f"channel {channel} already in use")
+        if perf.remote_channel is not None:
+            raise NotAllowedError("client-initiated Begin with remote-channel set")
+        pcm = self._policy_channel_max
+        group = self.group
+        if group is not None and group.max_sessions and (
+            (pcm is not None and channel > pcm) or self.active_sessions >= group.max_sessions
+        ):
+            self._deny_session(channel, now, out)
+            return
+        if channel > self._advertised_channel_max:
+            raise FramingError(
+                f"remote channel {channel} is above negotiated channel_max "
+                f"{self._advertised_channel_max}."
+            )
+        hmax = _UINT_MAX if perf.handle_max is None else int(perf.handle_max)
+        reserve = min(RESERVED_HANDLES, hmax // 2)
+        session = SessionRecord(channel, list(range(hmax, hmax - reserve, -1)))
+        self._sessions[channel] = session
+        self.active_sessions += 1
+        if self.active_sessions > self.peak_sessions:
+            self.peak_sessions = self.active_sessions
+        if reserve:
+            raw = _frame(channel, _replace(perf, handle_max=hmax - reserve))
+        self._send(Side.BROKER, raw, out)
+
+    def _deny_session(self, channel: int, now: float, out: list[Command]) -> None:
+        if not self._free_reserved_channels:
+            raise ResourceLimitError("session disallowed by local policy (no reply channel)")
+        reply = self._free_reserved_channels.pop()
+        self._denied_sessions[channel] = reply
+        err = _error(Condition.RESOURCE_LIMIT_EXCEEDED, C.SESSION_DISALLOWED)
+        data = _frame(
+            reply, Begin(remote_channel=channel, next_outgoing_id=0, incoming_window=0,
+                         outgoing_window=0),
+        ) + _frame(reply, End(error=err))
+        self._send(Side.CLIENT, data, out)
+        logger.info(
+            "[%s] DENY AMQP Begin Session due to session limit. user: %s, rhost: %s, vhost: %s",
+            self.conn_id, self.user, self.remote_host, getattr(self.vhost, "hostname", None),
+        )
+        self._emit(SessionDenied(**self._ctx(now), channel=channel), out)
+
+    def _session(self, channel: int, what: str) -> SessionRecord | None:
+        session = self._sessions.get(channel)
+        if session is None:
+            if channel in self._denied_sessions:
+                return None
+            raise NotAllowedError(f"{what} on channel {channel} that was never begun")
+        if session.client_ended:
+            raise IllegalStateError(f"{what} on channel {channel} after End")
+        return session
+
+    def _on_client_attach(self, perf: Attach, raw: bytes, channel: int, now: float,
+                          out: list[Command]) -> None:
+        session = self._session(channel, "attach")
+        if session is None:
+            return  # pipelined behind a denied Begin: consumed
+        if perf.handle is None or perf.name is None or perf.role is None:
+            raise DecodeError("attach without name, handle or role")
+        handle = int(perf.handle)
+        if handle in session.links or handle in session.denied_handles:
+            raise HandleInUseError(f"handle {handle} is already attached")
+        if session.handle_max is not None and handle > session.handle_max:
+            raise FramingError(
+                f"remote handle {handle} is above handle_max {session.handle_max}"
+            )
+        is_sender = perf.role is False or perf.role == 0
+        if is_sender:
+            address = _address(perf.target)
+            dynamic = bool(getattr(perf.target, "dynamic", False))
+        else:
+            address = _address(perf.source)
+            dynamic = bool(getattr(perf.source, "dynamic", False))
+        group = self.group
+        if group is not None:
+            user = self.user or ""
+            if is_sender:
+                reason = decisions.approve_sender(
+                    group, user=user, target_address=address or None,
+                    open_senders=self.active_senders,
+                )
+            else:
+                reason = decisions.approve_receiver(
+                    group, user=user, source_address=address or None, dynamic=dynamic,
+                    open_receivers=self.active_receivers,
+                )
+            if reason is not None:
+                self._deny_link(session, perf, handle, is_sender, address,
+                                LinkDenyReason(reason), now, out)
+                return
+        link = LinkRecord(str(perf.name), handle, is_sender, address)
+        session.links[handle] = link
+        if is_sender:
+            session.senders += 1
+            self.active_senders += 1
+            self.peak_senders = max(self.peak_senders, self.active_senders)
+        else:
+            session.receivers += 1
+            self.active_receivers += 1
+            self.peak_receivers = max(self.peak_receivers, self.active_receivers)
+        self._send(Side.BROKER, raw, out)
+
+    def _deny_link(
+        self, session: SessionRecord, perf: Attach, handle: int, is_sender: bool,
+        address: str | None, reason: LinkDenyReason, now: float, out: list[Command],
+    ) -> None:
+        if not session.free_reserved_handles:
+            raise ResourceLimitError("link disallowed by local policy (no reply handle)")
+        reply_handle = session.free_reserved_handles.pop()
+        session.denied_handles[handle] = reply_handle
+        condition = (
+            Condition.RESOURCE_LIMIT_EXCEEDED
+            if reason in (LinkDenyReason.SENDER_LIMIT, LinkDenyReason.RECEIVER_LIMIT)
+            else Condition.UNAUTHORIZED_ACCESS
+        )
+        # Attach with terminus present and address absent, then Detach(closed), as QDR does.
+        reply = Attach(
+            name=perf.name, handle=reply_handle, role=is_sender,
+            snd_settle_mode=perf.snd_settle_mode, rcv_settle_mode=perf.rcv_settle_mode,
+            source=Source(), target=Target(),
+            initial_delivery_count=None if is_sender else 0,
+        )
+        detach = Detach(handle=reply_handle, closed=True,
+                        error=_error(condition, C.LINK_DISALLOWED))
+        self._reply_on_session(session, _frame(0, reply), _frame(0, detach), out=out)
+        role = "sender" if is_sender else "receiver"
+        logger.info(
+            "[%s] DENY AMQP Attach %s '%s' for user '%s', rhost '%s', vhost '%s' (%s)",
+            self.conn_id, role, address, self.user, self.remote_host,
+            getattr(self.vhost, "hostname", None), reason,
+        )
+        self._emit(LinkDenied(**self._ctx(now), role=role, address=address, reason=reason), out)
+
+    def _reply_on_session(self, session: SessionRecord, *frames: bytes,
+                          out: list[Command]) -> None:
+        """Send synthesized frames (encoded for channel 0) on the router's channel of ``session``.
+
+        If the router's Begin has not reached the client yet, they wait for it.
+        """
+        if session.broker_channel is None:
+            session.pending_replies.extend(frames)
+            return
+        channel = session.broker_channel
+        self._send(Side.CLIENT, b"".join(_rechannel(f, channel) for f in frames), out)
+
+    def _on_client_flow(self, perf: Flow, raw: bytes, channel: int, now: float,
+                        out: list[Command]) -> None:
+        session = self._session(channel, "flow")
+        if session is None:
+            return
+        if perf.handle is not None and int(perf.handle) in session.denied_handles:
+            return
+        if session.dropped_transfers and perf.next_outgoing_id is not None:
+            nxt = (int(perf.next_outgoing_id) - session.dropped_transfers) & _UINT_MAX
+            raw = _frame(channel, _replace(perf, next_outgoing_id=nxt))
+        self._send(Side.BROKER, raw, out)
+
+    def _on_client_detach(self, perf: Detach, raw: bytes, channel: int, now: float,
+                          out: list[Command]) -> None:
+        session = self._session(channel, "detach")
+        if session is None:
+            return
+        if perf.handle is None:
+            raise DecodeError("detach without handle")
+        handle = int(perf.handle)
+        reply = session.denied_handles.pop(handle, None)
+        if reply is not None:
+            session.free_reserved_handles.append(reply)
+            return  # the answer to a synthesized denial: the router never saw the link
+        link = session.links.get(handle)
+        if link is None:
+            raise UnattachedHandleError(f"detach of handle {handle} that is not attached")
+        if link.client_detached:
+            raise IllegalStateError(f"second detach of handle {handle}")
+        link.client_detached = True
+        self._link_gone(session, link)
+        if link.broker_detached or link.broker_handle is None and perf.closed:
+            pass
+        if link.broker_detached:
+            self._drop_link(session, link)
+        self._send(Side.BROKER, raw, out)
+
+    def _link_gone(self, session: SessionRecord, link: LinkRecord) -> None:
+        if link.client_detached and link.broker_detached:
+            return
+        if link.is_sender:
+            session.senders -= 1
+            self.active_senders -= 1
+        else:
+            session.receivers -= 1
+            self.active_receivers -= 1
+
+    def _drop_link(self, session: SessionRecord, link: LinkRecord) -> None:
+        if session.links.get(link.handle) is link:
+            del session.links[link.handle]
+        if link.broker_handle is not None and session.broker_links.get(link.broker_handle) is link:
+            del session.broker_links[link.broker_handle]
+
+    def _on_client_end(self, perf: End, raw: bytes, channel: int, now: float,
+                       out: list[Command]) -> None:
+        reply = self._denied_sessions.pop(channel, None)
+        if reply is not None:
+            self._free_reserved_channels.append(reply)
+            return  # answers a synthesized Begin+End
+        session = self._sessions.get(channel)
+        if session is None:
+            raise NotAllowedError(f"end on channel {channel} that was never begun")
+        if session.client_ended:
+            raise IllegalStateError(f"second end on channel {channel}")
+        session.client_ended = True
+        self._session_gone(session)
+        if session.broker_ended:
+            self._drop_session(session)
+        self._send(Side.BROKER, raw, out)
+
+    def _session_gone(self, session: SessionRecord) -> None:
+        if session.client_ended and session.broker_ended:
+            return
+        self.active_sessions -= 1
+        self.active_senders -= session.senders
+        self.active_receivers -= session.receivers
+        session.senders = session.receivers = 0
+
+    def _drop_session(self, session: SessionRecord) -> None:
+        if self._sessions.get(session.channel) is session:
+            del self._sessions[session.channel]
+        if session.broker_channel is not None:
+            if self._broker_sessions.get(session.broker_channel) is session:
+                del self._broker_sessions[session.broker_channel]
+
+    def _on_client_close(self, perf: Close, raw: bytes, channel: int, now: float,
+                         out: list[Command]) -> None:
+        self._close_received[Side.CLIENT] = True
+        if self.close_reason is None:
+            self.close_reason = "client_close"
+        if self._close_sent[Side.CLIENT]:
+            # the client answers a Close the proxy sent (shutdown, oversize): done with it
+            out.append(CloseTransport(Side.CLIENT))
+            if not self._close_sent[Side.BROKER]:
+                self._send_close(Side.BROKER, None, out)
+            return
+        self.phase = Phase.CLOSING
+        self._close_sent[Side.BROKER] = True
+        self._send(Side.BROKER, raw, out)
+
+    def _on_client_disposition(self, perf: Disposition, raw: bytes, channel: int, now: float,
+                               out: list[Command]) -> None:
+        if self._session(channel, "disposition") is None:
+            return
+        self._send(Side.BROKER, raw, out)
+
+    def _on_client_transfer_decoded(self, perf: Transfer, raw: bytes, channel: int, now: float,
+                                    out: list[Command]) -> None:
+        raise DecodeError("transfer with a non-standard descriptor encoding")
+
+    _CLIENT_HANDLERS: dict[type, Callable[..., None]] = {}
+
+    # ------------------------------------------------------------------ client transfers
+
+    def _client_transfer(self, buf: Any, pos: int, body: int, channel: int, fend: int,
+                         now: float, out: list[Command]) -> None:
+        session = self._sessions.get(channel)
+        if session is None:
+            if channel in self._denied_sessions:
+                return
+            raise NotAllowedError(f"transfer on channel {channel} that was never begun")
+        hdr = read_transfer(buf, body, fend)
+        link = session.links.get(hdr.handle)
+        if link is None:
+            if hdr.handle in session.denied_handles:
+                session.dropped_transfers += 1
+                return
+            raise UnattachedHandleError(f"transfer on handle {hdr.handle} that is not attached")
+        if not link.is_sender:
+            raise NotAllowedError("transfer on a link where the client is the receiver")
+        if link.client_detached:
+            raise IllegalStateError("transfer after detach")
+        first = not link.in_delivery
+        if first:
+            link.in_delivery = True
+            link.delivery_bytes = 0
+            link.delivery_id = hdr.delivery_id
+            link.delivery_tag = hdr.delivery_tag
+            link.delivery_settled = hdr.settled
+            link.discarding = False
+        elif hdr.settled:
+            link.delivery_settled = True
+        if not hdr.more or hdr.aborted:
+            link.in_delivery = False
+        if link.discarding:
+            session.dropped_transfers += 1
+            if not link.in_delivery:
+                self._finish_denied_delivery(session, link, now, out)
+            return
+        payload = fend - hdr.payload_offset
+        link.delivery_bytes += payload
+        group = self.group
+        if group is not None and first and not hdr.aborted:
+            reason = None
+            routing = None
+            if link.anonymous or self._check_user_id:
+                routing = read_message_routing(buf, hdr.payload_offset, fend)
+                if not routing.complete and hdr.more:
+                    # cannot decide within the first frame: refuse rather than let it pass
+                    reason = (MessageDenyReason.RELAY_TARGET if link.anonymous
+                              else MessageDenyReason.USER_ID)
+            if routing is not None and reason is None:
+                if (self._check_user_id and routing.user_id
+                        and routing.user_id != (self.user or "").encode("utf-8")):
+                    reason = MessageDenyReason.USER_ID
+                elif link.anonymous and routing.to is not None and not decisions.approve_relay_target(
+                        group, user=self.user or "", to=routing.to):
+                    reason = MessageDenyReason.RELAY_TARGET
+            if reason is not None:
+                address = routing.to if routing is not None else None
+                self._deny_delivery(session, link, hdr, reason, address, now, out)
+                return
+        limit = self._max_message_size
+        if limit is not None and link.delivery_bytes > limit and not hdr.aborted:
+            self._oversize(session, link, hdr, first, now, out)
+            return
+        self._send(Side.BROKER, bytes(buf[pos:fend]), out)
+
+    def _deny_delivery(self, session: SessionRecord, link: LinkRecord, hdr: Any,
+                       reason: MessageDenyReason, address: str | None, now: float,
+                       out: list[Command]) -> None:
+        # The router gets an aborted, settled transfer in place of the first frame, so the
+        # session's delivery-ids stay contiguous; later frames of the delivery are dropped and
+        # counted (docs/decisions/0002-withheld-transfers.md).
+        link.discarding = True
+        link.discard_reason = reason
+        self._send_aborted(session, link, hdr, True, out)
+        self._emit(MessageDenied(**self._ctx(now), address=address, reason=reason,
+                                 size=link.delivery_bytes), out)
+        if not link.in_delivery:
+            self._finish_denied_delivery(session, link, now, out)
+
+    def _send_aborted(self, session: SessionRecord, link: LinkRecord, hdr: Any, first: bool,
+                      out: list[Command]) -> None:
+        if first:
+            t = Transfer(handle=link.handle, delivery_id=link.delivery_id,
+                         delivery_tag=link.delivery_tag or b"", message_format=0, settled=True,
+                         more=False, aborted=True)
+        else:
+            t = Transfer(handle=link.handle, more=False, aborted=True, settled=True)
+        self._send(Side.BROKER, _frame(session.channel, t), out)
+
+    def _finish_denied_delivery(self, session: SessionRecord, link: LinkRecord, now: float,
+                                out: list[Command]) -> None:
+        reason = link.discard_reason
+        link.discarding = False
+        if reason == MessageDenyReason.MESSAGE_SIZE:
+            self._finish_oversize(session, link, now, out)
+            return
+        description = (C.USER_ID_VIOLATION if reason == MessageDenyReason.USER_ID
+                       else C.TARGET_VIOLATION)
+        if not link.delivery_settled and link.delivery_id is not None:
+            disp = Disposition(role=True, first=link.delivery_id, settled=True,
+                               state=Rejected(error=_error(Condition.UNAUTHORIZED_ACCESS,
+                                                           description)))
+            self._reply_on_session(session, _frame(0, disp), out=out)
+
+    def _oversize(self, session: SessionRecord, link: LinkRecord, hdr: Any, first: bool,
+                  now: float, out: list[Command]) -> None:
+        logger.warning("[%s] DENY AMQP Transfer maxMessageSize exceeded", self.conn_id)
+        link.discarding = True
+        link.discard_reason = MessageDenyReason.MESSAGE_SIZE
+        self._send_aborted(session, link, hdr, first, out)
+        self._emit(MessageDenied(**self._ctx(now), address=link.address,
+                                 reason=MessageDenyReason.MESSAGE_SIZE,
+                                 size=link.delivery_bytes), out)
+        if not link.in_delivery:
+            self._finish_oversize(session, link, now, out)
+
+    def _finish_oversize(self, session: SessionRecord, link: LinkRecord, now: float,
+                         out: list[Command]) -> None:
+        # QDR: reject the delivery, detach the link (no error), close the connection forced.
+        frames = []
+        if link.delivery_id is not None:
+            frames.append(_frame(0, Disposition(
+                role=True, first=link.delivery_id, settled=True,
+                state=Rejected(error=_error(Condition.LINK_MESSAGE_SIZE_EXCEEDED,
+                                            C.MESSAGE_SIZE_EXCEEDED)))))
+        if link.broker_handle is not None:
+            frames.append(_frame(0, Detach(handle=link.broker_handle, closed=True)))
+        self._reply_on_session(session, *frames, out=out)
+        self.close_reason = "message_size"
+        self._send_close(Side.CLIENT, _error(Condition.CONNECTION_FORCED, C.MESSAGE_SIZE_EXCEEDED),
+                         out)
+        if not self._close_sent[Side.BROKER]:
+            self._send_close(Side.BROKER, None, out)
+        self.phase = Phase.CLOSING
+        self._linger_deadline = now + LINGER_SECONDS
+
+    # ------------------------------------------------------------------ broker bytes
+
+    def _broker_data(self, data: bytes, now: float, out: list[Command]) -> None:
+        mode = self._broker_mode
+        if mode == "amqp" and self.phase is Phase.OPENED and not self._bbuf:
+            pos = self._broker_amqp_process(data, len(data), now, out)
+            if pos < len(data):
+                self._bbuf += data[pos:]
+            return
+        self._bbuf += data
+        buf = self._bbuf
+        pos = 0
+        end = len(buf)
+        while pos < end and self._broker_mode != "closed":
+            mode = self._broker_mode
+            if mode == "header":
+                if end - pos < 8:
+                    break
+                header = bytes(buf[pos : pos + 8])
+                if header == C.SASL_HEADER and not self._sasl_ok:
+                    self._broker_mode = "sasl"
+                elif header == C.AMQP_HEADER:
+                    self._broker_mode = "amqp"
+                else:
+                    raise FramingError(f"unexpected protocol header from upstream {header!r}")
+                self._send(Side.CLIENT, header, out)
+                pos += 8
+                continue
+            if mode == "sasl":
+                if end - pos < 8:
+                    break
+                size, doff, ftype, _channel = _HDR.unpack_from(buf, pos)
+                if size < 8 or size > PRE_OPEN_FRAME_LIMIT or doff < 2 or doff * 4 > size:
+                    raise FramingError("malformed frame")
+                if end - pos < size:
+                    break
+                fend = pos + size
+                if ftype != FrameType.SASL:
+                    raise FramingError("AMQP frame during SASL negotiation")
+                body = pos + doff * 4
+                if body < fend:
+                    perf, _ = decode_performative(memoryview(buf)[body:fend])
+                    if isinstance(perf, SaslOutcome):
+                        code = 0 if perf.code is None else int(perf.code)
+                        if code == 0:
+                            self._sasl_ok = True
+                            self.phase = Phase.AWAIT_AMQP_HEADER
+                        self._broker_mode = "header"
+                self._send(Side.CLIENT, bytes(buf[pos:fend]), out)
+                pos = fend
+                continue
+            # amqp
+            if self.phase is Phase.OPENED:
+                pos += self._broker_amqp_process(memoryview(buf)[pos:end], end - pos, now, out)
+                break
+            # before the decision: hold whole frames
+            if end - pos < 8:
+                break
+            size = _HDR.unpack_from(buf, pos)[0]
+            if size < 8 or size > BROKER_FRAME_LIMIT:
+                raise FramingError("malformed frame")
+            if end - pos < size:
+                break
+            self._held_broker.append(bytes(buf[pos : pos + size]))
+            pos += size
+        del buf[:pos]
+
+    def _broker_amqp(self, data: bytes, now: float, out: list[Command]) -> None:
+        pos = self._broker_amqp_process(data, len(data), now, out)
+        if pos < len(data):
+            self._bbuf[:0] = data[pos:]
+
+    def _broker_amqp_process(self, buf: Any, end: int, now: float, out: list[Command]) -> int:
+        """Relay admitted broker frames; forward runs of untouched frames as one write."""
+        pos = 0
+        run_start = 0
+        limit = self._broker_frame_limit
+        while end - pos >= 8 and self._broker_mode == "amqp":
+            size, doff, ftype, channel = _HDR.unpack_from(buf, pos)
+            if size < 8 or size > limit or doff < 2 or doff * 4 > size or ftype != 0:
+                raise FramingError("malformed frame")
+            if end - pos < size:
+                break
+            fend = pos + size
+            body = pos + doff * 4
+            if body == fend:
+                pos = fend
+                continue
+            code = is_transfer_descriptor(buf, body, fend)
+            if code == _TRANSFER:
+                self.transfers_out += 1
+                pos = fend
+                continue
+            if code == _DISPOSITION:
+                pos = fend
+                continue
+            if code == _FLOW:
+                session = self._broker_sessions.get(channel)
+                if session is None or (not session.dropped_transfers
+                                       and self._window_frames is None):
+                    pos = fend
+                    continue
+            # a frame we need to look at: flush the run before it
+            if pos > run_start:
+                self._send(Side.CLIENT, bytes(buf[run_start:pos]), out)
+            perf, _ = decode_performative(memoryview(buf)[body:fend])
+            replacement = self._broker_frame(perf, bytes(buf[pos:fend]), channel, now, out)
+            if replacement:
+                self._send(Side.CLIENT, replacement, out)
+            pos = fend
+            run_start = pos
+        if pos > run_start and self._broker_mode == "amqp":
+            self._send(Side.CLIENT, bytes(buf[run_start:pos]), out)
+        return pos
+
+    def _broker_frame(self, perf: Any, raw: bytes, channel: int, now: float,
+                      out: list[Command]) -> bytes | None:
+        """Handle one decoded broker frame; return the bytes to send to the client."""
+        if isinstance(perf, Open):
+            return self._on_broker_open(perf, raw, out)
+        if isinstance(perf, Begin):
+            return self._on_broker_begin(perf, raw, channel, out)
+        if isinstance(perf, Attach):
+            session = self._broker_sessions.get(channel)
+            if session is not None and perf.name is not None and perf.handle is not None:
+                for link in session.links.values():
+                    if link.name == perf.name and link.broker_handle is None:
+                        link.broker_handle = int(perf.handle)
+                        session.broker_links[int(perf.handle)] = link
+                        break
+            return raw
+        if isinstance(perf, Flow):
+            session = self._broker_sessions.get(channel)
+            changes: dict[str, Any] = {}
+            if session is not None and session.dropped_transfers and perf.next_incoming_id is not None:
+                changes["next_incoming_id"] = (
+                    int(perf.next_incoming_id) + session.dropped_transfers
+                ) & _UINT_MAX
+            if self._window_frames is not None and perf.incoming_window is not None:
+                if int(perf.incoming_window) > self._window_frames:
+                    changes["incoming_window"] = self._window_frames
+            if changes:
+                return _frame(channel, _replace(perf, **changes))
+            return raw
+        if isinstance(perf, Detach):
+            session = self._broker_sessions.get(channel)
+            if session is not None and perf.handle is not None:
+                link = session.broker_links.get(int(perf.handle))
+                if link is not None and not link.broker_detached:
+                    self._link_gone(session, link)
+                    link.broker_detached = True
+                    if link.client_detached:
+                        self._drop_link(session, link)
+            return raw
+        if isinstance(perf, End):
+            session = self._broker_sessions.get(channel)
+            if session is not None and not session.broker_ended:
+                self._session_gone(session)
+                session.broker_ended = True
+                if session.client_ended:
+                    self._drop_session(session)
+            return raw
+        if isinstance(perf, Close):
+            self._close_received[Side.BROKER] = True
+            if self._close_sent[Side.CLIENT]:
+                # the client already has the proxy's Close (shutdown/oversize)
+                if self._close_received[Side.CLIENT] or self.phase is Phase.CLOSING:
+                    out.append(CloseTransport(Side.BROKER))
+                return None
+            if self.close_reason is None:
+                self.close_reason = "broker_close"
+            self._close_sent[Side.CLIENT] = True
+            self.phase = Phase.CLOSING
+            return raw
+        return raw
+
+    def _on_broker_open(self, perf: Open, raw: bytes, out: list[Command]) -> bytes:
+        if self._broker_open_seen:
+            raise IllegalStateError("second Open from upstream")
+        self._broker_open_seen = True
+        changes: dict[str, Any] = {}
+        group = self.group
+        mfs = _UINT_MAX if perf.max_frame_size is None else int(perf.max_frame_size)
+        cmax = 0xFFFF if perf.channel_max is None else int(perf.channel_max)
+        if group is not None:
+            if group.max_frame_size:
+                new = max(C.MIN_MAX_FRAME_SIZE, min(mfs, group.max_frame_size))
+                if new != mfs:
+                    changes["max_frame_size"] = new
+                    mfs = new
+            if self._policy_channel_max is not None:
+                new = min(cmax, self._policy_channel_max)
+                if new != cmax:
+                    changes["channel_max"] = new
+                    cmax = new
+            if group.max_session_window:
+                self._window_frames = max(1, group.max_session_window // mfs)
+        self._client_frame_limit = max(C.MIN_MAX_FRAME_SIZE, mfs)
+        self._advertised_channel_max = cmax
+        self._open_sent_to_client = True
+        if changes:
+            return _frame(0, _replace(perf, **changes))
+        return raw
+
+    def _on_broker_begin(self, perf: Begin, raw: bytes, channel: int,
+                         out: list[Command]) -> bytes:
+        session = None
+        if perf.remote_channel is not None:
+            session = self._sessions.get(int(perf.remote_channel))
+        if session is None:
+            return raw  # a router-initiated session: relayed untouched
+        session.broker_channel = channel
+        session.handle_max = _UINT_MAX if perf.handle_max is None else int(perf.handle_max)
+        self._broker_sessions[channel] = session
+        data = raw
+        if self._window_frames is not None:
+            iw = 0 if perf.incoming_window is None else int(perf.incoming_window)
+            if iw > self._window_frames:
+                data = _frame(channel, _replace(perf, incoming_window=self._window_frames))
+        if session.pending_replies:
+            data = data + b"".join(_rechannel(f, channel) for f in session.pending_replies)
+            session.pending_replies.clear()
+        return data
+
+
+ProxyConnection._CLIENT_HANDLERS = {
+    Open: ProxyConnection._on_client_open,
+    Begin: ProxyConnection._on_client_begin,
+    Attach: ProxyConnection._on_client_attach,
+    Flow: ProxyConnection._on_client_flow,
+    Detach: ProxyConnection._on_client_detach,
+    End: ProxyConnection._on_client_end,
+    Close: ProxyConnection._on_client_close,
+    Disposition: ProxyConnection._on_client_disposition,
+    Transfer: ProxyConnection._on_client_transfer_decoded,
+}
+
+
+def _replace(perf: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(perf, **changes)
+
+
+def _rechannel(frame: bytes, channel: int) -> bytes:
+    """Return ``frame`` with its channel field set to ``channel``."""
+    return frame[:6] + channel.to_bytes(2, "big") + frame[8:]
+
+
+def _symbol_array(names: list[str]) -> Any:
+    from ..amqp.codec import symbol_array
+
+    return symbol_array(names)

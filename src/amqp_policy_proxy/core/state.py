@@ -1,0 +1,119 @@
+"""Sans-IO. Connection phases and per-session/per-link records of one proxied connection.
+
+Rule (h11 ``_state.py`` style): the phases a connection can be in live here, with the order
+they advance in; the handlers in :mod:`.connection` move between them.
+
+    AWAIT_HEADER -> SASL -> AWAIT_AMQP_HEADER -> AWAIT_OPEN -> OPENED -> CLOSING -> CLOSED
+                                   \\-> (no SASL) -----------/        \\-> DENIED -/
+
+A client that sends the AMQP header first skips SASL (user ``anonymous``, as in QDR).
+``DENIED``: the proxy sent Open+Close and waits for the client's Close (or a linger timeout).
+``UNAVAILABLE``: no upstream accepted; the proxy plays a minimal SASL/AMQP server to hand the
+client ``amqp:connection:forced``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Phase(Enum):
+    """Where the connection is in its life."""
+
+    AWAIT_HEADER = "await_header"  #: nothing received from the client yet
+    SASL = "sasl"  #: relaying the SASL exchange
+    AWAIT_AMQP_HEADER = "await_amqp_header"  #: SASL done, waiting for the client's AMQP header
+    AWAIT_OPEN = "await_open"  #: AMQP header seen, the client's Open is intercepted
+    OPENED = "opened"  #: admitted; frames relayed under the group's limits
+    DENIED = "denied"  #: Open+Close sent to the client, waiting for its Close
+    UNAVAILABLE = "unavailable"  #: no upstream; minimal local handshake to send a Close
+    CLOSING = "closing"  #: Close exchange in progress
+    CLOSED = "closed"  #: both transports closed; counts released
+
+
+class LinkRecord:
+    """A link the client attached and the proxy forwarded (client handle numbering)."""
+
+    __slots__ = (
+        "name",
+        "handle",
+        "is_sender",
+        "address",
+        "broker_handle",
+        "client_detached",
+        "broker_detached",
+        "anonymous",
+        "delivery_bytes",
+        "delivery_id",
+        "delivery_tag",
+        "delivery_settled",
+        "in_delivery",
+        "discarding",
+        "discard_reason",
+    )
+
+    def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
+        """Record a link.
+
+        Args:
+            name: the link name from the client's Attach.
+            handle: the client's handle for the link.
+            is_sender: True when the client sends messages on it (role sender).
+            address: target address (sender) or source address (receiver), None if absent.
+        """
+        self.name = name
+        self.handle = handle
+        self.is_sender = is_sender
+        self.address = address
+        self.broker_handle: int | None = None
+        self.client_detached = False
+        self.broker_detached = False
+        self.anonymous = is_sender and not address
+        self.delivery_bytes = 0
+        self.delivery_id: int | None = None
+        self.delivery_tag: bytes | None = None
+        self.delivery_settled = False
+        self.in_delivery = False
+        self.discarding = False
+        self.discard_reason: str | None = None
+
+
+class SessionRecord:
+    """A session the client began and the proxy forwarded (client channel numbering)."""
+
+    __slots__ = (
+        "channel",
+        "broker_channel",
+        "handle_max",
+        "links",
+        "broker_links",
+        "denied_handles",
+        "free_reserved_handles",
+        "pending_replies",
+        "dropped_transfers",
+        "client_ended",
+        "broker_ended",
+        "senders",
+        "receivers",
+    )
+
+    def __init__(self, channel: int, reserved_handles: list[int]) -> None:
+        """Record a session.
+
+        Args:
+            channel: the client's channel.
+            reserved_handles: handles the router was told it cannot use, for denials.
+        """
+        self.channel = channel
+        self.broker_channel: int | None = None
+        self.handle_max: int | None = None
+        self.links: dict[int, LinkRecord] = {}
+        self.broker_links: dict[int, LinkRecord] = {}
+        self.denied_handles: dict[int, int] = {}
+        self.free_reserved_handles = reserved_handles
+        self.pending_replies: list[bytes] = []
+        self.dropped_transfers = 0
+        self.client_ended = False
+        self.broker_ended = False
+        self.senders = 0
+        self.receivers = 0
