@@ -1,0 +1,351 @@
+"""The daemon's lifecycle: startup → serve → shutdown, reload on SIGHUP (uvicorn ``Server`` shape).
+
+Owns the current policy snapshot, the connection ledger, the listeners, the metrics endpoint
+and the event log writer, and fans core events out to them. Signal handlers only schedule
+work on the loop (gunicorn's rule).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..core.events import ConnectionClosed, PolicyReloaded, ProxyEvent
+from ..limits.connections import ConnectionLedger
+from ..policy.errors import ConfigIssue, PolicyError
+from ..policy.load import load_policy
+from ..policy.model import Policy
+from . import systemd
+from .config import DaemonConfig, UpstreamConfig
+from .relay import ClientProtocol
+from .resolver import system_resolver
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_INTERVAL = 1.0
+
+
+class Daemon:
+    """One running proxy process."""
+
+    def __init__(self, config: DaemonConfig, *, policy: Policy | None = None,
+                 event_sink: Callable[[ProxyEvent | PolicyReloaded], None] | None = None) -> None:
+        """Create the daemon; nothing is bound until :meth:`start`.
+
+        Args:
+            config: the validated configuration.
+            policy: an already-loaded policy (else loaded from ``config.policy_path``).
+            event_sink: extra observer called with every event (tests, the demo).
+        """
+        self.config = config
+        self.policy: Policy | None = policy
+        self.ledger = ConnectionLedger(config.policy.max_connections)
+        self.connections: dict[str, ClientProtocol] = {}
+        self.servers: list[asyncio.base_events.Server] = []
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.draining = False
+        self.internal_errors = 0
+        self.listen_addresses: list[tuple[str, int]] = []
+        self._ids = itertools.count(1)
+        self._prefix = f"{os.getpid():x}"
+        self._event_sink = event_sink
+        self._stop: asyncio.Event | None = None  # created in start(), on the loop
+        self._drained: asyncio.Event | None = None
+        self._force = False
+        self._reload_lock: asyncio.Lock | None = None
+        self._wall_offset = 0.0
+        self._closed_bytes: dict[tuple[str, str], int] = {}
+        self._closed_transfers: dict[tuple[str, str], int] = {}
+        self._snapshot: Any = None
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._watchdog_task: asyncio.Task[None] | None = None
+        self.metrics_server: Any = None
+        self.observer: Any = None
+        self.writer: Any = None
+        self._server_ssl: dict[int, ssl.SSLContext] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def next_conn_id(self) -> str:
+        """Return a new process-unique connection id."""
+        return f"{self._prefix}-{next(self._ids)}"
+
+    def emit(self, event: ProxyEvent | PolicyReloaded) -> None:
+        """Fan an event out to metrics, the event log and the optional sink. Never raises."""
+        try:
+            if isinstance(event, ConnectionClosed):
+                vhost = event.vhost or ""
+                for key, n in (((vhost, "client_to_broker"), event.bytes_in),
+                               ((vhost, "broker_to_client"), event.bytes_out)):
+                    self._closed_bytes[key] = self._closed_bytes.get(key, 0) + n
+                for key, n in (((vhost, "client_to_broker"), event.transfers_in),
+                               ((vhost, "broker_to_client"), event.transfers_out)):
+                    self._closed_transfers[key] = self._closed_transfers.get(key, 0) + n
+            if self.observer is not None:
+                self.observer.handle(event)
+            if self.writer is not None:
+                from ..eventlog.records import to_record
+
+                record = to_record(event, wall_offset=self._wall_offset)
+                if record is not None:
+                    self.writer.submit(record)
+            if self._event_sink is not None:
+                self._event_sink(event)
+        except Exception:
+            logger.exception("event fan-out failed for %r", type(event).__name__)
+
+    def connection_finished(self, proto: ClientProtocol) -> None:
+        """Forget a finished connection."""
+        self.connections.pop(proto.conn_id, None)
+        if self.draining and not self.connections and self._drained is not None:
+            self._drained.set()
+
+    def upstream_ssl_context(self, upstream: UpstreamConfig) -> ssl.SSLContext | None:
+        """Return the client-side TLS context for ``upstream`` (None for plain TCP)."""
+        if not upstream.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=upstream.tls_ca)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if upstream.tls_cert:
+            ctx.load_cert_chain(upstream.tls_cert, upstream.tls_key)
+        return ctx
+
+    @staticmethod
+    def server_ssl_context(listener: Any) -> ssl.SSLContext | None:
+        """Return the server-side TLS context of a listener (None without a certificate)."""
+        if not listener.tls_cert:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(listener.tls_cert, listener.tls_key)
+        if listener.tls_ca:
+            ctx.load_verify_locations(listener.tls_ca)
+            ctx.verify_mode = (ssl.CERT_REQUIRED if listener.require_client_cert
+                               else ssl.CERT_OPTIONAL)
+        elif listener.require_client_cert:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Load the policy, start metrics and the event log, bind every listener.
+
+        Raises:
+            PolicyError: the policy does not load (nothing is bound).
+            OSError: a listener cannot bind.
+        """
+        self.loop = asyncio.get_running_loop()
+        self._wall_offset = time.time() - self.loop.time()
+        self._stop = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+        if self.policy is None:
+            self.policy = await asyncio.to_thread(self._load_policy)
+        self.ledger.max_connections = self.config.policy.max_connections
+        self._start_observability()
+        for listener in self.config.listeners:
+            ctx = self.server_ssl_context(listener)
+            name = str(listener.address)
+            server = await self.loop.create_server(
+                lambda name=name: ClientProtocol(self, name),
+                listener.address.host, listener.address.port, ssl=ctx, backlog=4096,
+                reuse_address=True,
+            )
+            self.servers.append(server)
+            for sock in server.sockets:
+                addr = sock.getsockname()
+                self.listen_addresses.append((addr[0], addr[1]))
+                logger.info("listening on %s:%s%s (upstreams: %s)", addr[0], addr[1],
+                            " (amqps)" if ctx else "",
+                            ", ".join(str(u.address) for u in self.config.upstreams))
+        self._publish_snapshot()
+        self._snapshot_task = self.loop.create_task(self._snapshot_loop())
+        systemd.notify(f"READY=1\nSTATUS={self.status_line()}")
+        self._watchdog_task = systemd.start_watchdog(self.loop)
+
+    def _load_policy(self) -> Policy:
+        path = self.config.policy_path
+        if path is None:
+            raise PolicyError([ConfigIssue(file=None, path="policy.path",
+                                           message="no policy path configured")])
+        return load_policy(path, self.config.policy, resolver=system_resolver)
+
+    def _start_observability(self) -> None:
+        from ..metrics.collectors import LiveCollector
+        from ..metrics.observer import MetricsObserver
+        from ..metrics.registry import build_registry
+
+        registry = build_registry()
+        self.registry = registry
+        self.observer = MetricsObserver(registry)
+        registry.register(LiveCollector(lambda: self._snapshot))
+        if self.config.metrics_address is not None:
+            from ..metrics.exposition import start_metrics_server
+
+            addr = self.config.metrics_address
+            self.metrics_server = start_metrics_server(registry, addr.host, addr.port)
+            logger.info("metrics on http://%s:%s/metrics", addr.host, self.metrics_server.port)
+        if self.config.event_log_dir:
+            from ..eventlog.sinks import FileEventSink
+            from ..eventlog.writer import EventLogWriter
+
+            observer = self.observer
+            self.writer = EventLogWriter(
+                FileEventSink(self.config.event_log_dir), max_queue=self.config.event_log_queue,
+                on_drop=lambda n: observer.event_log_dropped(n),
+            )
+            self.writer.start()
+
+    def status_line(self) -> str:
+        """One-line status for systemd ``STATUS=``."""
+        policy = self.policy
+        digest = getattr(policy, "digest", "-")
+        return (f"{len(self.connections)} connections, {self.ledger.active()} admitted, "
+                f"policy {digest}")
+
+    def _publish_snapshot(self) -> None:
+        from ..metrics.collectors import MetricsSnapshot
+
+        active: dict[tuple[str, str], int] = {}
+        bytes_total = dict(self._closed_bytes)
+        transfers_total = dict(self._closed_transfers)
+        for proto in list(self.connections.values()):
+            conn = proto.conn
+            if conn is None or not conn.admitted:
+                continue
+            vhost = getattr(conn.vhost, "hostname", "") or ""
+            group = getattr(conn.group, "name", "") or ""
+            active[(vhost, group)] = active.get((vhost, group), 0) + 1
+            for key, n in (((vhost, "client_to_broker"), conn.bytes_in),
+                           ((vhost, "broker_to_client"), conn.bytes_out)):
+                bytes_total[key] = bytes_total.get(key, 0) + n
+            for key, n in (((vhost, "client_to_broker"), conn.transfers_in),
+                           ((vhost, "broker_to_client"), conn.transfers_out)):
+                transfers_total[key] = transfers_total.get(key, 0) + n
+        policy = self.policy
+        self._snapshot = MetricsSnapshot(
+            connections_active=active,
+            bytes_total=bytes_total,
+            transfers_total=transfers_total,
+            limits=tuple(policy.limits_table()) if policy is not None else (),
+            policy_digest=getattr(policy, "digest", ""),
+        )
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SNAPSHOT_INTERVAL)
+            try:
+                self._publish_snapshot()
+            except Exception:
+                logger.exception("metrics snapshot failed")
+
+    def publish_now(self) -> None:
+        """Publish a metrics snapshot immediately (tests call this before scraping)."""
+        self._publish_snapshot()
+
+    async def reload(self) -> bool:
+        """Reload policy files off the event loop; swap atomically only if valid (decision 7).
+
+        Returns:
+            True when the new policy is in force.
+        """
+        assert self._reload_lock is not None
+        async with self._reload_lock:
+            systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+            now = self.loop.time()
+            try:
+                new = await asyncio.to_thread(self._load_policy)
+            except PolicyError as exc:
+                for issue in exc.issues:
+                    logger.error("policy reload rejected: %s", issue)
+                self.emit(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
+                                         result="error",
+                                         issues=tuple(str(i) for i in exc.issues)))
+                systemd.notify(f"READY=1\nSTATUS=reload failed; {self.status_line()}")
+                return False
+            except Exception as exc:  # unreadable files etc.
+                logger.error("policy reload failed: %s", exc)
+                self.emit(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
+                                         result="error", issues=(str(exc),)))
+                systemd.notify(f"READY=1\nSTATUS=reload failed; {self.status_line()}")
+                return False
+            self.policy = new
+            self.emit(PolicyReloaded(at=now, digest=new.digest, result="ok",
+                                     issues=tuple(str(i) for i in new.warnings)))
+            self._publish_snapshot()
+            logger.info("policy reloaded: digest %s", new.digest)
+            systemd.notify(f"READY=1\nSTATUS={self.status_line()}")
+            return True
+
+    def request_stop(self, force: bool = False) -> None:
+        """Ask the daemon to drain and exit (a second request exits at once)."""
+        if self._stop is None:
+            return
+        if self._stop.is_set() or force:
+            self._force = True
+            if self._drained is not None:
+                self._drained.set()
+        self._stop.set()
+
+    async def serve(self) -> None:
+        """Wait until a stop is requested, then shut down gracefully."""
+        assert self._stop is not None
+        await self._stop.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Drain: stop accepting, Close every client (forced), wait for the grace period."""
+        self.draining = True
+        systemd.notify("STOPPING=1")
+        for server in self.servers:
+            server.close()
+        for proto in list(self.connections.values()):
+            conn = proto.conn
+            if conn is not None and not proto.closed:
+                proto._run(conn.begin_shutdown)
+        if self.connections and not self._force:
+            assert self._drained is not None
+            try:
+                await asyncio.wait_for(self._drained.wait(),
+                                       timeout=self.config.shutdown_grace_seconds)
+            except TimeoutError:
+                logger.warning("%d connections still open after the grace period",
+                               len(self.connections))
+        for proto in list(self.connections.values()):
+            proto._abort()
+        await asyncio.sleep(0)
+        for task in (self._snapshot_task, self._watchdog_task):
+            if task is not None:
+                task.cancel()
+        if self.writer is not None:
+            await asyncio.to_thread(self.writer.stop)
+            self.writer = None
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+            self.metrics_server = None
+        for server in self.servers:
+            await server.wait_closed()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: drain (twice: exit now); SIGHUP: reload. Handlers only schedule."""
+        loop = self.loop
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
+
+
+async def run_daemon(config: DaemonConfig) -> int:
+    """Run until stopped; return the process exit code (0 clean, 1 runtime failure)."""
+    daemon = Daemon(config)
+    await daemon.start()
+    daemon.install_signal_handlers()
+    await daemon.serve()
+    return 0

@@ -1,0 +1,272 @@
+"""I/O shell for one proxied connection: a client/broker ``asyncio.Protocol`` pair.
+
+Each ``data_received`` makes exactly one ``ProxyConnection.receive_data`` call, executes the
+returned commands in order without awaiting, then re-arms the connection's single timer
+(aioquic ``transmit()`` style). Backpressure: when one transport's write buffer is full, the
+other transport stops reading (uvicorn ``FlowControl``). A bug in the core is contained to this
+connection: it is logged with its traceback and both transports are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..core.commands import CloseTransport, ConnectBroker, Emit, SendData, Side
+from ..core.connection import ProxyConnection
+from ..core.events import ConnectionDenied, ConnectionDenyReason, UpstreamConnectFailed
+from ..ingress.peer import normalise_peer
+
+if TYPE_CHECKING:
+    from .app import Daemon
+
+logger = logging.getLogger(__name__)
+
+#: Write-buffer high-water mark per transport (bytes); above it the opposite side pauses.
+HIGH_WATER = 256 * 1024
+LOW_WATER = 64 * 1024
+
+
+class ClientProtocol(asyncio.Protocol):
+    """The client leg. Owns the :class:`ProxyConnection` and drives the broker leg."""
+
+    __slots__ = (
+        "daemon", "listener", "transport", "broker", "conn", "timer", "counted",
+        "closed", "conn_id", "_connect_task", "_broker_paused_by_us", "_client_paused_by_us",
+    )
+
+    def __init__(self, daemon: Daemon, listener: str) -> None:
+        """Create the protocol for one accepted transport on ``listener`` (``HOST:PORT``)."""
+        self.daemon = daemon
+        self.listener = listener
+        self.transport: asyncio.Transport | None = None
+        self.broker: BrokerProtocol | None = None
+        self.conn: ProxyConnection | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.counted = False
+        self.closed = False
+        self.conn_id = ""
+        self._connect_task: asyncio.Task[None] | None = None
+
+    # --- asyncio callbacks --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Global maxConnections at accept, before any byte (QDR stage 0)."""
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        daemon = self.daemon
+        self.conn_id = daemon.next_conn_id()
+        peer = transport.get_extra_info("peername")
+        host = normalise_peer(peer[0]) if peer else ""
+        now = daemon.loop.time()
+        if daemon.draining or not daemon.ledger.try_accept():
+            # the socket is closed without a byte written and no upstream connection made
+            transport.close()
+            self.closed = True
+            daemon.emit(ConnectionDenied(
+                conn_id=self.conn_id, at=now, remote_host=host, listener=self.listener,
+                reason=ConnectionDenyReason.GLOBAL_LIMIT,
+            ))
+            return
+        self.counted = True
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        self.conn = ProxyConnection(
+            self.conn_id, remote_host=host, listener=self.listener,
+            policy=daemon.policy, ledger=daemon.ledger, now=now,
+            handshake_timeout=daemon.config.handshake_seconds,
+        )
+        daemon.connections[self.conn_id] = self
+        self._arm_timer()
+
+    def data_received(self, data: bytes) -> None:
+        """Feed client bytes to the core."""
+        conn = self.conn
+        if conn is None:
+            return
+        self._run(lambda now: conn.receive_data(Side.CLIENT, data, now))
+
+    def eof_received(self) -> bool | None:
+        """Client half-closed: close the whole connection (AMQP needs both directions)."""
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The client transport is gone: finish the connection exactly once."""
+        self.closed = True
+        daemon = self.daemon
+        if self.counted:
+            self.counted = False
+            daemon.ledger.release_accept()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self._connect_task is not None and not self._connect_task.done():
+            self._connect_task.cancel()
+        conn = self.conn
+        if conn is not None:
+            self._run(lambda now: conn.connection_lost(Side.CLIENT, now))
+            daemon.connection_finished(self)
+        if self.broker is not None and self.broker.transport is not None:
+            self.broker.transport.close()
+
+    def pause_writing(self) -> None:
+        """The client is not reading: stop reading from the broker."""
+        if self.broker is not None and self.broker.transport is not None:
+            self.broker.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        """The client drained its buffer: read from the broker again."""
+        if self.broker is not None and self.broker.transport is not None:
+            self.broker.transport.resume_reading()
+
+    # --- command execution -----------------------------------------------------------------
+
+    def _run(self, step: Callable[[float], list[Any]]) -> None:
+        conn = self.conn
+        assert conn is not None
+        try:
+            commands = step(self.daemon.loop.time())
+            self._execute(commands)
+        except Exception:  # a proxy bug: contain it to this connection
+            logger.exception("[%s] internal error; closing this connection", self.conn_id)
+            self.daemon.internal_errors += 1
+            if conn.close_reason is None:
+                conn.close_reason = "internal_error"
+            self._abort()
+            return
+        self._arm_timer()
+
+    def _execute(self, commands: list[Any]) -> None:
+        for cmd in commands:
+            if type(cmd) is SendData:
+                if cmd.side is Side.CLIENT:
+                    if self.transport is not None and not self.closed:
+                        self.transport.write(cmd.data)
+                else:
+                    broker = self.broker
+                    if broker is not None and broker.transport is not None:
+                        broker.transport.write(cmd.data)
+            elif type(cmd) is Emit:
+                self.daemon.emit(cmd.event)
+            elif type(cmd) is CloseTransport:
+                if cmd.side is Side.CLIENT:
+                    if self.transport is not None:
+                        self.transport.close()
+                else:
+                    if self.broker is not None and self.broker.transport is not None:
+                        self.broker.transport.close()
+                    elif self._connect_task is not None and not self._connect_task.done():
+                        self._connect_task.cancel()
+            elif type(cmd) is ConnectBroker:
+                self._connect_task = self.daemon.loop.create_task(self._connect_upstream())
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        if self.broker is not None and self.broker.transport is not None:
+            self.broker.transport.abort()
+
+    def _arm_timer(self) -> None:
+        conn = self.conn
+        if conn is None or self.closed:
+            return
+        deadline = conn.get_timer()
+        if self.timer is not None:
+            if deadline is not None and self.timer.when() == deadline:
+                return
+            self.timer.cancel()
+            self.timer = None
+        if deadline is not None:
+            self.timer = self.daemon.loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        conn = self.conn
+        if conn is not None and not self.closed:
+            self._run(conn.handle_timer)
+
+    async def _connect_upstream(self) -> None:
+        daemon = self.daemon
+        loop = daemon.loop
+        for upstream in daemon.config.upstreams:
+            if self.closed:
+                return
+            ctx: ssl.SSLContext | None = daemon.upstream_ssl_context(upstream)
+            try:
+                _, proto = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: BrokerProtocol(self), upstream.address.host,
+                        upstream.address.port, ssl=ctx,
+                        server_hostname=(upstream.tls_server_name or upstream.address.host)
+                        if ctx else None,
+                    ),
+                    timeout=daemon.config.connect_timeout_seconds,
+                )
+            except asyncio.CancelledError:
+                raise
+            except (TimeoutError, OSError, ssl.SSLError) as exc:
+                logger.warning("[%s] upstream %s failed: %s", self.conn_id, upstream.address, exc)
+                daemon.emit(UpstreamConnectFailed(
+                    conn_id=self.conn_id, at=loop.time(), remote_host="",
+                    listener=self.listener, upstream=str(upstream.address),
+                ))
+                continue
+            if self.closed:
+                proto.transport.close()  # type: ignore[union-attr]
+                return
+            self.broker = proto  # type: ignore[assignment]
+            conn = self.conn
+            assert conn is not None
+            self._run(conn.broker_connected)
+            return
+        conn = self.conn
+        if conn is not None and not self.closed:
+            self._run(conn.broker_connect_failed)
+
+
+class BrokerProtocol(asyncio.Protocol):
+    """The upstream leg; feeds broker bytes into its client's :class:`ProxyConnection`."""
+
+    __slots__ = ("client", "transport")
+
+    def __init__(self, client: ClientProtocol) -> None:
+        """Create the leg for ``client``."""
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Record the transport and apply the write-buffer limits."""
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+
+    def data_received(self, data: bytes) -> None:
+        """Feed broker bytes to the core."""
+        client = self.client
+        conn = client.conn
+        if conn is None or client.closed:
+            return
+        client._run(lambda now: conn.receive_data(Side.BROKER, data, now))
+
+    def eof_received(self) -> bool | None:
+        """Broker half-closed: treat as closed."""
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The broker transport is gone."""
+        client = self.client
+        conn = client.conn
+        if conn is not None and not client.closed:
+            client._run(lambda now: conn.connection_lost(Side.BROKER, now))
+
+    def pause_writing(self) -> None:
+        """The broker is not reading: stop reading from the client."""
+        if self.client.transport is not None:
+            self.client.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        """The broker drained: read from the client again."""
+        if self.client.transport is not None and not self.client.closed:
+            self.client.transport.resume_reading()
