@@ -1,0 +1,165 @@
+"""Sans-IO. Pure policy decisions, in QDR's order; denials are values, never exceptions.
+
+* :func:`approve_open`: vhost -> group -> remoteHosts (QDR-POLICY 2.4 to 2.6). Connection
+  *counts* are the ledger's job (:class:`amqp_policy_proxy.limits.connections.ConnectionLedger`).
+* :func:`approve_sender` / :func:`approve_receiver`: link Attach checks (QDR-POLICY 3.3, 3.4).
+* :func:`approve_relay_target`: an anonymous-relay message's ``to`` (QDR-POLICY 3.6.1).
+
+The reason strings are the ``reason`` label values of ARCHITECTURE 4.3. Whether vhost policy is
+enabled at all (``settings.enable_vhost_policy``) is for the caller to check first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amqp_policy_proxy.policy.lookup import resolve_group, resolve_vhost
+from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
+
+NO_VHOST = "no_vhost"
+UNKNOWN_USER = "unknown_user"
+REMOTE_HOST = "remote_host"
+SENDER_LIMIT = "sender_limit"
+RECEIVER_LIMIT = "receiver_limit"
+TARGET = "target"
+SOURCE = "source"
+ANONYMOUS_SENDER = "anonymous_sender"
+DYNAMIC_SOURCE = "dynamic_source"
+NO_SOURCE = "no_source"
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAllowed:
+    """The Open passed vhost, group and remote-host checks (counts still to be checked)."""
+
+    vhost: VhostPolicy
+    group: GroupSettings
+
+
+@dataclass(frozen=True, slots=True)
+class OpenDenied:
+    """The Open is denied: Open+Close ``amqp:resource-limit-exceeded`` (QDR-POLICY 2.9)."""
+
+    reason: str
+    """``"no_vhost"``, ``"unknown_user"`` or ``"remote_host"``."""
+    vhost: VhostPolicy | None
+    group: GroupSettings | None
+    log: str
+    """QDR's INFO log line for the denial."""
+
+
+def _deny_log(user: str, remote_host: str, vhost: str, why: str) -> str:
+    return f"DENY AMQP Open for user '{user}', rhost '{remote_host}', vhost '{vhost}': {why}"
+
+
+def approve_open(
+    policy: Policy, *, hostname: str | None, user: str, remote_host: str
+) -> OpenAllowed | OpenDenied:
+    """Decide an AMQP Open by vhost, group and remote host, in QDR's order.
+
+    Args:
+        policy: the policy snapshot for new connections.
+        hostname: the Open ``hostname`` (or the listener's ``policyVhost``); None means ``""``.
+        user: the authenticated user name (``anonymous`` without SASL).
+        remote_host: the client's IP, normalised (see
+            :func:`amqp_policy_proxy.ingress.peer.normalise_peer`).
+
+    Returns:
+        :class:`OpenAllowed` with the vhost and group, or :class:`OpenDenied` with the first
+        failing reason and QDR's log text. The no-vhost log names the requested hostname; the
+        others name the resolved vhost (as QDR's ``lookup_user`` does).
+    """
+    vmatch = resolve_vhost(policy, hostname)
+    if vmatch is None:
+        return OpenDenied(NO_VHOST, None, None,
+                          _deny_log(user, remote_host, hostname or "", "No policy defined for vhost"))
+    vhost = vmatch.vhost
+    gmatch = resolve_group(vhost, user)
+    if gmatch is None:
+        return OpenDenied(UNKNOWN_USER, vhost, None, _deny_log(
+            user, remote_host, vhost.hostname,
+            "User is not in a user group and unknown users are denied"))
+    group = gmatch.group
+    if not group.remote_hosts.matches(remote_host):
+        return OpenDenied(REMOTE_HOST, vhost, group, _deny_log(
+            user, remote_host, vhost.hostname,
+            "User is not allowed to connect from this network host"))
+    return OpenAllowed(vhost, group)
+
+
+def approve_sender(
+    group: GroupSettings, *, user: str, target_address: str | None, open_senders: int
+) -> str | None:
+    """Decide a client sender's Attach (the router's incoming link), QDR-POLICY 3.3.
+
+    Order: ``maxSenders`` -> target address rules -> anonymous sender. A sender with a dynamic
+    target has no address and so is an anonymous sender.
+
+    Args:
+        group: the connection's group settings (snapshot taken at Open).
+        user: the authenticated user name, for ``${user}``.
+        target_address: the target terminus address; None or ``""`` when there is no target,
+            no address, or a dynamic target.
+        open_senders: client sender links currently attached on this connection.
+
+    Returns:
+        None when allowed, else ``"sender_limit"`` (``amqp:resource-limit-exceeded``),
+        ``"target"`` or ``"anonymous_sender"`` (``amqp:unauthorized-access``).
+    """
+    if group.max_senders is not None and open_senders >= group.max_senders:
+        return SENDER_LIMIT
+    if target_address:
+        return None if group.targets.allows(target_address, user) else TARGET
+    return None if group.allow_anonymous_sender else ANONYMOUS_SENDER
+
+
+def approve_receiver(
+    group: GroupSettings,
+    *,
+    user: str,
+    source_address: str | None,
+    dynamic: bool,
+    open_receivers: int,
+) -> str | None:
+    """Decide a client receiver's Attach (the router's outgoing link), QDR-POLICY 3.4.
+
+    Order: ``maxReceivers`` -> dynamic source (``allowDynamicSource`` alone decides; sources
+    are not consulted) -> source address rules -> no address (always denied).
+
+    Args:
+        group: the connection's group settings.
+        user: the authenticated user name, for ``${user}``.
+        source_address: the source terminus address; None or ``""`` when absent.
+        dynamic: the source terminus has ``dynamic=true``.
+        open_receivers: client receiver links currently attached on this connection.
+
+    Returns:
+        None when allowed, else ``"receiver_limit"`` (``amqp:resource-limit-exceeded``),
+        ``"dynamic_source"``, ``"source"`` or ``"no_source"`` (``amqp:unauthorized-access``).
+    """
+    if group.max_receivers is not None and open_receivers >= group.max_receivers:
+        return RECEIVER_LIMIT
+    if dynamic:
+        return None if group.allow_dynamic_source else DYNAMIC_SOURCE
+    if source_address:
+        return None if group.sources.allows(source_address, user) else SOURCE
+    return NO_SOURCE
+
+
+def approve_relay_target(group: GroupSettings, *, user: str, to: str) -> bool:
+    """Decide one anonymous-relay message's destination, QDR-POLICY 3.6.1.
+
+    The caller skips the check for a message without a destination (QDR does); an empty
+    ``to`` passed here is denied. A denial is a rejected disposition,
+    ``amqp:unauthorized-access`` / ``policy violation on target``.
+
+    Args:
+        group: the connection's group settings.
+        user: the authenticated user name, for ``${user}``.
+        to: the ``x-opt-qd.to`` annotation if honoured, else ``properties.to``, raw.
+
+    Returns:
+        True when ``targetPattern`` (else ``targets``) allows ``to``; False otherwise,
+        including when neither is configured.
+    """
+    return group.targets.allows(to, user)

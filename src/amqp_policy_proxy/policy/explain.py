@@ -1,0 +1,219 @@
+"""Sans-IO. ``amqp-policy-proxy explain``: a static, step-by-step account of a decision.
+
+It follows the same order and uses the same lookups as the live decisions
+(:mod:`amqp_policy_proxy.policy.decisions`) and names the rule that decided each step: how the
+vhost was found, why the user got its group, which ``remoteHosts`` item matched, and, with an
+address and a role, which ``sources``/``targets`` item or pattern allowed the link.
+Live counts (connections, sessions, links) are not considered; the output says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amqp_policy_proxy.ingress.peer import normalise_peer
+from amqp_policy_proxy.limits.addresses import USER_TOKEN, AddressRules
+from amqp_policy_proxy.policy import decisions as d
+from amqp_policy_proxy.policy.lookup import resolve_group, resolve_vhost
+from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
+
+ROLES = ("sender", "receiver")
+"""The client's side of the link: ``sender`` checks targets, ``receiver`` checks sources."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Explanation:
+    """The outcome and the reasoning behind it."""
+
+    allowed: bool
+    lines: tuple[str, ...]
+    """One line per step, ending with ``RESULT: ALLOW`` or ``RESULT: DENY (<reason>)``."""
+    reason: str | None = None
+    """The denial reason (a metrics ``reason`` label value), None when allowed."""
+
+    def render(self) -> str:
+        """The lines joined with newlines (what the CLI prints)."""
+        return "\n".join(self.lines)
+
+
+def explain(
+    policy: Policy,
+    *,
+    user: str,
+    host: str,
+    vhost: str | None = None,
+    address: str | None = None,
+    role: str | None = None,
+) -> Explanation:
+    """Explain whether ``user`` connecting from ``host`` to ``vhost`` is allowed.
+
+    Args:
+        policy: the policy to explain.
+        user: the authenticated user name.
+        host: the client IP address (normalised like live traffic: ``::ffff:a.b.c.d`` is IPv4).
+        vhost: the Open hostname; None means no hostname (``""``).
+        address: optionally, a link address to check (``""`` = no address: anonymous sender,
+            or a receiver without source).
+        role: ``"sender"`` (client sends: targets) or ``"receiver"`` (client receives:
+            sources); required with ``address``.
+
+    Returns:
+        The explanation. Counts are not considered.
+
+    Raises:
+        ValueError: ``role`` is not ``sender``/``receiver``, or ``address`` is given without
+            a role.
+    """
+    if role is not None and role not in ROLES:
+        raise ValueError(f"role must be 'sender' or 'receiver', not {role!r}")
+    if address is not None and role is None:
+        raise ValueError("an address needs a role ('sender' or 'receiver')")
+    rhost = normalise_peer(host)
+    lines: list[str] = []
+    requested = vhost or ""
+
+    def done(allowed: bool, reason: str | None = None) -> Explanation:
+        lines.append("RESULT: ALLOW" if allowed else f"RESULT: DENY ({reason})")
+        return Explanation(allowed=allowed, lines=tuple(lines), reason=reason)
+
+    if not policy.settings.enable_vhost_policy:
+        lines.append("vhost policy is disabled (enableVhostPolicy false): only the global "
+                     f"maxConnections ({policy.settings.max_connections}) applies")
+        return done(True)
+
+    vmatch = resolve_vhost(policy, vhost)
+    if vmatch is None:
+        lines.append(_no_vhost_line(policy, requested))
+        return done(False, d.NO_VHOST)
+    chosen = vmatch.vhost
+    how = {
+        "exact": "exact name",
+        "alias": f"alias '{vmatch.via}'",
+        "pattern": f"hostname pattern '{vmatch.via}'",
+        "default": f"no vhost, alias or pattern matched; defaultVhost '{vmatch.via}'",
+    }[vmatch.how]
+    where = f" from {chosen.source_file}" if chosen.source_file else ""
+    lines.append(f"vhost: Open hostname '{requested}' -> vhost '{chosen.hostname}' "
+                 f"({how}){where}")
+
+    gmatch = resolve_group(chosen, user)
+    if gmatch is None:
+        lines.append(f"group: user '{user}' is in no group's users, no group lists '*', and "
+                     f"allowUnknownUser is false")
+        return done(False, d.UNKNOWN_USER)
+    group = gmatch.group
+    lines.append(_group_line(user, group, gmatch.how))
+
+    if not _remote_host_step(group, host, rhost, lines):
+        return done(False, d.REMOTE_HOST)
+
+    lines.append(_counts_line(chosen, group))
+    lines.append(_settings_line(group))
+
+    if role is not None:
+        reason = _link_step(group, user, address or "", role, lines)
+        if reason is not None:
+            return done(False, reason)
+    return done(True)
+
+
+def _no_vhost_line(policy: Policy, requested: str) -> str:
+    tried = ["no vhost of that name", "no alias"]
+    if policy.settings.enable_vhost_name_patterns:
+        tried.append("no hostname pattern")
+    default = policy.settings.default_vhost
+    if not default:
+        tried.append("defaultVhost is empty")
+    else:
+        tried.append(f"defaultVhost '{default}' is not defined")
+    return f"vhost: Open hostname '{requested}': " + ", ".join(tried)
+
+
+def _group_line(user: str, group: GroupSettings, how: str) -> str:
+    if how == "user":
+        return f"group: user '{user}' is listed in the users of group '{group.name}'"
+    if how == "any_user":
+        return f"group: user '{user}' is not listed by name; group '{group.name}' lists '*'"
+    return (f"group: user '{user}' is in no group and no group lists '*'; allowUnknownUser is "
+            f"true -> group '{group.name}'")
+
+
+def _remote_host_step(group: GroupSettings, host: str, rhost: str, lines: list[str]) -> bool:
+    shown = rhost if rhost == host else f"{rhost} (from '{host}')"
+    hosts = group.remote_hosts
+    if hosts.is_empty():
+        lines.append(f"remoteHosts: group '{group.name}' has no remoteHosts: every host is denied")
+        return False
+    item = hosts.first_match(rhost)
+    if item is None:
+        lines.append(f"remoteHosts: {shown} matches none of {list(hosts.items)} "
+                     f"(group '{group.name}')")
+        return False
+    resolved = hosts.resolved.get(item)
+    note = f" (host name resolved at load time to {resolved})" if resolved else ""
+    lines.append(f"remoteHosts: {shown} matches item '{item}'{note}")
+    return True
+
+
+def _counts_line(vhost: VhostPolicy, group: GroupSettings) -> str:
+    per_user = group.max_connections_per_user
+    per_host = group.max_connections_per_host
+    user_src = "group" if per_user is not None else "vhost"
+    host_src = "group" if per_host is not None else "vhost"
+    return ("counts: not considered (explain is static); at Open the proxy also checks "
+            f"maxConnections {vhost.max_connections} (vhost), "
+            f"maxConnectionsPerUser {vhost.max_connections_per_user if per_user is None else per_user}"
+            f" ({user_src}), "
+            f"maxConnectionsPerHost {vhost.max_connections_per_host if per_host is None else per_host}"
+            f" ({host_src})")
+
+
+def _settings_line(group: GroupSettings) -> str:
+    def show(value: int | None) -> str:
+        return "unlimited" if value is None else str(value)
+
+    return (f"settings: maxFrameSize {show(group.max_frame_size)}, "
+            f"maxSessions {show(group.max_sessions)}, "
+            f"maxSessionWindow {show(group.max_session_window)}, "
+            f"maxMessageSize {show(group.max_message_size)}, "
+            f"maxSenders {show(group.max_senders)}, maxReceivers {show(group.max_receivers)}")
+
+
+def _link_step(group: GroupSettings, user: str, address: str, role: str,
+               lines: list[str]) -> str | None:
+    if role == "sender":
+        if not address:
+            if group.allow_anonymous_sender:
+                lines.append("link: sender without a target address (anonymous relay) is allowed "
+                             "by allowAnonymousSender; each message's 'to' is then checked "
+                             "against the targets")
+                return None
+            lines.append("link: sender without a target address (anonymous relay) is denied: "
+                         "allowAnonymousSender is false")
+            return d.ANONYMOUS_SENDER
+        return _address_step(group.targets, "targetPattern", "targets", user, address,
+                             "sender target", d.TARGET, lines)
+    if not address:
+        lines.append("link: receiver without a source address is always denied; a dynamic "
+                     f"source would be {'allowed' if group.allow_dynamic_source else 'denied'} "
+                     "(allowDynamicSource)")
+        return d.NO_SOURCE
+    return _address_step(group.sources, "sourcePattern", "sources", user, address,
+                         "receiver source", d.SOURCE, lines)
+
+
+def _address_step(rules: AddressRules, pattern_key: str, list_key: str, user: str,
+                  address: str, what: str, reason: str, lines: list[str]) -> str | None:
+    key = pattern_key if rules.pattern_mode else list_key
+    item = rules.first_match(address, user)
+    if item is not None:
+        subst = f" with {USER_TOKEN} = '{user}'" if USER_TOKEN in item else ""
+        lines.append(f"link: {what} '{address}' is allowed by {key} item '{item}'{subst}")
+        return None
+    if rules.is_empty():
+        lines.append(f"link: {what} '{address}' is denied: the group has no {list_key} or "
+                     f"{pattern_key} (deny all)")
+    else:
+        lines.append(f"link: {what} '{address}' is denied: no {key} item matches "
+                     f"{list(rules.items)} for user '{user}'")
+    return reason

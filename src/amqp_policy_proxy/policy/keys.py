@@ -1,0 +1,260 @@
+"""Sans-IO. The QDR policy key table: the single place where camelCase meets snake_case.
+
+Every key a policy file may use is listed here with its level (``vhost`` or ``group``), its
+kind, its range, its QDR default, and whether the proxy enforces it. Keys that QDR accepts but
+the proxy does not enforce load with a warning; keys missing from the table are errors
+(ARCHITECTURE decision 8; QDR itself only warned, QDR-POLICY 1.2 and 1.3).
+
+Sources: ``PolicyKeys`` and ``PolicyCompiler`` in QDR's ``policy_local.py`` and the ``vhost`` /
+``vhostUserGroupSettings`` entities of ``qdrouter.json`` (QDR-POLICY sections 1.1 to 1.3).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+USER_TOKEN: Final = "${user}"
+"""The only substitution token in source and target items (QDR-POLICY 4.3)."""
+DEFAULT_GROUP: Final = "$default"
+"""Group for unknown users when ``allowUnknownUser`` is true (QDR-POLICY 1.4)."""
+CONNECTOR_GROUP: Final = "$connector"
+"""Group QDR applies to outgoing connector connections; accepted, unused by the proxy."""
+ANY_USER: Final = "*"
+"""The ``users`` item that catches every user not listed elsewhere (QDR-POLICY 2.5)."""
+LIST_SEPARATOR: Final = ","
+"""Separator of items in CSV string values (QDR ``KC_CONFIG_LIST_SEP``)."""
+
+CONNECTION_LIMIT_MAX: Final = 65535
+"""Upper bound of ``maxConnections``, ``maxConnectionsPerUser``, ``maxConnectionsPerHost``."""
+LINK_LIMIT_MAX: Final = 2147483647
+"""Upper bound of ``maxSenders`` / ``maxReceivers`` (a C ``int`` in QDR)."""
+UINT32_MAX: Final = 4294967295
+UINT64_MAX: Final = 18446744073709551615
+SESSIONS_MAX: Final = 65536
+"""``maxSessions`` becomes ``channel-max = maxSessions - 1``, a ushort (QDR wraps above it)."""
+MIN_MAX_FRAME_SIZE: Final = 512
+"""AMQP 1.0 Part 2 §2.7.1: "MIN-MAX-FRAME-SIZE ... 512"; proton raises smaller values to it."""
+
+
+class Kind(StrEnum):
+    """How a key's value is validated and converted."""
+
+    NAME = "name"
+    """A single string (``hostname``, ``id``)."""
+    INT = "int"
+    """An integer, or a string holding one (QDR converts with ``int()``)."""
+    BOOL = "bool"
+    """A JSON boolean, or exactly the string ``"true"`` / ``"false"``."""
+    LIST = "list"
+    """A comma-separated string or a list of strings (``users``, ``aliases``)."""
+    HOSTS = "hosts"
+    """``remoteHosts``: a list of host specs (QDR-POLICY 2.6)."""
+    ADDRESSES = "addresses"
+    """``sources`` / ``targets`` items (QDR-POLICY 4.1)."""
+    PATTERNS = "patterns"
+    """``sourcePattern`` / ``targetPattern`` items (QDR-POLICY 4.2)."""
+    GROUPS = "groups"
+    """The map of group name to group settings."""
+    METADATA = "metadata"
+    """Management metadata (``name``, ``identity``, ``type``); any value, ignored."""
+
+
+class Level(StrEnum):
+    """Where a key may appear."""
+
+    VHOST = "vhost"
+    GROUP = "group"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeySpec:
+    """One accepted policy key."""
+
+    camel: str
+    """The QDR key, verbatim (camelCase)."""
+    snake: str
+    """The Python attribute name in :mod:`amqp_policy_proxy.policy.model`."""
+    level: Level
+    kind: Kind
+    default: object = None
+    """QDR's applied default (the compiler default, not the schema text)."""
+    minimum: int | None = None
+    maximum: int | None = None
+    enforced: bool = True
+    """False: accepted for QDR compatibility, warned about, not enforced by the proxy."""
+    zero_means_unlimited: bool = False
+    """QDR treats 0 as "no limit / use the listener value"; compiled to ``None``."""
+    doc: str = ""
+
+
+def _spec(camel: str, snake: str, level: Level, kind: Kind, **kw: object) -> KeySpec:
+    return KeySpec(camel=camel, snake=snake, level=level, kind=kind, **kw)  # type: ignore[arg-type]
+
+
+_V, _G = Level.VHOST, Level.GROUP
+
+_VHOST_SPECS: Final = (
+    _spec("hostname", "hostname", _V, Kind.NAME, doc="vhost name matched against Open hostname"),
+    _spec("id", "hostname", _V, Kind.NAME, enforced=False,
+          doc="deprecated synonym of hostname (QDR-POLICY 1.2)"),
+    _spec("aliases", "aliases", _V, Kind.LIST, default=(), doc="alternative vhost names"),
+    _spec("maxConnections", "max_connections", _V, Kind.INT, default=65535, minimum=0,
+          maximum=CONNECTION_LIMIT_MAX, doc="concurrent connections to the vhost; 0 denies all"),
+    _spec("maxConnectionsPerUser", "max_connections_per_user", _V, Kind.INT, default=65535,
+          minimum=0, maximum=CONNECTION_LIMIT_MAX, doc="per user name; 0 denies all"),
+    _spec("maxConnectionsPerHost", "max_connections_per_host", _V, Kind.INT, default=65535,
+          minimum=0, maximum=CONNECTION_LIMIT_MAX, doc="per remote IP; 0 denies all"),
+    _spec("allowUnknownUser", "allow_unknown_user", _V, Kind.BOOL, default=False,
+          doc="users in no group get group $default"),
+    _spec("maxMessageSize", "max_message_size", _V, Kind.INT, default=None, minimum=0,
+          maximum=UINT64_MAX, zero_means_unlimited=True,
+          doc="bytes; overrides the global value; 0 = unlimited"),
+    _spec("groups", "groups", _V, Kind.GROUPS, default=None, doc="group name -> settings"),
+    _spec("name", "name", _V, Kind.METADATA, enforced=False, doc="management entity name"),
+    _spec("identity", "identity", _V, Kind.METADATA, enforced=False,
+          doc="management entity identity"),
+    _spec("type", "type", _V, Kind.METADATA, enforced=False, doc="management entity type"),
+)
+
+_GROUP_SPECS: Final = (
+    _spec("users", "users", _G, Kind.LIST, default=(), doc="member user names; '*' = any"),
+    _spec("remoteHosts", "remote_hosts", _G, Kind.HOSTS, default=None,
+          doc="hosts members may connect from; missing = deny all"),
+    _spec("maxConnectionsPerUser", "max_connections_per_user", _G, Kind.INT, default=None,
+          minimum=0, maximum=CONNECTION_LIMIT_MAX, doc="replaces the vhost per-user limit"),
+    _spec("maxConnectionsPerHost", "max_connections_per_host", _G, Kind.INT, default=None,
+          minimum=0, maximum=CONNECTION_LIMIT_MAX, doc="replaces the vhost per-host limit"),
+    _spec("maxFrameSize", "max_frame_size", _G, Kind.INT, default=0, minimum=0,
+          maximum=UINT32_MAX, zero_means_unlimited=True,
+          doc="bytes; replaces max-frame-size in the Open sent to the client; 0 = unchanged"),
+    _spec("maxSessions", "max_sessions", _G, Kind.INT, default=0, minimum=0,
+          maximum=SESSIONS_MAX, zero_means_unlimited=True,
+          doc="concurrent sessions; channel-max := maxSessions - 1; 0 = unchanged"),
+    _spec("maxSessionWindow", "max_session_window", _G, Kind.INT, default=0, minimum=0,
+          maximum=UINT32_MAX, zero_means_unlimited=True,
+          doc="bytes of incoming session window; 0 = unchanged"),
+    _spec("maxMessageSize", "max_message_size", _G, Kind.INT, default=None, minimum=0,
+          maximum=UINT64_MAX, zero_means_unlimited=True,
+          doc="bytes; overrides vhost and global values; 0 = unlimited"),
+    _spec("maxSenders", "max_senders", _G, Kind.INT, default=LINK_LIMIT_MAX, minimum=0,
+          maximum=LINK_LIMIT_MAX, zero_means_unlimited=True,
+          doc="concurrent client sender links; 0 = unlimited (QDR C code)"),
+    _spec("maxReceivers", "max_receivers", _G, Kind.INT, default=LINK_LIMIT_MAX, minimum=0,
+          maximum=LINK_LIMIT_MAX, zero_means_unlimited=True,
+          doc="concurrent client receiver links; 0 = unlimited (QDR C code)"),
+    _spec("allowDynamicSource", "allow_dynamic_source", _G, Kind.BOOL, default=False,
+          doc="receivers with dynamic sources"),
+    _spec("allowAnonymousSender", "allow_anonymous_sender", _G, Kind.BOOL, default=False,
+          doc="senders without a target address (anonymous relay)"),
+    _spec("allowUserIdProxy", "allow_user_id_proxy", _G, Kind.BOOL, default=False,
+          doc="messages whose properties.user-id differs from the user"),
+    _spec("allowWaypointLinks", "allow_waypoint_links", _G, Kind.BOOL, default=True,
+          enforced=False, doc="qd.waypoint terminus capability (router-internal)"),
+    _spec("allowFallbackLinks", "allow_fallback_links", _G, Kind.BOOL, default=True,
+          enforced=False, doc="qd.fallback terminus capability (router-internal)"),
+    _spec("allowDynamicLinkRoutes", "allow_dynamic_link_routes", _G, Kind.BOOL, default=True,
+          enforced=False, doc="management CREATE of connection-scoped link routes"),
+    _spec("allowAdminStatusUpdate", "allow_admin_status_update", _G, Kind.BOOL, default=True,
+          enforced=False, doc="management UPDATE of connection adminStatus"),
+    _spec("sources", "sources", _G, Kind.ADDRESSES, default=None,
+          doc="allowed receiver source addresses; missing = deny all"),
+    _spec("targets", "targets", _G, Kind.ADDRESSES, default=None,
+          doc="allowed sender target / relay addresses; missing = deny all"),
+    _spec("sourcePattern", "source_pattern", _G, Kind.PATTERNS, default=None,
+          doc="address patterns instead of sources"),
+    _spec("targetPattern", "target_pattern", _G, Kind.PATTERNS, default=None,
+          doc="address patterns instead of targets"),
+)
+
+VHOST_KEYS: Final = MappingProxyType({s.camel: s for s in _VHOST_SPECS})
+"""Accepted vhost-level keys, by QDR camelCase name."""
+GROUP_KEYS: Final = MappingProxyType({s.camel: s for s in _GROUP_SPECS})
+"""Accepted group-level keys, by QDR camelCase name."""
+
+NOT_ENFORCED_GROUP_KEYS: Final = frozenset(s.camel for s in _GROUP_SPECS if not s.enforced)
+"""Group keys accepted for compatibility and reported as warnings."""
+NOT_ENFORCED_VHOST_KEYS: Final = frozenset(s.camel for s in _VHOST_SPECS if not s.enforced)
+"""Vhost keys accepted for compatibility and reported as warnings (``id``, metadata)."""
+
+POLICY_SETTINGS_KEYS: Final = MappingProxyType({
+    "maxConnections": "max_connections",
+    "enableVhostPolicy": "enable_vhost_policy",
+    "enableVhostNamePatterns": "enable_vhost_name_patterns",
+    "defaultVhost": "default_vhost",
+    "maxMessageSize": "max_message_size",
+    "policyDir": "path",
+})
+"""Global QDR ``policy`` entity attributes -> daemon config ``[policy]`` keys (QDR-POLICY 1.1)."""
+
+LIMIT_NAMES: Final = (
+    "maxConnections", "maxConnectionsPerUser", "maxConnectionsPerHost", "maxSessions",
+    "maxSenders", "maxReceivers", "maxFrameSize", "maxMessageSize", "maxSessionWindow",
+)
+"""Values of the ``limit`` label of the ``amqp_proxy_limit`` gauge."""
+
+_SNAKE_BY_CAMEL: Final = MappingProxyType(
+    {s.camel: s.snake for s in (*_GROUP_SPECS, *_VHOST_SPECS) if s.camel != "id"}
+)
+_CAMEL_BY_SNAKE: Final = MappingProxyType({v: k for k, v in _SNAKE_BY_CAMEL.items()})
+
+
+def snake_case(camel: str) -> str:
+    """Python attribute name of a QDR key.
+
+    Args:
+        camel: a key from :data:`VHOST_KEYS` or :data:`GROUP_KEYS`, e.g. ``maxConnectionsPerUser``.
+
+    Returns:
+        The snake_case name, e.g. ``max_connections_per_user``.
+
+    Raises:
+        KeyError: the key is not a QDR policy key.
+    """
+    return _SNAKE_BY_CAMEL[camel]
+
+
+def camel_case(snake: str) -> str:
+    """QDR key of a Python attribute name (inverse of :func:`snake_case`).
+
+    Raises:
+        KeyError: no QDR key has that attribute name.
+    """
+    return _CAMEL_BY_SNAKE[snake]
+
+
+_HYPHEN_RE: Final = re.compile(r"-([a-zA-Z0-9])")
+
+
+def hyphen_to_camel(key: str) -> str:
+    """Convert a hyphenated attribute name to camelCase, as QDR's config loader does.
+
+    QDR-POLICY 1.6: top-level attribute keys of policyDir entities are converted
+    (``max-connections`` -> ``maxConnections``); keys inside ``groups`` are not.
+
+    Args:
+        key: the key as written in the file.
+
+    Returns:
+        The camelCase key; keys without hyphens are returned unchanged.
+    """
+    return _HYPHEN_RE.sub(lambda m: m.group(1).upper(), key)
+
+
+def suggest(key: str, known: Iterable[str]) -> str | None:
+    """Closest known key to a misspelt one, for "did you mean" hints.
+
+    Args:
+        key: the unknown key.
+        known: an iterable of valid keys.
+
+    Returns:
+        The best close match, or None when nothing is close.
+    """
+    matches = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    return matches[0] if matches else None

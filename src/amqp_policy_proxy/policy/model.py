@@ -1,0 +1,176 @@
+"""Sans-IO. The immutable, compiled policy model.
+
+A :class:`Policy` is a snapshot: built once by :func:`amqp_policy_proxy.policy.compile.compile_policy`,
+never mutated, shared by every connection admitted under it, replaced as a whole on reload.
+QDR's "0 means no limit / use the listener value" is turned into ``None`` at compile time, so
+no field holds a magic zero; the connection limits are the exception (0 there really means
+"deny every connection", QDR-POLICY section 9 item 2).
+
+Field names are the snake_case forms of QDR's keys (:mod:`amqp_policy_proxy.policy.keys`).
+No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from amqp_policy_proxy.ingress.remote_hosts import RemoteHosts
+from amqp_policy_proxy.limits.addresses import AddressRules
+
+if TYPE_CHECKING:
+    from amqp_policy_proxy.policy.errors import ConfigIssue
+    from amqp_policy_proxy.policy.lookup import HostnamePatterns
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicySettings:
+    """The global QDR ``policy`` entity (QDR-POLICY 1.1), from the daemon's ``[policy]`` section.
+
+    Unlike QDR (whose ``enableVhostPolicy`` defaults to false) the proxy enforces vhost policy
+    by default: enforcing it is the proxy's purpose.
+    """
+
+    max_connections: int = 65535
+    """Concurrent client transports accepted at TCP level, before any byte; 0 refuses all."""
+    enable_vhost_policy: bool = True
+    """False: only ``max_connections`` applies, no vhost/group/link/message checks."""
+    enable_vhost_name_patterns: bool = False
+    """True: vhost hostnames and aliases are address-style patterns (QDR-POLICY 2.4)."""
+    default_vhost: str = "$default"
+    """Vhost used when the Open hostname matches nothing; ignored when empty or undefined."""
+    max_message_size: int = 0
+    """Global maximum message size in bytes; 0 = unlimited. Vhost and group values override."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupSettings:
+    """One user group of a vhost (QDR ``vhostUserGroupSettings``, QDR-POLICY 1.3)."""
+
+    name: str
+    """Group name, e.g. ``admins`` or ``$default``."""
+    users: frozenset[str] = frozenset()
+    """Member user names (exact, case-sensitive); ``*`` catches every unlisted user."""
+    remote_hosts: RemoteHosts = field(default_factory=RemoteHosts)
+    """Where members may connect from; empty = nobody (missing ``remoteHosts``)."""
+    max_connections_per_user: int | None = None
+    """Replaces the vhost per-user limit; None = use the vhost's. 0 denies every connection."""
+    max_connections_per_host: int | None = None
+    """Replaces the vhost per-host limit; None = use the vhost's. 0 denies every connection."""
+    max_frame_size: int | None = None
+    """Bytes; replaces max-frame-size in the Open sent to the client; None = do not rewrite."""
+    max_sessions: int | None = None
+    """Concurrent sessions; channel-max := max_sessions - 1; None = unlimited / not rewritten."""
+    max_session_window: int | None = None
+    """Incoming session window in bytes; None = not rewritten."""
+    max_message_size: int | None = None
+    """Bytes, already resolved group -> vhost -> global (QDR-POLICY 3.6.3); None = unlimited."""
+    max_senders: int | None = None
+    """Concurrent client sender links; None = unlimited (QDR's 0)."""
+    max_receivers: int | None = None
+    """Concurrent client receiver links; None = unlimited (QDR's 0)."""
+    allow_dynamic_source: bool = False
+    """Receivers with a dynamic source are allowed (sources are not consulted for them)."""
+    allow_anonymous_sender: bool = False
+    """Senders with no target address (anonymous relay) are allowed."""
+    allow_user_id_proxy: bool = False
+    """Messages may carry a ``properties.user-id`` other than the authenticated user."""
+    sources: AddressRules = field(default_factory=AddressRules.deny_all)
+    """Receiver source rules (``sourcePattern`` if configured, else ``sources``)."""
+    targets: AddressRules = field(default_factory=AddressRules.deny_all)
+    """Sender target and relay ``to`` rules (``targetPattern`` if configured, else ``targets``)."""
+    allow_waypoint_links: bool = True
+    """Accepted for QDR compatibility, not enforced (router-internal capability)."""
+    allow_fallback_links: bool = True
+    """Accepted for QDR compatibility, not enforced."""
+    allow_dynamic_link_routes: bool = True
+    """Accepted for QDR compatibility, not enforced (router management plane)."""
+    allow_admin_status_update: bool = True
+    """Accepted for QDR compatibility, not enforced (router management plane)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VhostPolicy:
+    """One vhost (QDR ``vhost`` entity, QDR-POLICY 1.2)."""
+
+    hostname: str
+    """The vhost name (a pattern when name patterns are enabled); ``""`` is legal."""
+    aliases: tuple[str, ...] = ()
+    """Alternative names (patterns when name patterns are enabled)."""
+    max_connections: int = 65535
+    """Concurrent connections to this vhost; 0 denies all."""
+    max_connections_per_user: int = 65535
+    """Concurrent connections per user name, unless the group overrides it; 0 denies all."""
+    max_connections_per_host: int = 65535
+    """Concurrent connections per remote IP, unless the group overrides it; 0 denies all."""
+    allow_unknown_user: bool = False
+    """Users in no group (and not caught by a ``*`` user) get group ``$default``."""
+    max_message_size: int | None = None
+    """Bytes: the vhost value if set, else the global one; None = unlimited. Informative:
+    each group carries its own resolved value."""
+    groups: Mapping[str, GroupSettings] = field(default_factory=lambda: _EMPTY)
+    """Group name -> settings."""
+    user_groups: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    """User name (or ``*``) -> group name, built from the groups' ``users``."""
+    source_file: str | None = None
+    """The file the vhost came from (None for in-memory input)."""
+    raw: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+    """The attributes as loaded (camelCase keys), read-only, for explain and export."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """A complete, validated policy snapshot."""
+
+    settings: PolicySettings = field(default_factory=PolicySettings)
+    vhosts: Mapping[str, VhostPolicy] = field(default_factory=lambda: _EMPTY)
+    """Vhost name -> vhost."""
+    digest: str = ""
+    """First 12 hex digits of the SHA-256 of the canonical loaded vhost content."""
+    files: tuple[str, ...] = ()
+    """The policy files that were loaded, in load order."""
+    warnings: tuple[ConfigIssue, ...] = ()
+    """Non-fatal issues found while loading."""
+    aliases: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    """Alias -> vhost name."""
+    hostname_patterns: HostnamePatterns | None = field(default=None, compare=False, repr=False)
+    """Pattern tree of vhost names and aliases; set when name patterns are enabled."""
+
+    def limits_table(self) -> list[tuple[str, str, str, int]]:
+        """Configured limits for the ``amqp_proxy_limit`` gauge.
+
+        Returns:
+            ``(vhost, group, limit_name, value)`` rows, sorted. Vhost-level rows have group
+            ``""``: ``maxConnections``, ``maxConnectionsPerUser``, ``maxConnectionsPerHost``.
+            Each group has its *effective* ``maxConnectionsPerUser`` / ``maxConnectionsPerHost``
+            (group value, else the vhost's) and, only when set (not unlimited),
+            ``maxSessions``, ``maxSenders``, ``maxReceivers``, ``maxFrameSize``,
+            ``maxMessageSize`` and ``maxSessionWindow``.
+        """
+        rows: list[tuple[str, str, str, int]] = []
+        for vname, vhost in self.vhosts.items():
+            rows.append((vname, "", "maxConnections", vhost.max_connections))
+            rows.append((vname, "", "maxConnectionsPerUser", vhost.max_connections_per_user))
+            rows.append((vname, "", "maxConnectionsPerHost", vhost.max_connections_per_host))
+            for gname, group in vhost.groups.items():
+                per_user = group.max_connections_per_user
+                per_host = group.max_connections_per_host
+                optional = (
+                    ("maxConnectionsPerUser",
+                     vhost.max_connections_per_user if per_user is None else per_user),
+                    ("maxConnectionsPerHost",
+                     vhost.max_connections_per_host if per_host is None else per_host),
+                    ("maxSessions", group.max_sessions),
+                    ("maxSenders", group.max_senders),
+                    ("maxReceivers", group.max_receivers),
+                    ("maxFrameSize", group.max_frame_size),
+                    ("maxMessageSize", group.max_message_size),
+                    ("maxSessionWindow", group.max_session_window),
+                )
+                rows.extend((vname, gname, n, v) for n, v in optional if v is not None)
+        rows.sort()
+        return rows
