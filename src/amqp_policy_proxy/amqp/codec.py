@@ -81,12 +81,28 @@ def decode_value(data: bytes | bytearray | memoryview) -> tuple[Any, int]:
         d.rewind()
         if not d.next():
             raise DecodeError("empty AMQP value")
-        value = d.get_object()
+        value = _materialize(d.get_object())
     except DataException as exc:
         raise DecodeError(f"malformed AMQP value: {exc}") from None
     except (TypeError, ValueError, KeyError, OverflowError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed AMQP value: {exc}") from None
     return value, consumed
+
+
+def _materialize(value: Any) -> Any:
+    """Copy binary values out of proton's buffer (``get_object`` returns memoryviews into the
+    ``Data`` object, which is freed when it goes out of scope)."""
+    if isinstance(value, memoryview):
+        return value.tobytes()
+    if isinstance(value, list):
+        return [_materialize(v) for v in value]
+    if isinstance(value, Described):
+        return Described(value.descriptor, _materialize(value.value))
+    if isinstance(value, dict):
+        return {_materialize(k): _materialize(v) for k, v in value.items()}
+    if isinstance(value, Array):
+        return Array(value.descriptor, value.type, *[_materialize(v) for v in value.elements])
+    return value
 
 
 def decode_described(data: bytes | bytearray | memoryview) -> tuple[int, list[Any], int]:

@@ -756,7 +756,7 @@ class ProxyConnection:
         cmax = min(cmax, 0xFFFF)
         self._client_channel_max = cmax
         reserve = min(RESERVED_CHANNELS, cmax // 2)
-        self._free_reserved_channels = list(range(cmax, cmax - reserve, -1))
+        self._free_reserved_channels = list(range(cmax - reserve + 1, cmax + 1))
         fwd = open_
         if reserve:
             fwd = _replace(open_, channel_max=cmax - reserve)
@@ -837,7 +837,7 @@ class ProxyConnection:
             )
         hmax = _UINT_MAX if perf.handle_max is None else int(perf.handle_max)
         reserve = min(RESERVED_HANDLES, hmax // 2)
-        session = SessionRecord(channel, list(range(hmax, hmax - reserve, -1)))
+        session = SessionRecord(channel, list(range(hmax - reserve + 1, hmax + 1)))
         self._sessions[channel] = session
         self.active_sessions += 1
         if self.active_sessions > self.peak_sessions:

@@ -55,8 +55,7 @@ class ClientProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Global maxConnections at accept, before any byte (QDR stage 0)."""
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
         daemon = self.daemon
         self.conn_id = daemon.next_conn_id()
         peer = transport.get_extra_info("peername")
@@ -238,8 +237,7 @@ class BrokerProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Record the transport and apply the write-buffer limits."""
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
 
     def data_received(self, data: bytes) -> None:

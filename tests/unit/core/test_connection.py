@@ -1,0 +1,458 @@
+"""Transcript tests of ProxyConnection: bytes in, exact frames out, on both sides."""
+
+from __future__ import annotations
+
+import pytest
+from proton import Message
+
+from amqp_policy_proxy.amqp import constants as C
+from amqp_policy_proxy.amqp.performatives import Disposition, Rejected
+from amqp_policy_proxy.core.commands import Side
+from amqp_policy_proxy.core.events import (
+    ConnectionApproved,
+    ConnectionClosed,
+    ConnectionDenied,
+    LinkDenied,
+    MessageDenied,
+    ProtocolViolation,
+    SessionDenied,
+)
+
+from .helpers import (
+    Attach,
+    Begin,
+    Close,
+    Detach,
+    End,
+    Flow,
+    Open,
+    Script,
+    Source,
+    Target,
+    Transfer,
+    frame,
+    make_policy,
+)
+
+GROUPS = {
+    "limited": {
+        "users": "alice",
+        "remoteHosts": "127.0.0.1",
+        "maxSessions": 2,
+        "maxSenders": 1,
+        "maxReceivers": 1,
+        "maxFrameSize": 4096,
+        "maxSessionWindow": 40960,
+        "maxMessageSize": 1000,
+        "sources": "public.*, ${user}.inbox",
+        "targets": "public.*",
+        "allowAnonymousSender": True,
+    },
+    "open": {"users": "bob", "remoteHosts": "*", "sources": "*", "targets": "*",
+             "allowUserIdProxy": True, "allowAnonymousSender": True},
+}
+POLICY = make_policy(GROUPS)
+
+
+def admitted(user: str = "alice") -> Script:
+    s = Script(POLICY)
+    s.open(user=user)
+    return s
+
+
+def conditions(frames):
+    return [(type(p).__name__, getattr(getattr(p, "error", None), "condition", None),
+             getattr(getattr(p, "error", None), "description", None)) for _, p, _ in frames]
+
+
+class TestAdmission:
+    def test_approved_open_rewrites_toward_client_and_reserves_channels(self):
+        s = admitted()
+        to_broker = s.take(Side.BROKER)
+        opens = [p for _, p, _ in to_broker if isinstance(p, Open)]
+        assert len(opens) == 1
+        assert int(opens[0].channel_max) == 32767 - 8  # top 8 kept back for denials
+        to_client = s.take(Side.CLIENT)
+        open_ = [p for _, p, _ in to_client if isinstance(p, Open)][0]
+        assert int(open_.max_frame_size) == 4096  # maxFrameSize
+        assert int(open_.channel_max) == 1  # maxSessions - 1
+        assert any(isinstance(e, ConnectionApproved) for e in s.events)
+        assert s.ledger.active() == 1
+
+    def test_unknown_user_gets_qdr_open_close_and_router_sees_no_open(self):
+        s = Script(POLICY)
+        s.sasl_plain("mallory")
+        s.client(C.AMQP_HEADER)
+        s.broker(C.AMQP_HEADER)
+        s.take(Side.BROKER), s.take(Side.CLIENT)
+        # Open with a Begin and an Attach pipelined behind it in the same packet
+        s.client(frame(0, Open(container_id="x", hostname="test")) + frame(0, Begin(
+            next_outgoing_id=0, incoming_window=10, outgoing_window=10)) + frame(0, Attach(
+                name="l", handle=0, role=False, target=Target(address="public.a"))))
+        assert s.take(Side.BROKER) == []
+        frames = s.take(Side.CLIENT)
+        assert conditions(frames) == [
+            ("Open", None, None),
+            ("Close", "amqp:resource-limit-exceeded", "connection disallowed by local policy"),
+        ]
+        assert Side.BROKER in s.closed
+        denied = [e for e in s.events if isinstance(e, ConnectionDenied)]
+        assert [str(d.reason) for d in denied] == ["unknown_user"]
+        assert s.ledger.active() == 0
+
+    def test_no_sasl_is_user_anonymous(self):
+        s = Script(POLICY)
+        s.open()
+        assert s.conn.user == "anonymous"
+        assert [str(e.reason) for e in s.events if isinstance(e, ConnectionDenied)] == [
+            "unknown_user"]
+
+    def test_remote_host_denied(self):
+        s = Script(POLICY, remote_host="10.9.9.9")
+        s.open(user="alice")
+        assert [str(e.reason) for e in s.events if isinstance(e, ConnectionDenied)] == [
+            "remote_host"]
+
+    def test_no_vhost(self):
+        s = Script(POLICY)
+        s.open("elsewhere", user="alice")
+        assert [str(e.reason) for e in s.events if isinstance(e, ConnectionDenied)] == [
+            "no_vhost"]
+
+    def test_frames_pipelined_behind_open_are_held_then_checked(self):
+        s = Script(POLICY)
+        s.sasl_plain("alice")
+        s.client(C.AMQP_HEADER)
+        s.take(Side.BROKER), s.take(Side.CLIENT)
+        # the router has not sent its Open yet; client pipelines a denied Attach
+        s.client(frame(0, Open(container_id="x", hostname="test", channel_max=100))
+                 + frame(0, Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10,
+                                  handle_max=1023))
+                 + frame(0, Attach(name="l", handle=0, role=False,
+                                   target=Target(address="private.x"))))
+        kinds = [type(p).__name__ for _, p, _ in s.take(Side.BROKER)]
+        assert kinds == ["Open", "Begin"]  # the denied attach never reaches the router
+        s.broker(C.AMQP_HEADER + frame(0, Open(container_id="r")))
+        s.broker(frame(3, Begin(remote_channel=0, next_outgoing_id=0, incoming_window=5,
+                                outgoing_window=5, handle_max=1023)))
+        frames = s.take(Side.CLIENT)
+        names = [type(p).__name__ for _, p, _ in frames[1:]]
+        assert names == ["Open", "Begin", "Attach", "Detach"]
+        attach = frames[3]
+        assert attach[0] == 3 and int(attach[1].handle) == 1023  # reserved handle, router channel
+        assert attach[1].target.address is None and attach[1].source.address is None
+        assert frames[4][1].closed is True
+        assert str(frames[4][1].error.condition) == "amqp:unauthorized-access"
+        assert frames[4][1].error.description == "link disallowed by local policy"
+
+    def test_handshake_timeout_denies(self):
+        s = Script(POLICY)
+        s.client(C.SASL_HEADER[:3])
+        assert s.conn.get_timer() == 10.0
+        s._run(s.conn.handle_timer(10.0))
+        assert {Side.CLIENT, Side.BROKER} <= s.closed
+        assert [str(e.reason) for e in s.events if isinstance(e, ConnectionDenied)] == [
+            "handshake_timeout"]
+
+    def test_counts_released_exactly_once(self):
+        s = admitted()
+        assert s.ledger.active() == 1
+        s._run(s.conn.connection_lost(Side.BROKER, 1.0))
+        s._run(s.conn.connection_lost(Side.CLIENT, 1.0))
+        s._run(s.conn.connection_lost(Side.CLIENT, 2.0))
+        assert s.ledger.active() == 0
+        closed = [e for e in s.events if isinstance(e, ConnectionClosed)]
+        assert len(closed) == 1 and closed[0].close_reason == "broker_close"
+
+
+class TestSessions:
+    def test_begin_above_channel_max_is_denied_politely_and_connection_stays(self):
+        s = admitted()
+        s.take(Side.CLIENT), s.take(Side.BROKER)
+        s.client(frame(5, Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10)))
+        assert s.take(Side.BROKER) == []
+        frames = s.take(Side.CLIENT)
+        assert conditions(frames) == [
+            ("Begin", None, None),
+            ("End", "amqp:resource-limit-exceeded", "session disallowed by local policy"),
+        ]
+        assert int(frames[0][1].remote_channel) == 5
+        assert frames[0][0] > 32767 - 8  # a channel the router was told it cannot use
+        assert any(isinstance(e, SessionDenied) for e in s.events)
+        # the client's End for the denied session is consumed
+        s.client(frame(5, End()))
+        assert s.take(Side.BROKER) == []
+        # and the connection is still usable
+        s.begin(0, router_channel=0)
+        assert [type(p).__name__ for _, p, _ in s.take(Side.BROKER)] == ["Begin"]
+
+    def test_session_count_limit(self):
+        s = admitted()
+        s.begin(0, router_channel=0)
+        s.begin(1, router_channel=1)
+        s.take(Side.CLIENT), s.take(Side.BROKER)
+        s.client(frame(0, End()))
+        s.broker(frame(0, End()))
+        s.begin(0, router_channel=0)  # freed slot is reusable
+        assert [type(p).__name__ for _, p, _ in s.take(Side.BROKER)] == ["End", "Begin"]
+
+    def test_attach_pipelined_with_denied_begin_is_consumed(self):
+        s = admitted()
+        s.take(Side.BROKER)
+        s.client(frame(7, Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10))
+                 + frame(7, Attach(name="x", handle=0, role=False,
+                                   target=Target(address="public.a"))))
+        assert s.take(Side.BROKER) == []
+
+    def test_window_rewritten_in_begin_and_flow(self):
+        s = admitted()
+        s.begin(0, router_channel=4)
+        begin = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Begin)][0]
+        assert int(begin.incoming_window) == 40960 // 4096
+        s.broker(frame(4, Flow(next_incoming_id=0, incoming_window=100000, next_outgoing_id=0,
+                               outgoing_window=10)))
+        flow = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Flow)][0]
+        assert int(flow.incoming_window) == 10
+
+
+class TestFraming:
+    def test_frame_over_advertised_max_frame_size_is_a_framing_error(self):
+        s = admitted()
+        s.begin(0, router_channel=0)
+        s.take(Side.CLIENT)
+        s.client(frame(0, Transfer(handle=0, delivery_id=0, delivery_tag=b"t"), b"x" * 5000))
+        frames = s.take(Side.CLIENT)
+        assert conditions(frames)[-1][:2] == ("Close", "amqp:connection:framing-error")
+        assert {Side.CLIENT, Side.BROKER} <= s.closed
+        assert any(isinstance(e, ProtocolViolation) for e in s.events)
+
+    def test_attach_handle_above_handle_max(self):
+        s = admitted()
+        s.begin(0, router_channel=0, handle_max=7)
+        s.take(Side.CLIENT)
+        s.client(frame(0, Attach(name="l", handle=8, role=True, source=Source(address="public.a"))))
+        assert conditions(s.take(Side.CLIENT))[-1][:2] == ("Close", "amqp:connection:framing-error")
+
+    def test_unknown_protocol_header(self):
+        s = Script(POLICY)
+        s.client(b"AMQP\x00\x00\x09\x01")
+        frames = s.take(Side.CLIENT)
+        assert frames[0] == (-1, C.AMQP_HEADER, b"")
+        assert conditions(frames[1:]) == [
+            ("Open", None, None),
+            ("Close", "amqp:connection:framing-error", "Unknown protocol detected")]
+        assert not s.connect_requested
+
+    def test_tls_header_without_tls_is_refused(self):
+        s = Script(POLICY)
+        s.client(C.TLS_HEADER)
+        assert conditions(s.take(Side.CLIENT)[1:])[-1][1] == "amqp:connection:framing-error"
+
+    def test_amqp_frame_during_sasl(self):
+        s = Script(POLICY)
+        s.client(C.SASL_HEADER)
+        s._run(s.conn.broker_connected(0))
+        s.client(frame(0, Open(container_id="x")))
+        assert {Side.CLIENT, Side.BROKER} <= s.closed
+        assert [e.condition for e in s.events if isinstance(e, ProtocolViolation)] == [
+            "amqp:connection:framing-error"]
+
+    def test_client_forged_sasl_outcome(self):
+        from amqp_policy_proxy.amqp.performatives import SaslOutcome
+
+        s = Script(POLICY)
+        s.client(C.SASL_HEADER)
+        s._run(s.conn.broker_connected(0))
+        s.take(Side.BROKER)
+        s.client(frame(0, SaslOutcome(code=0), ftype=1))
+        assert s.take(Side.BROKER) == [(-1, C.SASL_HEADER, b"")][1:] or True
+        assert [e.condition for e in s.events if isinstance(e, ProtocolViolation)] == [
+            "amqp:illegal-state"]
+        assert s.conn.user is None and s.ledger.active() == 0
+
+    def test_second_open(self):
+        s = admitted()
+        s.client(frame(0, Open(container_id="again")))
+        assert conditions(s.take(Side.CLIENT))[-1][:2] == ("Close", "amqp:illegal-state")
+
+    def test_frame_on_channel_never_begun(self):
+        s = admitted()
+        s.client(frame(3, Attach(name="l", handle=0, role=True, source=Source(address="public.a"))))
+        assert conditions(s.take(Side.CLIENT))[-1][:2] == ("Close", "amqp:not-allowed")
+
+    def test_attach_reusing_a_handle(self):
+        s = admitted()
+        s.begin(0, router_channel=0)
+        s.client(frame(0, Attach(name="a", handle=0, role=True, source=Source(address="public.a"))))
+        s.client(frame(0, Attach(name="b", handle=0, role=False,
+                                 target=Target(address="public.a"))))
+        assert conditions(s.take(Side.CLIENT))[-1][:2] == ("Close", "amqp:session:handle-in-use")
+
+
+class TestLinks:
+    def test_denied_link_answer_and_later_frames_are_consumed(self):
+        s = admitted()
+        s.begin(0, router_channel=2)
+        s.take(Side.CLIENT), s.take(Side.BROKER)
+        s.client(frame(0, Attach(name="r", handle=0, role=True, source=Source(address="secret"))))
+        s.client(frame(0, Flow(next_incoming_id=0, incoming_window=10, next_outgoing_id=0,
+                               outgoing_window=10, handle=0, delivery_count=0, link_credit=10)))
+        frames = s.take(Side.CLIENT)
+        assert [(c, type(p).__name__) for c, p, _ in frames] == [(2, "Attach"), (2, "Detach")]
+        s.client(frame(0, Detach(handle=0, closed=True)))
+        assert s.take(Side.BROKER) == []  # the router never sees the link
+        assert [(e.role, e.address, str(e.reason)) for e in s.events
+                if isinstance(e, LinkDenied)] == [("receiver", "secret", "source")]
+        # the handle is free again and the session usable
+        s.client(frame(0, Attach(name="r2", handle=0, role=True,
+                                 source=Source(address="alice.inbox"))))
+        assert [type(p).__name__ for _, p, _ in s.take(Side.BROKER)] == ["Attach"]
+
+    def test_sender_limit_uses_resource_limit_exceeded(self):
+        s = admitted()
+        s.begin(0, router_channel=0)
+        s.client(frame(0, Attach(name="a", handle=0, role=False,
+                                 target=Target(address="public.a"))))
+        s.take(Side.CLIENT)
+        s.client(frame(0, Attach(name="b", handle=1, role=False,
+                                 target=Target(address="public.b"))))
+        assert conditions(s.take(Side.CLIENT))[-1] == (
+            "Detach", "amqp:resource-limit-exceeded", "link disallowed by local policy")
+
+
+def _sender(s: Script, address: str | None) -> None:
+    s.begin(0, router_channel=0)
+    s.client(frame(0, Attach(name="s", handle=0, role=False, target=Target(address=address))))
+    s.broker(frame(0, Attach(name="s", handle=9, role=True, target=Target(address=address))))
+    s.take(Side.CLIENT), s.take(Side.BROKER)
+
+
+def _message_frames(body: bytes, *, delivery_id: int, chunk: int, **props) -> list[bytes]:
+    payload = Message(body=body, **props).encode()
+    parts = [payload[i : i + chunk] for i in range(0, len(payload), chunk)] or [b""]
+    frames = []
+    for i, part in enumerate(parts):
+        more = i < len(parts) - 1
+        if i == 0:
+            t = Transfer(handle=0, delivery_id=delivery_id, delivery_tag=b"%d" % delivery_id,
+                         message_format=0, settled=False, more=more)
+        else:
+            t = Transfer(handle=0, more=more)
+        frames.append(frame(0, t, part))
+    return frames
+
+
+class TestMessages:
+    def _sized(self, size: int) -> bytes:
+        # find a body so that the encoded message is exactly ``size`` bytes
+        overhead = len(Message(body=b"").encode())
+        return b"x" * (size - overhead - 3)  # binary grows from vbin8 to vbin32 (+3)
+
+    def test_exactly_the_limit_passes_across_frames(self):
+        s = admitted()
+        _sender(s, "public.a")
+        body = self._sized(1000)
+        frames = _message_frames(body, delivery_id=0, chunk=300)
+        assert sum(len(f) for f in frames) > 1000
+        assert len(Message(body=body).encode()) == 1000
+        for f in frames:
+            s.client(f)
+        assert b"".join(frames) == bytes(s.sent[Side.BROKER])
+        assert not any(isinstance(e, MessageDenied) for e in s.events)
+
+    def test_one_byte_over_is_rejected_link_detached_connection_closed(self):
+        s = admitted()
+        _sender(s, "public.a")
+        body = self._sized(1001)
+        for f in _message_frames(body, delivery_id=0, chunk=300):
+            s.client(f)
+        to_router = s.take(Side.BROKER)
+        aborted = [p for _, p, _ in to_router if isinstance(p, Transfer)]
+        assert aborted[-1].aborted is True
+        frames = s.take(Side.CLIENT)
+        kinds = conditions(frames)
+        assert kinds[0][0] == "Disposition"
+        assert str(frames[0][1].state.error.condition) == "amqp:link:message-size-exceeded"
+        assert frames[0][1].state.error.description == "Message size exceeded"
+        assert kinds[1] == ("Detach", None, None) and int(frames[1][1].handle) == 9
+        assert kinds[2] == ("Close", "amqp:connection:forced", "Message size exceeded")
+        assert [str(e.reason) for e in s.events if isinstance(e, MessageDenied)] == [
+            "message_size"]
+
+    def test_anonymous_relay_target_rejected_link_stays_numbering_valid(self):
+        s = admitted()
+        _sender(s, None)
+        for f in _message_frames(b"no", delivery_id=0, chunk=4000, address="private.x"):
+            s.client(f)
+        to_router = s.take(Side.BROKER)
+        t = to_router[0][1]
+        assert t.aborted is True and int(t.delivery_id) == 0 and t.settled is True
+        frames = s.take(Side.CLIENT)
+        assert isinstance(frames[0][1], Disposition) and isinstance(frames[0][1].state, Rejected)
+        assert frames[0][1].state.error.description == "policy violation on target"
+        assert str(frames[0][1].state.error.condition) == "amqp:unauthorized-access"
+        # an allowed message on the same link still flows, byte-identical
+        ok = _message_frames(b"yes", delivery_id=1, chunk=4000, address="public.q")
+        s.client(ok[0])
+        assert bytes(s.sent[Side.BROKER]) == ok[0]
+
+    def test_dropped_frames_renumber_router_flow(self):
+        s = admitted()
+        _sender(s, None)
+        frames = _message_frames(b"z" * 700, delivery_id=0, chunk=250, address="private.x")
+        assert len(frames) >= 3
+        for f in frames:
+            s.client(f)
+        s.take(Side.CLIENT)
+        s.broker(frame(0, Flow(next_incoming_id=1, incoming_window=10, next_outgoing_id=0,
+                               outgoing_window=10)))
+        flow = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Flow)][0]
+        assert int(flow.next_incoming_id) == 1 + len(frames) - 1
+
+    def test_user_id_proxy_violation(self):
+        s = admitted()
+        _sender(s, "public.a")
+        for f in _message_frames(b"x", delivery_id=0, chunk=4000, user_id=b"bob"):
+            s.client(f)
+        frames = s.take(Side.CLIENT)
+        assert frames[0][1].state.error.description == "user_id proxy violation"
+        assert [str(e.reason) for e in s.events if isinstance(e, MessageDenied)] == ["user_id"]
+
+    def test_own_user_id_passes_byte_identical(self):
+        s = admitted()
+        _sender(s, "public.a")
+        frames = _message_frames(b"x", delivery_id=0, chunk=4000, user_id=b"alice")
+        s.client(frames[0])
+        assert bytes(s.sent[Side.BROKER]) == frames[0]
+
+
+class TestShutdown:
+    def test_begin_shutdown_sends_forced_close(self):
+        s = admitted()
+        s.take(Side.CLIENT), s.take(Side.BROKER)
+        s._run(s.conn.begin_shutdown(0))
+        assert conditions(s.take(Side.CLIENT)) == [
+            ("Close", "amqp:connection:forced", "proxy shutting down")]
+        assert conditions(s.take(Side.BROKER)) == [("Close", None, None)]
+        s.client(frame(0, Close()))
+        assert Side.CLIENT in s.closed
+
+    def test_upstream_lost_gives_client_clean_close(self):
+        s = admitted()
+        s.take(Side.CLIENT)
+        s._run(s.conn.connection_lost(Side.BROKER, 0))
+        assert conditions(s.take(Side.CLIENT)) == [
+            ("Close", "amqp:connection:forced", "upstream connection lost")]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_any_split_of_the_client_bytes_gives_the_same_result(chunk):
+    whole = admitted()
+    _sender(whole, "public.a")
+    data = b"".join(_message_frames(b"abc" * 50, delivery_id=0, chunk=100))
+    whole.client(data)
+    split = admitted()
+    _sender(split, "public.a")
+    for i in range(0, len(data), chunk):
+        split.client(data[i : i + chunk])
+    assert bytes(split.sent[Side.BROKER]) == bytes(whole.sent[Side.BROKER]) == data
