@@ -53,10 +53,14 @@ class RemoteHostsError(ValueError):
 
 
 def _parse_ip(text: str) -> IPAddr | None:
+    """A strict IP address; IPv4-mapped IPv6 becomes IPv4 (clients are normalised the same)."""
     try:
-        return ipaddress.ip_address(text)
+        addr = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
 
 
 def split_spec(spec: str | Iterable[str]) -> tuple[str, ...]:

@@ -169,12 +169,12 @@ def _counts_line(vhost: VhostPolicy, group: GroupSettings) -> str:
 
 
 def _settings_line(group: GroupSettings) -> str:
-    def show(value: int | None) -> str:
-        return "unlimited" if value is None else str(value)
+    def show(value: int | None, none: str = "unlimited") -> str:
+        return none if value is None else str(value)
 
-    return (f"settings: maxFrameSize {show(group.max_frame_size)}, "
-            f"maxSessions {show(group.max_sessions)}, "
-            f"maxSessionWindow {show(group.max_session_window)}, "
+    return (f"settings: maxFrameSize {show(group.max_frame_size, 'not set')}, "
+            f"maxSessions {show(group.max_sessions, 'not set')}, "
+            f"maxSessionWindow {show(group.max_session_window, 'not set')}, "
             f"maxMessageSize {show(group.max_message_size)}, "
             f"maxSenders {show(group.max_senders)}, maxReceivers {show(group.max_receivers)}")
 
