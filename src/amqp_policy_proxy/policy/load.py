@@ -89,10 +89,14 @@ def read_documents(path: str | os.PathLike[str]) -> tuple[list[Document], list[C
     issues: list[ConfigIssue] = []
     documents: list[Document] = []
     if root.is_dir():
-        files = sorted(
-            p for p in root.iterdir()
-            if p.is_file() and not p.name.startswith(".") and p.name.endswith(POLICY_SUFFIXES)
-        )
+        try:
+            files = sorted(
+                p for p in root.iterdir()
+                if p.is_file() and not p.name.startswith(".") and p.name.endswith(POLICY_SUFFIXES)
+            )
+        except OSError as exc:
+            issues.append(_issue(str(root), f"cannot list directory: {exc.strerror or exc}"))
+            return documents, issues
         if not files:
             issues.append(_issue(str(root), "no policy files (*.json, *.yaml, *.yml) in directory"))
     elif root.exists():
