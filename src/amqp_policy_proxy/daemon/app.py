@@ -8,6 +8,7 @@ work on the loop (gunicorn's rule).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import os
@@ -23,7 +24,7 @@ from ..policy.errors import ConfigIssue, PolicyError
 from ..policy.load import load_policy
 from ..policy.model import Policy
 from . import systemd
-from .config import DaemonConfig, UpstreamConfig
+from .config import ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .relay import ClientProtocol
 from .resolver import system_resolver
 
@@ -70,6 +71,11 @@ class Daemon:
         self.observer: Any = None
         self.writer: Any = None
         self._server_ssl: dict[int, ssl.SSLContext] = {}
+        self._upstream_ssl: dict[UpstreamConfig, ssl.SSLContext] = {}
+        self.tls_reload_failures = 0
+        """SIGHUP reloads whose certificate/key files failed to load (old ones kept)."""
+        self._last_status = ""
+        self._config_digest: str | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -108,7 +114,40 @@ class Daemon:
             self._drained.set()
 
     def upstream_ssl_context(self, upstream: UpstreamConfig) -> ssl.SSLContext | None:
-        """Return the client-side TLS context for ``upstream`` (None for plain TCP)."""
+        """Return the current client-side TLS context for ``upstream`` (None for plain TCP).
+
+        Contexts are built once at start and rebuilt on SIGHUP (:meth:`reload`), so each new
+        upstream connection uses the certificate files as of the last successful reload and
+        no file is read on the connect path.
+
+        Raises:
+            OSError: ``ssl.SSLError`` included, only if the context was never built and the
+                files do not load.
+        """
+        if not upstream.tls:
+            return None
+        ctx = self._upstream_ssl.get(upstream)
+        if ctx is None:
+            ctx = self.build_upstream_ssl_context(upstream)
+            assert ctx is not None
+            self._upstream_ssl[upstream] = ctx
+        return ctx
+
+    @staticmethod
+    def build_upstream_ssl_context(upstream: UpstreamConfig) -> ssl.SSLContext | None:
+        """Build a client-side TLS context for ``upstream`` from its files.
+
+        TLS 1.2 or later; the router's certificate is verified against ``tls_ca`` (the system
+        store when unset) and its name against ``tls_server_name`` (default: the host);
+        ``tls_cert``/``tls_key`` are the proxy's client certificate, when the router asks.
+
+        Returns:
+            The context, or None when ``upstream.tls`` is false.
+
+        Raises:
+            OSError: a file is missing or unreadable; ``ssl.SSLError`` (a subclass) when a
+                file is not a valid certificate/key or the key does not match.
+        """
         if not upstream.tls:
             return None
         ctx = ssl.create_default_context(cafile=upstream.tls_ca)
@@ -118,8 +157,19 @@ class Daemon:
         return ctx
 
     @staticmethod
-    def server_ssl_context(listener: Any) -> ssl.SSLContext | None:
-        """Return the server-side TLS context of a listener (None without a certificate)."""
+    def server_ssl_context(listener: ListenerConfig) -> ssl.SSLContext | None:
+        """Build the server-side TLS context of a listener from its files.
+
+        TLS 1.2 or later. With ``tls_ca`` client certificates are verified against it
+        (required when ``require_client_cert``, else optional).
+
+        Returns:
+            The context, or None when the listener has no certificate (plain AMQP).
+
+        Raises:
+            OSError: a file is missing or unreadable; ``ssl.SSLError`` (a subclass) when a
+                file is not a valid certificate/key or the key does not match.
+        """
         if not listener.tls_cert:
             return None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -133,6 +183,66 @@ class Daemon:
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 
+    def build_tls_contexts(self) -> tuple[dict[int, ssl.SSLContext],
+                                          dict[UpstreamConfig, ssl.SSLContext]]:
+        """Build every listener and upstream TLS context from the configured files.
+
+        Runs off the event loop on reload (it reads files).
+
+        Returns:
+            ``(listener index -> server context, upstream -> client context)``.
+
+        Raises:
+            ConfigError: naming every listener/upstream whose files do not load.
+        """
+        servers: dict[int, ssl.SSLContext] = {}
+        upstreams: dict[UpstreamConfig, ssl.SSLContext] = {}
+        issues: list[str] = []
+        for i, listener in enumerate(self.config.listeners):
+            try:
+                ctx = self.server_ssl_context(listener)
+            except OSError as exc:  # ssl.SSLError is an OSError
+                issues.append(f"listener[{i}] {listener.address}: TLS files "
+                              f"({listener.tls_cert}, {listener.tls_key}, {listener.tls_ca}): "
+                              f"{exc}")
+                continue
+            if ctx is not None:
+                servers[i] = ctx
+        for i, upstream in enumerate(self.config.upstreams):
+            try:
+                uctx = self.build_upstream_ssl_context(upstream)
+            except OSError as exc:
+                issues.append(f"upstream[{i}] {upstream.address}: TLS files "
+                              f"({upstream.tls_ca}, {upstream.tls_cert}, {upstream.tls_key}): "
+                              f"{exc}")
+                continue
+            if uctx is not None:
+                upstreams[upstream] = uctx
+        if issues:
+            raise ConfigError(issues)
+        return servers, upstreams
+
+    def _listener_ssl(self, index: int, base: ssl.SSLContext) -> ssl.SSLContext:
+        """Make ``base`` (the context the server is created with) follow reloads.
+
+        asyncio and uvloop capture the context given to ``create_server`` for the server's
+        life, so a reload cannot replace it. Instead its ``sni_callback``, which OpenSSL runs
+        for every ClientHello (with or without SNI), switches the new connection to the
+        listener's current context (``SSLObject.context = ...``, OpenSSL ``SSL_set_SSL_CTX``):
+        certificate chain and CA store come from the newest successful reload; connections
+        already established keep the context they were made with.
+        """
+        self._server_ssl[index] = base
+
+        def follow_reloads(sslobj: Any, server_name: str | None, ctx: ssl.SSLContext) -> None:
+            current = self._server_ssl.get(index)
+            if current is not None and current is not ctx:
+                sslobj.context = current
+            return None
+
+        base.sni_callback = follow_reloads
+        return base
+
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
@@ -140,6 +250,7 @@ class Daemon:
 
         Raises:
             PolicyError: the policy does not load (nothing is bound).
+            ConfigError: a TLS certificate, key or CA file does not load (nothing is bound).
             OSError: a listener cannot bind.
         """
         self.loop = asyncio.get_running_loop()
@@ -150,14 +261,19 @@ class Daemon:
         if self.policy is None:
             self.policy = await asyncio.to_thread(self._load_policy)
         self.ledger.max_connections = self.config.policy.max_connections
+        server_ssl, self._upstream_ssl = await asyncio.to_thread(self.build_tls_contexts)
+        self._config_digest = await asyncio.to_thread(self._config_file_digest)
         self._start_observability()
-        for listener in self.config.listeners:
-            ctx = self.server_ssl_context(listener)
+        for index, listener in enumerate(self.config.listeners):
+            base = server_ssl.get(index)
+            ctx = self._listener_ssl(index, base) if base is not None else None
             name = str(listener.address)
             server = await self.loop.create_server(
                 lambda name=name: ClientProtocol(self, name),
                 listener.address.host, listener.address.port, ssl=ctx, backlog=4096,
                 reuse_address=True,
+                # a TLS handshake must finish within the Open-decision budget
+                ssl_handshake_timeout=self.config.handshake_seconds if ctx else None,
             )
             self.servers.append(server)
             for sock in server.sockets:
@@ -246,44 +362,102 @@ class Daemon:
                 self._publish_snapshot()
             except Exception:
                 logger.exception("metrics snapshot failed")
+            status = self.status_line()
+            if status != self._last_status and not self.draining:
+                # live counts for `systemctl status` (no-op without NOTIFY_SOCKET)
+                self._last_status = status
+                systemd.notify(f"STATUS={status}")
 
     def publish_now(self) -> None:
         """Publish a metrics snapshot immediately (tests call this before scraping)."""
         self._publish_snapshot()
 
     async def reload(self) -> bool:
-        """Reload policy files off the event loop; swap atomically only if valid (decision 7).
+        """SIGHUP: reload policy files and TLS files off the event loop (decision 7).
+
+        The policy is swapped atomically only when the whole new policy is valid: new
+        connections use it, existing ones keep the snapshot they were admitted with, and the
+        ledger's counts carry over. An invalid policy leaves the running one in force; every
+        issue is logged and the failure counted (``amqp_proxy_policy_reloads_total{result=
+        "error"}``). Certificate, key and CA files are re-read the same way: all-or-nothing,
+        for new TLS connections only. Changes to the daemon config file itself (listeners,
+        upstreams, paths) need a restart; a reload only warns about them.
 
         Returns:
             True when the new policy is in force.
         """
         assert self._reload_lock is not None
         async with self._reload_lock:
-            systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
-            now = self.loop.time()
-            try:
-                new = await asyncio.to_thread(self._load_policy)
-            except PolicyError as exc:
-                for issue in exc.issues:
-                    logger.error("policy reload rejected: %s", issue)
-                self.emit(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
-                                         result="error",
-                                         issues=tuple(str(i) for i in exc.issues)))
-                systemd.notify(f"READY=1\nSTATUS=reload failed; {self.status_line()}")
-                return False
-            except Exception as exc:  # unreadable files etc.
-                logger.error("policy reload failed: %s", exc)
-                self.emit(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
-                                         result="error", issues=(str(exc),)))
-                systemd.notify(f"READY=1\nSTATUS=reload failed; {self.status_line()}")
-                return False
-            self.policy = new
-            self.emit(PolicyReloaded(at=now, digest=new.digest, result="ok",
-                                     issues=tuple(str(i) for i in new.warnings)))
-            self._publish_snapshot()
-            logger.info("policy reloaded: digest %s", new.digest)
-            systemd.notify(f"READY=1\nSTATUS={self.status_line()}")
+            systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}\n"
+                           "STATUS=reloading policy and TLS files")
+            ok = await self._reload_policy()
+            tls_ok = await self._reload_tls()
+            await self._warn_config_changes()
+            problems = [what for what, good in (("policy", ok), ("TLS", tls_ok)) if not good]
+            prefix = f"{' and '.join(problems)} reload failed; " if problems else ""
+            systemd.notify(f"READY=1\nSTATUS={prefix}{self.status_line()}")
+            return ok
+
+    async def _reload_policy(self) -> bool:
+        now = self.loop.time()
+        try:
+            new = await asyncio.to_thread(self._load_policy)
+        except PolicyError as exc:
+            for issue in exc.issues:
+                logger.error("policy reload rejected: %s", issue)
+            self.emit(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
+                                     result="error",
+                                     issues=tuple(str(i) for i in exc.issues)))
+            return False
+        except Exception as exc:  # unreadable files etc.
+            logger.error("policy reload failed: %s", exc)
+            self.emit(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
+                                     result="error", issues=(str(exc),)))
+            return False
+        self.policy = new
+        self.emit(PolicyReloaded(at=now, digest=new.digest, result="ok",
+                                 issues=tuple(str(i) for i in new.warnings)))
+        self._publish_snapshot()
+        logger.info("policy reloaded: digest %s", new.digest)
+        return True
+
+    async def _reload_tls(self) -> bool:
+        if not self._server_ssl and not self._upstream_ssl:
             return True
+        try:
+            servers, upstreams = await asyncio.to_thread(self.build_tls_contexts)
+        except ConfigError as exc:
+            self.tls_reload_failures += 1
+            for issue in exc.issues:
+                logger.error("TLS reload rejected, keeping the current certificates: %s", issue)
+            return False
+        # Swap on the loop thread: a handshake sees either all old or all new contexts.
+        # Listener indexes without TLS at start stay plain (the server was made without TLS).
+        for index in list(self._server_ssl):
+            if index in servers:
+                self._server_ssl[index] = servers[index]
+        self._upstream_ssl = upstreams
+        logger.info("TLS certificate, key and CA files reloaded")
+        return True
+
+    def _config_file_digest(self) -> str | None:
+        source = self.config.source
+        if not source:
+            return None
+        try:
+            with open(source, "rb") as f:
+                return hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            return None
+
+    async def _warn_config_changes(self) -> None:
+        if self._config_digest is None:
+            return
+        digest = await asyncio.to_thread(self._config_file_digest)
+        if digest != self._config_digest:
+            logger.warning("config file %s changed since start; a reload applies only policy "
+                           "and TLS files, restart the service to apply the rest",
+                           self.config.source)
 
     def request_stop(self, force: bool = False) -> None:
         """Ask the daemon to drain and exit (a second request exits at once)."""
@@ -304,7 +478,7 @@ class Daemon:
     async def shutdown(self) -> None:
         """Drain: stop accepting, Close every client (forced), wait for the grace period."""
         self.draining = True
-        systemd.notify("STOPPING=1")
+        systemd.notify(f"STOPPING=1\nSTATUS=draining {len(self.connections)} connections")
         for server in self.servers:
             server.close()
         for proto in list(self.connections.values()):

@@ -130,6 +130,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG
+    except ConfigError as exc:  # TLS files that do not load
+        for issue in exc.issues:
+            print(f"error: {issue}", file=sys.stderr)
+        return EXIT_CONFIG
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -155,6 +159,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         policy_path = config.policy_path
         if not policy_path:
             print(f"error: {args.config}: policy.path: missing")
+            return EXIT_CONFIG
+        from .app import Daemon
+
+        try:  # ExecReload runs this before SIGHUP: TLS files are reloaded too
+            Daemon(config).build_tls_contexts()
+        except ConfigError as exc:
+            for issue in exc.issues:
+                print(f"error: {issue}")
             return EXIT_CONFIG
     try:
         policy = load_policy(policy_path, settings, resolver=system_resolver)
