@@ -1,7 +1,16 @@
 """systemd integration: ``sd_notify`` (one datagram to ``$NOTIFY_SOCKET``) and the watchdog.
 
-Our own helper: the protocol is a single ``AF_UNIX`` datagram of ``KEY=VALUE`` lines; an
-``@`` prefix means the abstract namespace. Without ``NOTIFY_SOCKET`` every call is a no-op.
+Daemon shell. Our own helper, no libsystemd: the protocol is a single ``AF_UNIX`` datagram of
+newline-separated ``KEY=VALUE`` assignments (``sd_notify(3)``); an ``@`` prefix on the socket
+path means the abstract namespace. Without ``NOTIFY_SOCKET`` every call is a no-op, so the
+daemon runs the same outside systemd. What the daemon sends, and when:
+
+- ``READY=1`` + ``STATUS=`` once every listener is bound;
+- ``RELOADING=1`` + ``MONOTONIC_USEC=`` at the start of a SIGHUP reload, ``READY=1`` +
+  ``STATUS=`` at its end (also after a failed reload: the old policy is still serving);
+- ``STATUS=`` with live counts whenever they change (at most once a second);
+- ``WATCHDOG=1`` every half ``WATCHDOG_USEC`` from the event loop (a stuck loop stops them);
+- ``STOPPING=1`` when the drain starts.
 """
 
 from __future__ import annotations
@@ -31,17 +40,29 @@ def notify(state: str, *, env: dict[str, str] | None = None) -> bool:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.connect(address)
-            sock.sendall(state.encode("utf-8"))
+            sock.send(state.encode("utf-8"))
         return True
     except OSError as exc:
-        logger.warning("sd_notify to %s failed: %s", path, exc)
+        # warn once per distinct failure: the watchdog would otherwise log twice a period
+        key = (path, exc.errno)
+        level = logging.DEBUG if key in _reported else logging.WARNING
+        _reported.add(key)
+        logger.log(level, "sd_notify to %s failed: %s", path, exc)
         return False
 
 
-def watchdog_interval(env: dict[str, str] | None = None) -> float | None:
-    """Return half the ``WATCHDOG_USEC`` period in seconds, or None when no watchdog is set.
+_reported: set[tuple[str, int | None]] = set()
 
-    ``WATCHDOG_PID``, when set, must be this process.
+
+def watchdog_interval(env: dict[str, str] | None = None) -> float | None:
+    """Return the ``WATCHDOG=1`` ping interval: half the ``WATCHDOG_USEC`` period.
+
+    Args:
+        env: environment to read (default ``os.environ``).
+
+    Returns:
+        Seconds (at least 0.01), or None when no watchdog is set: ``WATCHDOG_USEC`` missing,
+        not a positive integer, or ``WATCHDOG_PID`` set to another process.
     """
     e = env if env is not None else os.environ
     usec = e.get("WATCHDOG_USEC")
@@ -51,13 +72,23 @@ def watchdog_interval(env: dict[str, str] | None = None) -> float | None:
     if pid and pid != str(os.getpid()):
         return None
     try:
-        return max(0.01, int(usec) / 1_000_000 / 2)
+        value = int(usec)
     except ValueError:
         return None
+    if value <= 0:
+        return None
+    return max(0.01, value / 1_000_000 / 2)
 
 
 def start_watchdog(loop: asyncio.AbstractEventLoop) -> asyncio.Task[None] | None:
-    """Ping ``WATCHDOG=1`` from the event loop every half period (a stuck loop stops pings)."""
+    """Ping ``WATCHDOG=1`` from the event loop every half period (a stuck loop stops pings).
+
+    Args:
+        loop: the daemon's running event loop; the pings are a task on it.
+
+    Returns:
+        The task (cancel it at shutdown), or None when no watchdog is configured.
+    """
     interval = watchdog_interval()
     if interval is None:
         return None
