@@ -245,8 +245,13 @@ class Daemon:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
+    async def start(self, *, announce: bool = True) -> None:
         """Load the policy, start metrics and the event log, bind every listener.
+
+        Args:
+            announce: call :meth:`announce_ready` at the end. ``run`` passes False and
+                announces after installing its signal handlers, so that systemd never sends
+                a SIGHUP the process is not ready for (the default action would kill it).
 
         Raises:
             PolicyError: the policy does not load (nothing is bound).
@@ -284,8 +289,15 @@ class Daemon:
                             ", ".join(str(u.address) for u in self.config.upstreams))
         self._publish_snapshot()
         self._snapshot_task = self.loop.create_task(self._snapshot_loop())
-        systemd.notify(f"READY=1\nSTATUS={self.status_line()}")
-        self._watchdog_task = systemd.start_watchdog(self.loop)
+        if announce:
+            self.announce_ready()
+
+    def announce_ready(self) -> None:
+        """Tell systemd the listeners are up (``READY=1``) and start the watchdog pings."""
+        self._last_status = self.status_line()
+        systemd.notify(f"READY=1\nSTATUS={self._last_status}")
+        if self._watchdog_task is None:
+            self._watchdog_task = systemd.start_watchdog(self.loop)
 
     def _load_policy(self) -> Policy:
         path = self.config.policy_path
@@ -519,7 +531,8 @@ class Daemon:
 async def run_daemon(config: DaemonConfig) -> int:
     """Run until stopped; return the process exit code (0 clean, 1 runtime failure)."""
     daemon = Daemon(config)
-    await daemon.start()
+    await daemon.start(announce=False)
     daemon.install_signal_handlers()
+    daemon.announce_ready()
     await daemon.serve()
     return 0
