@@ -11,6 +11,7 @@ allow-list (:data:`~amqp_policy_proxy.eventlog.schema.COMMON_FIELDS` plus the ev
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -51,10 +52,16 @@ def format_ts(seconds: float) -> str:
     """
     if not math.isfinite(seconds):
         raise ValueError(f"timestamp is not finite: {seconds!r}")
-    millis = round(seconds * 1000.0)
     # Integer millisecond arithmetic: no float rounding in the fraction.
-    moment = _EPOCH + timedelta(milliseconds=millis)
-    return f"{moment:%Y-%m-%dT%H:%M:%S}.{millis % 1000:03d}Z"
+    whole, millis = divmod(round(seconds * 1000.0), 1000)
+    return f"{_second_prefix(whole)}.{millis:03d}Z"
+
+
+@functools.lru_cache(maxsize=1024)
+def _second_prefix(whole_seconds: int) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` of a POSIX second, cached: records arrive in time order, so
+    consecutive records mostly share their second (and this is the costly part of a ``ts``)."""
+    return f"{_EPOCH + timedelta(seconds=whole_seconds):%Y-%m-%dT%H:%M:%S}"
 
 
 def _opt_str(value: object) -> str | None:

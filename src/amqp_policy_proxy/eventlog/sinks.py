@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 _TS = re.compile(r"(\d{4}-\d{2}-\d{2})T(\d{2}):")
 _UNSAFE_HOST_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+# One encoder for every record: json.dumps with non-default options builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _FILE_MODE = 0o640  # records name users and client addresses: not world-readable
 _DIR_MODE = 0o750
 
@@ -45,7 +47,7 @@ def dumps_record(record: Mapping[str, Any]) -> str:
         TypeError: a value is not JSON-serialisable.
         ValueError: a float is NaN or infinite (not valid JSON).
     """
-    return json.dumps(record, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(record)
 
 
 class EventSink(Protocol):
