@@ -1004,7 +1004,12 @@ class ProxyConnection:
         self._send(Side.BROKER, raw, out)
 
     def _link_gone(self, session: SessionRecord, link: LinkRecord) -> None:
+        # Called after setting the detaching side's flag: the link is uncounted when the
+        # first side detaches (one flag set), never again when the second one does, and not
+        # at all once an End already uncounted the whole session.
         if link.client_detached and link.broker_detached:
+            return
+        if session.client_ended or session.broker_ended:
             return
         if link.is_sender:
             session.senders -= 1
@@ -1037,6 +1042,7 @@ class ProxyConnection:
         self._send(Side.BROKER, raw, out)
 
     def _session_gone(self, session: SessionRecord) -> None:
+        # Called after setting the ending side's flag (see _link_gone).
         if session.client_ended and session.broker_ended:
             return
         self.active_sessions -= 1
@@ -1364,16 +1370,16 @@ class ProxyConnection:
             if session is not None and perf.handle is not None:
                 link = session.broker_links.get(int(perf.handle))
                 if link is not None and not link.broker_detached:
-                    self._link_gone(session, link)
                     link.broker_detached = True
+                    self._link_gone(session, link)
                     if link.client_detached:
                         self._drop_link(session, link)
             return raw
         if isinstance(perf, End):
             session = self._broker_sessions.get(channel)
             if session is not None and not session.broker_ended:
-                self._session_gone(session)
                 session.broker_ended = True
+                self._session_gone(session)
                 if session.client_ended:
                     self._drop_session(session)
             return raw
