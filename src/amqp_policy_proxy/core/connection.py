@@ -467,6 +467,12 @@ class ProxyConnection:
         self._client_mode = "closed"
         self._broker_mode = "closed"
         self._handshake_deadline = None
+        # Nothing more is read from either side: drop what was buffered (the receive path
+        # appended the whole chunk before the violation was found).
+        self._cbuf.clear()
+        self._bbuf.clear()
+        self._held_client.clear()
+        self._held_broker.clear()
         out.append(CloseTransport(Side.BROKER))
         out.append(CloseTransport(Side.CLIENT))
 
