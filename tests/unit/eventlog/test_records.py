@@ -261,6 +261,15 @@ def test_format_ts_is_monotonic_and_valid(start, delta):
     assert first <= second  # fixed-width ISO strings sort like times
 
 
+def test_documented_examples_are_valid_records():
+    """docs/observability.md shows one valid example line per event, as to_record writes it."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "observability.md").read_text()
+    examples = [json.loads(line) for line in re.findall(r"```json\n(.*)\n```", doc)]
+    assert sorted(r["event"] for r in examples) == sorted(schema.EVENT_NAMES)
+    for record in examples:
+        check_record(record)
+
+
 def test_records_module_reads_no_clock_and_does_no_io():
     tree = ast.parse(Path(records.__file__).read_text())
     forbidden_imports = {"asyncio", "socket", "time", "os", "io", "threading", "prometheus_client"}
