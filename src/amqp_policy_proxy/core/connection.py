@@ -468,11 +468,12 @@ class ProxyConnection:
         self._broker_mode = "closed"
         self._handshake_deadline = None
         # Nothing more is read from either side: drop what was buffered (the receive path
-        # appended the whole chunk before the violation was found).
-        self._cbuf.clear()
-        self._bbuf.clear()
-        self._held_client.clear()
-        self._held_broker.clear()
+        # appended the whole chunk before the violation was found). New objects rather than
+        # clear(): a memoryview into the old buffer may still be alive in the traceback.
+        self._cbuf = bytearray()
+        self._bbuf = bytearray()
+        self._held_client = bytearray()
+        self._held_broker = []
         out.append(CloseTransport(Side.BROKER))
         out.append(CloseTransport(Side.CLIENT))
 
