@@ -59,8 +59,11 @@ def format_ts(seconds: float) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _second_prefix(whole_seconds: int) -> str:
-    """``YYYY-MM-DDTHH:MM:SS`` of a POSIX second, cached: records arrive in time order, so
-    consecutive records mostly share their second (and this is the costly part of a ``ts``)."""
+    """Return ``YYYY-MM-DDTHH:MM:SS`` (UTC) of a POSIX second.
+
+    Cached: records arrive in time order, so consecutive records mostly share their second,
+    and this is the costly part of formatting a ``ts``.
+    """
     return f"{_EPOCH + timedelta(seconds=whole_seconds):%Y-%m-%dT%H:%M:%S}"
 
 

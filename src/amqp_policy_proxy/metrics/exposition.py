@@ -25,6 +25,11 @@ class MetricsServer:
     """A running ``/metrics`` endpoint; use :func:`start_metrics_server` to make one.
 
     Usable as a context manager (stops on exit).
+
+    Args:
+        httpd: the WSGI server returned by prometheus_client's ``start_http_server``.
+        thread: the thread running ``httpd.serve_forever``.
+        host: the address ``httpd`` is bound to, as the caller gave it.
     """
 
     def __init__(self, httpd: WSGIServer, thread: threading.Thread, host: str) -> None:
@@ -62,6 +67,7 @@ class MetricsServer:
             logger.warning("metrics server thread did not stop within %.1f s", timeout)
 
     def __enter__(self) -> MetricsServer:
+        """Return the running server."""
         return self
 
     def __exit__(
@@ -70,6 +76,7 @@ class MetricsServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Stop the server (see :meth:`stop`); exceptions propagate."""
         self.stop()
 
 
