@@ -32,11 +32,16 @@ def user_from_sasl_init(mechanism: str, initial_response: bytes | None) -> str |
         the connection is treated as a user in no group.
 
     Raises:
-        DecodeError: a PLAIN or SCRAM response that is not well formed.
+        DecodeError: a PLAIN or SCRAM response that is not well formed, or an initial
+            response that is not binary.
     """
     mech = mechanism.upper()
     if mech == "ANONYMOUS":
         return ANONYMOUS_USER
+    if initial_response is not None and not isinstance(initial_response, bytes | bytearray):
+        # The field is binary (Part 5 §5.3.3.2); anything else comes from a hostile client.
+        # Never call bytes() on it: bytes(int) allocates that many bytes.
+        raise DecodeError("sasl-init initial-response is not binary")
     if mech == "PLAIN":
         if not initial_response:
             raise DecodeError("PLAIN sasl-init without initial response")
