@@ -41,7 +41,12 @@ def _wrap(kind: str | None, value: Any) -> Any:
     wrapper = _WRAPPERS[kind]
     if isinstance(value, bool) or type(value) is not int:
         return value
-    return wrapper(value)
+    try:
+        return wrapper(value)
+    except (AssertionError, OverflowError, ValueError):
+        # proton raises AssertionError for a negative uint: the value came from a peer
+        # that sent a signed type where the spec says unsigned.
+        raise DecodeError(f"{value} is out of range for {kind}") from None
 
 
 def _unwrap(value: Any) -> Any:
