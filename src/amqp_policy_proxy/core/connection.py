@@ -187,6 +187,7 @@ class ProxyConnection:
         self._client_open: Open | None = None
         self._broker_open_seen = False
         self._open_sent_to_client = False
+        self._amqp_header_sent_to_client = False
         self._close_sent = {Side.CLIENT: False, Side.BROKER: False}
         self._close_received = {Side.CLIENT: False, Side.BROKER: False}
         self._finished = False
@@ -427,10 +428,15 @@ class ProxyConnection:
         self._open_sent_to_client = True
         self._close_sent[Side.CLIENT] = True
         data = _frame(0, Open(container_id=self.container_id)) + _frame(0, Close(error=error))
+        if not self._amqp_header_sent_to_client:
+            # the client is waiting for the AMQP protocol header (the router's may not have
+            # arrived yet, and will not be relayed now)
+            self._amqp_header_sent_to_client = True
+            self._broker_mode = "closed"
+            data = C.AMQP_HEADER + data
         self._send(Side.CLIENT, data, out)
 
     def _send_unavailable_close(self, out: list[Command]) -> None:
-        self._send(Side.CLIENT, C.AMQP_HEADER, out)
         self._send_open_close(_error(Condition.CONNECTION_FORCED, UPSTREAM_UNAVAILABLE), out)
         self._client_mode = "amqp"
 
@@ -573,7 +579,6 @@ class ProxyConnection:
         )
         self.close_reason = "protocol_error"
         self._handshake_deadline = None
-        self._send(Side.CLIENT, C.AMQP_HEADER, out)
         self._send_open_close(_error(Condition.CONNECTION_FRAMING_ERROR, C.UNKNOWN_PROTOCOL), out)
         self._client_mode = "closed"
         out.append(CloseTransport(Side.BROKER))
@@ -1251,6 +1256,7 @@ class ProxyConnection:
                     self._broker_mode = "sasl"
                 elif header == C.AMQP_HEADER:
                     self._broker_mode = "amqp"
+                    self._amqp_header_sent_to_client = True
                 else:
                     raise FramingError(f"unexpected protocol header from upstream {header!r}")
                 self._send(Side.CLIENT, header, out)

@@ -100,6 +100,18 @@ class TestAdmission:
         assert [str(d.reason) for d in denied] == ["unknown_user"]
         assert s.ledger.active() == 0
 
+    def test_denial_before_the_routers_amqp_header_still_starts_with_one(self):
+        s = Script(POLICY)
+        s.sasl_plain("mallory")
+        s.take(Side.CLIENT)
+        # the client pipelines its AMQP header and Open; the router's header is not here yet
+        s.client(C.AMQP_HEADER + frame(0, Open(container_id="x", hostname="test")))
+        frames = s.take(Side.CLIENT)
+        assert frames[0] == (-1, C.AMQP_HEADER, b"")
+        assert conditions(frames[1:])[-1][1] == "amqp:resource-limit-exceeded"
+        s.broker(C.AMQP_HEADER)  # arrives late: not relayed a second time
+        assert s.take(Side.CLIENT) == []
+
     def test_no_sasl_is_user_anonymous(self):
         s = Script(POLICY)
         s.open()
