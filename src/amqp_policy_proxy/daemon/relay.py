@@ -159,6 +159,11 @@ class ClientProtocol(asyncio.Protocol):
                     elif self._connect_task is not None and not self._connect_task.done():
                         self._connect_task.cancel()
             elif type(cmd) is ConnectBroker:
+                # Until the upstream is up, whatever the client sends is queued in the core;
+                # stop reading so that a slow or black-holed upstream cannot make that queue
+                # grow at the client's line rate. Reading resumes once the connect ends.
+                if self.transport is not None:
+                    self.transport.pause_reading()
                 self._connect_task = self.daemon.loop.create_task(self._connect_upstream())
 
     def _abort(self) -> None:
@@ -219,10 +224,16 @@ class ClientProtocol(asyncio.Protocol):
             conn = self.conn
             assert conn is not None
             self._run(conn.broker_connected)
+            self._resume_client()
             return
         conn = self.conn
         if conn is not None and not self.closed:
             self._run(conn.broker_connect_failed)
+            self._resume_client()
+
+    def _resume_client(self) -> None:
+        if self.transport is not None and not self.closed and not self.transport.is_closing():
+            self.transport.resume_reading()
 
 
 class BrokerProtocol(asyncio.Protocol):
