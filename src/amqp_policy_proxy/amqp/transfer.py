@@ -64,6 +64,8 @@ def skip_value(buf: bytes | bytearray | memoryview, pos: int, end: int) -> int:
 
 
 def _read_uint(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int | None, int]:
+    if pos >= end:
+        raise DecodeError("truncated uint")
     code = buf[pos]
     if code == 0x40:
         return None, pos + 1
@@ -81,6 +83,8 @@ def _read_uint(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple
 
 
 def _read_bool(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[bool, int]:
+    if pos >= end:
+        raise DecodeError("truncated boolean")
     code = buf[pos]
     if code == 0x41:
         return True, pos + 1
@@ -172,6 +176,8 @@ def read_transfer(buf: bytes | bytearray | memoryview, pos: int, end: int) -> Tr
     if count > 1:
         delivery_id, p = _read_uint(buf, p, lend)
     if count > 2:
+        if p >= lend:
+            raise DecodeError("transfer list shorter than its count")
         code = buf[p]
         if code == 0xA0:
             n = buf[p + 1]
@@ -272,7 +278,7 @@ def read_message_routing(buf: bytes | bytearray | memoryview, pos: int, end: int
         to: str | None = None
         if count > 0:
             p = skip_value(buf, p, lend)  # message-id
-        if count > 1:
+        if count > 1 and p < lend:
             code = buf[p]
             if code == 0xA0:
                 user_id = bytes(buf[p + 2 : p + 2 + buf[p + 1]])
@@ -282,7 +288,7 @@ def read_message_routing(buf: bytes | bytearray | memoryview, pos: int, end: int
             elif code != 0x40:
                 raise DecodeError("user-id is not binary")
             p = skip_value(buf, p, lend)
-        if count > 2:
+        if count > 2 and p < lend:
             code = buf[p]
             nxt = skip_value(buf, p, lend)
             if code in (0xA1, 0xA3):
