@@ -30,6 +30,8 @@ _WRAPPERS = {
 
 _REGISTRY: dict[int, type[Composite]] = {}
 
+_INT_LIMITS = {"ubyte": 0xFF, "ushort": 0xFFFF, "uint": 0xFFFFFFFF, "ulong": 0xFFFFFFFFFFFFFFFF}
+
 
 def _wrap(kind: str | None, value: Any) -> Any:
     if value is None or kind is None:
@@ -78,6 +80,15 @@ class Composite:
             raise DecodeError(
                 f"{cls.__name__}: {len(values)} fields, at most {len(names)} allowed"
             )
+        types = cls.TYPES
+        for name, v in zip(names, values, strict=False):
+            limit = _INT_LIMITS.get(types.get(name, ""))
+            # Any AMQP integer encoding is accepted for an unsigned field, but the value must
+            # be an integer in the field's range: the proxy does arithmetic on these values
+            # and int() on an array or string from a hostile peer must not reach it.
+            if limit is not None and v is not None and (
+                    type(v) is bool or not isinstance(v, int) or not 0 <= v <= limit):
+                raise DecodeError(f"{cls.__name__}.{name}: {v!r} is not a {types[name]}")
         return cls(**{name: _unwrap(v) for name, v in zip(names, values, strict=False)})
 
     def to_fields(self) -> list[Any]:
