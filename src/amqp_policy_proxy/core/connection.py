@@ -277,11 +277,17 @@ class ProxyConnection:
         self._handshake_deadline = None
         self._linger_deadline = now + 10.0
         if self._client_mode == "sasl" and not self._sasl_ok:
-            out.append(SendData(Side.CLIENT, C.SASL_HEADER + _frame(
+            data = C.SASL_HEADER + _frame(
                 0,
                 SaslMechanisms(sasl_server_mechanisms=_symbol_array(["ANONYMOUS", "PLAIN"])),
                 ftype=FrameType.SASL,
-            )))
+            )
+            if getattr(self, "_sasl_init_seen", False):
+                # the client pipelined its sasl-init before the connect failed: it will not
+                # send another one, so answer it now
+                data += _frame(0, SaslOutcome(code=0), ftype=FrameType.SASL)
+                self._sasl_ok = True
+            out.append(SendData(Side.CLIENT, data))
             self._unavailable_sasl = True
         elif self._client_mode in ("amqp", "header") and self._client_mode != "header":
             self._send_unavailable_close(out)
