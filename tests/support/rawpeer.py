@@ -208,15 +208,21 @@ def names(items: Iterable[Item]) -> list[str]:
 class RawClient:
     """A blocking TCP client that sends exactly the bytes a test gives it."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> None:
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0,
+                 rcvbuf: int | None = None) -> None:
         """Connect to ``host:port``.
 
         Args:
             port: the proxy's port.
             host: the proxy's address.
             timeout: default seconds to wait in the read helpers.
+            rcvbuf: SO_RCVBUF to set before connecting (a small window for stall tests).
         """
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        if rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(timeout)
+        self.sock.connect((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.timeout = timeout
         self.parser = FrameParser()
@@ -609,6 +615,7 @@ class _UpstreamConn(asyncio.Protocol):
             self.write(data)
             self.flood_sent += len(data)
             srv.flood_sent += len(data)
+            srv.flood_frames += 1
 
     async def _idle(self, own_ms: int | None, peer_ms: int | None) -> None:
         """Heartbeat at half the peer's idle-time-out; Close when ours expires (Part 2 §2.4.5)."""
@@ -692,6 +699,7 @@ class RawUpstream:
         self.bytes_received = 0
         self.pauses = 0
         self.flood_sent = 0
+        self.flood_frames = 0
         self.aborted = 0
         self.idle_expired = 0
         self.heartbeats_sent = 0

@@ -1,0 +1,250 @@
+"""Router faults: killed mid-stream, refusing connections, restarting, silent, talking garbage.
+
+Every client must get a clean AMQP Close it can read (QDR's ``amqp:connection:forced``), the
+proxy's counts must return to zero, and the proxy itself must keep serving: no restart is
+needed when the router comes back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from proton import ConnectionException, Message
+from proton.utils import BlockingConnection
+
+from amqp_policy_proxy.amqp import constants as C
+from amqp_policy_proxy.core.events import ConnectionClosed, UpstreamConnectFailed
+from amqp_policy_proxy.policy.compile import compile_policy
+from amqp_policy_proxy.policy.model import PolicySettings
+from tests.support.ports import free_port
+from tests.support.proxy import ProxyThread
+from tests.support.rawpeer import (
+    Close,
+    Open,
+    RawClient,
+    RawUpstream,
+    SaslOutcome,
+    attach_receiver,
+    attach_sender,
+    begin,
+    data_message,
+    frame,
+    transfer,
+)
+
+pytestmark = pytest.mark.integration
+
+POLICY = compile_policy([(None, [["vhost", {
+    "hostname": "test",
+    "groups": {"all": {"users": "*", "remoteHosts": "*", "sources": "*", "targets": "*"}},
+}]])], PolicySettings())
+
+FORCED_LOST = ("amqp:connection:forced", "upstream connection lost")
+FORCED_NONE = ("amqp:connection:forced", "no upstream available")
+
+
+def wait_until(pred: Any, timeout: float = 10.0) -> bool:
+    """Poll ``pred()`` every 20 ms until true or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return bool(pred())
+
+
+def counts(proxy: ProxyThread) -> tuple[int, int, int]:
+    """(transports counted at accept, admitted connections, live relay objects)."""
+    d = proxy.daemon
+    return proxy.call(lambda: (d.ledger.global_current(), d.ledger.active(), len(d.connections)))
+
+
+def closes(items: list[Any]) -> list[tuple[str | None, str | None]]:
+    """(condition, description) of every Close among ``items``."""
+    return [(i.condition, i.description) for i in items if i.name == "Close"]
+
+
+def answer_close(c: RawClient) -> list[Any]:
+    """Read up to the proxy's Close, answer it as a client should, read until closed."""
+    got = c.read_until(lambda i: i.name == "Close")
+    c.try_send(frame(0, Close()))
+    return got + c.read_until_closed(timeout=3)
+
+
+def streaming_client(port: int, user: str = "alice") -> RawClient:
+    """A client with a sender and a receiver on ``echo``, one message already round-tripped."""
+    c = RawClient(port)
+    c.open(user=user)
+    c.send(begin(0), attach_receiver(0, 1, "echo"), attach_sender(0, 0, "echo", settled=True))
+    c.send(frame(0, _flow(handle=1, credit=1000)))
+    c.send(transfer(0, 0, 0, data_message(b"m0"), settled=True))
+    got = c.read_until(lambda i: i.name == "Transfer")
+    assert any(i.name == "Transfer" for i in got), [i.name for i in got]
+    return c
+
+
+def _flow(handle: int, credit: int) -> Any:
+    from tests.support.rawpeer import Flow
+
+    return Flow(next_incoming_id=0, incoming_window=100000, next_outgoing_id=0,
+                outgoing_window=100000, handle=handle, delivery_count=0, link_credit=credit)
+
+
+@pytest.fixture
+def upstream() -> Iterator[RawUpstream]:
+    # echoes pre-settled: a proton BlockingSender waits for settlement inside send()
+    with RawUpstream(echo=True, echo_settle_at_receiver=False) as up:
+        yield up
+
+
+def proton_connect(port: int, **kw: Any) -> BlockingConnection:
+    """A proton client (SASL PLAIN as bob) to the proxy, vhost ``test``."""
+    return BlockingConnection(f"127.0.0.1:{port}", timeout=5, virtual_host="test", user="bob",
+                              password="pw", allowed_mechs="PLAIN", allow_insecure_mechs=True,
+                              reconnect=False, **kw)
+
+
+# ---------------------------------------------------------------------------------- killed
+
+
+def test_router_killed_mid_stream_gives_every_client_a_clean_close(upstream):
+    with ProxyThread([("127.0.0.1", upstream.port)], policy=POLICY) as proxy:
+        clients = [streaming_client(proxy.port) for _ in range(5)]
+        proton_client = proton_connect(proxy.port)
+        receiver = proton_client.create_receiver("echo")
+        sender = proton_client.create_sender("echo")
+        sender.send(Message(body="before"))
+        assert receiver.receive(timeout=5).body == "before"
+        assert counts(proxy) == (6, 6, 6)
+        # mid-stream: data in flight in both directions when the router dies
+        for n, c in enumerate(clients):
+            c.send(*[transfer(0, 0, k, data_message(b"x" * 1000), settled=True)
+                     for k in range(1, 50)])
+            if n == 2:
+                upstream.kill()
+        for c in clients:
+            got = c.read_until_closed(timeout=5)
+            assert c.closed
+            assert closes(got) == [FORCED_LOST], [i.name for i in got]
+            c.close()
+        with pytest.raises(ConnectionException) as info:
+            receiver.receive(timeout=5)
+        assert "amqp:connection:forced" in str(info.value)
+        assert "upstream connection lost" in str(info.value)
+        with contextlib.suppress(ConnectionException):
+            proton_client.close()
+        assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+        closed = proxy.events_of(ConnectionClosed)
+        assert len(closed) == 6
+        assert {e.close_reason for e in closed} == {"broker_close"}
+        assert proxy.daemon.internal_errors == 0
+
+
+def test_router_talking_garbage_mid_stream(upstream):
+    with ProxyThread([("127.0.0.1", upstream.port)], policy=POLICY) as proxy:
+        c = streaming_client(proxy.port)
+        upstream.call(lambda: [u.write(b"\x00\x00\x00\x04garbage") for u in upstream.conns])
+        got = c.read_until_closed()
+        assert closes(got) == [("amqp:connection:forced", "upstream protocol error")]
+        assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+        assert upstream.wait_for(lambda u: u.active == 0)
+
+
+def test_silent_router_is_cut_off_by_the_handshake_timeout():
+    with RawUpstream(silent=True) as upstream, ProxyThread(
+            [("127.0.0.1", upstream.port)], policy=POLICY, handshake_seconds=1.0) as proxy:
+        with RawClient(proxy.port) as c:
+            start = time.monotonic()
+            c.send(C.SASL_HEADER)
+            c.read_until_closed(timeout=5)
+            assert c.closed and time.monotonic() - start < 2.0
+        assert upstream.wait_for(lambda u: u.active == 0)
+        assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+
+
+# ---------------------------------------------------------------------------------- refusing
+
+
+def test_refusing_router_the_next_upstream_is_tried(upstream):
+    dead = free_port()
+    with ProxyThread([("127.0.0.1", dead), ("127.0.0.1", upstream.port)],
+                     policy=POLICY) as proxy:
+        for _ in range(3):
+            c = streaming_client(proxy.port)
+            c.close()
+        failed = proxy.events_of(UpstreamConnectFailed)
+        assert [e.upstream for e in failed] == [f"127.0.0.1:{dead}"] * 3
+        assert upstream.connections_made == 3
+        assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+
+
+class TestNoUpstreamLeft:
+    @pytest.fixture
+    def proxy(self) -> Iterator[ProxyThread]:
+        with ProxyThread([("127.0.0.1", free_port()), ("127.0.0.1", free_port())],
+                         policy=POLICY) as px:
+            yield px
+            assert wait_until(lambda: counts(px) == (0, 0, 0))
+            assert px.daemon.internal_errors == 0
+
+    def test_client_without_sasl_gets_connection_forced(self, proxy):
+        with RawClient(proxy.port) as c:
+            c.send(C.AMQP_HEADER, frame(0, Open(container_id="x", hostname="test")))
+            got = answer_close(c)
+            assert c.closed
+        assert got[0].perf == C.AMQP_HEADER
+        assert [i.name for i in got[1:]] == ["Open", "Close"]
+        assert closes(got) == [FORCED_NONE]
+        assert len(proxy.events_of(UpstreamConnectFailed)) == 2
+
+    def test_sasl_client_gets_connection_forced_after_a_synthesized_handshake(self, proxy):
+        with RawClient(proxy.port) as c:
+            assert c.sasl_plain("alice") == 0
+            c.send(C.AMQP_HEADER, frame(0, Open(container_id="x", hostname="test")))
+            got = answer_close(c)
+            assert c.closed
+        assert any(isinstance(i.perf, SaslOutcome) for i in c.items)
+        assert closes(got) == [FORCED_NONE]
+
+    def test_proton_client_reads_the_condition(self, proxy):
+        with pytest.raises(ConnectionException) as info:
+            conn = proton_connect(proxy.port)
+            conn.create_sender("q")
+        assert "amqp:connection:forced" in str(info.value)
+        assert "no upstream available" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------- restart
+
+
+def test_router_restart_new_connections_succeed_without_restarting_the_proxy():
+    first = RawUpstream(echo=True, echo_settle_at_receiver=False).start()
+    port = first.port
+    with ProxyThread([("127.0.0.1", port)], policy=POLICY) as proxy:
+        try:
+            old = streaming_client(proxy.port)
+            first.kill()
+            assert closes(old.read_until_closed()) == [FORCED_LOST]
+            old.close()
+            # while it is down: a clean refusal
+            with RawClient(proxy.port) as c:
+                c.send(C.AMQP_HEADER, frame(0, Open(container_id="x", hostname="test")))
+                assert closes(answer_close(c)) == [FORCED_NONE]
+        finally:
+            first.kill()
+        with RawUpstream(echo=True, echo_settle_at_receiver=False, port=port) as second:
+            for _ in range(3):
+                c = streaming_client(proxy.port)
+                c.close()
+            conn = proton_connect(proxy.port)
+            rcv = conn.create_receiver("echo")
+            conn.create_sender("echo").send(Message(body="after restart"))
+            assert rcv.receive(timeout=5).body == "after restart"
+            conn.close()
+            assert second.connections_made == 4
+        assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+        assert proxy.daemon.internal_errors == 0
