@@ -54,6 +54,7 @@ from types import TracebackType
 from typing import Any
 
 from proton import (
+    SASL,
     Condition,
     Delivery,
     Endpoint,
@@ -101,6 +102,7 @@ class SaslConfigConflict(BrokerError):
 
 _cyrus_lock = threading.Lock()
 _cyrus_active: SaslConfig | None = None
+_cyrus_merged: set[tuple[Path, str]] = set()  # configs whose users were added to the active one
 
 
 def _same_config(a: SaslConfig, b: SaslConfig) -> bool:
@@ -124,6 +126,10 @@ def _activate_sasl(requested: SaslConfig | None) -> SaslConfig:
         active = _cyrus_active
     if requested is None or _same_config(requested, active):
         return active
+    key = (Path(requested.config_dir).resolve(), requested.config_name)
+    with _cyrus_lock:
+        if key in _cyrus_merged:
+            return active  # merged before (by a broker given the same config)
     missing = [m for m in requested.mechs if m not in active.mechs]
     if missing:
         raise SaslConfigConflict(
@@ -142,6 +148,8 @@ def _activate_sasl(requested: SaslConfig | None) -> SaslConfig:
     if requested.users:
         add_sasl_users(target, requested.users)
     mirror_sasl_users(requested, target)
+    with _cyrus_lock:
+        _cyrus_merged.add(key)
     if requested.users:
         _log.info(
             "SASL users of %s added to the process's active sasldb %s",
@@ -532,6 +540,9 @@ class _BrokerHandler(MessagingHandler):
             b._opens.append(record)
             b.open_hostnames.append(conn.remote_hostname)
             b.auth_users.append(user)
+            if len(b.auth_users) > 2 * b.record_limit:  # trim now and then, keep it a list
+                del b.auth_users[: -b.record_limit]
+                del b.open_hostnames[: -b.record_limit]
             b._open_connections += 1
         if state is not None:
             state.opened = True
@@ -857,6 +868,7 @@ def _stop_all_at_exit() -> None:
     with _live_lock:
         brokers = list(_live_brokers)
     for broker in brokers:
+        broker.stop_grace = min(broker.stop_grace, 0.2)
         with contextlib.suppress(Exception):
             broker.stop(timeout=2.0)
 
@@ -899,6 +911,8 @@ class Broker:
             frames (:meth:`opens`, :meth:`begins`); costs some CPU per frame.
         stop_grace: seconds :meth:`stop` lets peers answer the broker's Close before it drops
             their sockets.
+        record_limit: how many Open/Begin/Attach records and user/hostname entries to keep
+            (the oldest go first), so long runs do not grow without bound.
 
     Raises:
         ValueError: for contradictory arguments (``sasl`` with ``sasl_config_dir``; no
@@ -923,6 +937,7 @@ class Broker:
         credit_window: int = 250,
         record_frames: bool = True,
         stop_grace: float = 1.0,
+        record_limit: int = 10000,
     ) -> None:
         if ":" in host:
             raise ValueError("the demo broker listens on IPv4 only (proton's acceptor)")
@@ -949,6 +964,7 @@ class Broker:
         self.credit_window = credit_window
         self.record_frames = record_frames
         self.stop_grace = stop_grace
+        self.record_limit = max(1, record_limit)
         if sasl is None:
             mechs = ["ANONYMOUS"]
         else:
@@ -967,10 +983,10 @@ class Broker:
         self._sockets = 0
         self._open_connections = 0
         self._auth_failures = 0
-        self._opens: list[PeerOpen] = []
+        self._opens: collections.deque[PeerOpen] = collections.deque(maxlen=self.record_limit)
         self._open_fields: dict[int, dict[str, str]] = {}
-        self._begins: list[PeerBegin] = []
-        self._attaches: list[PeerAttach] = []
+        self._begins: collections.deque[PeerBegin] = collections.deque(maxlen=self.record_limit)
+        self._attaches: collections.deque[PeerAttach] = collections.deque(maxlen=self.record_limit)
         self._handler: _BrokerHandler | None = None
         self._container: Container | None = None
         self._thread: threading.Thread | None = None
@@ -1007,12 +1023,20 @@ class Broker:
         Raises:
             OSError: the address cannot be bound (e.g. the port is in use).
             SaslConfigConflict: the SASL config cannot be used in this process.
+            BrokerError: a SASL config was given but proton lacks Cyrus SASL.
             BrokerError: the event loop did not start in time or failed while starting.
             RuntimeError: the broker was already started.
         """
         if self._thread is not None or self._stopped:
             raise RuntimeError("a Broker can be started once")
-        self._active_sasl = _activate_sasl(self.sasl)
+        if SASL.extended():
+            self._active_sasl = _activate_sasl(self.sasl)
+        elif self.sasl is not None:
+            raise BrokerError(
+                "python-qpid-proton was built without Cyrus SASL (proton.SASL.extended() is "
+                "False), so it cannot check passwords: install libsasl2-dev and rebuild it "
+                "(pip install --no-binary python-qpid-proton python-qpid-proton)"
+            )
         handler = _BrokerHandler(self)
         container = Container(handler, container_id=self.container_id)
         handler.acceptor = container.listen(f"{self.host}:{self.port}")

@@ -252,7 +252,7 @@ def make_sasl_config(
 
     Raises:
         ValueError: for a bad name, mechanism, user name or password.
-        SaslSetupError: when ``saslpasswd2`` is missing or fails.
+        SaslSetupError: when ``saslpasswd2`` is missing (and ``users`` is not empty) or fails.
     """
     if not _NAME_RE.match(name):
         raise ValueError(f"invalid SASL config name {name!r}")
@@ -261,7 +261,8 @@ def make_sasl_config(
         raise ValueError(f"invalid mechanism list {mechs!r}")
     if realm is not None and (not realm or any(ch in realm for ch in "\0\r\n@ ")):
         raise ValueError(f"invalid realm {realm!r}")
-    saslpasswd2_path()
+    if users:
+        saslpasswd2_path()  # fail before writing anything
     config_dir = Path(directory).resolve()
     config_dir.mkdir(parents=True, exist_ok=True)
     config = SaslConfig(
@@ -284,9 +285,8 @@ def make_sasl_config(
         config.sasldb_path.unlink()  # a fresh db: exactly ``users``
     if users:
         add_sasl_users(config, users)
-    else:
-        _saslpasswd2_add(saslpasswd2_path(), config, {"placeholder": "unused"})
-        remove_sasl_users(config, ["placeholder"])
+    # With no users there is no db file yet: Cyrus then fails every password check cleanly
+    # (ANONYMOUS still works), and saslpasswd2 creates the file with the first user.
     return config
 
 
