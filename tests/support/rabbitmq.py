@@ -17,8 +17,9 @@ Typical use::
         url = rabbit.url                # amqp://127.0.0.1:<port>
         ...                             # addresses look like /queue/NAME
 
-Quirks observed here: about 5-7 s from start to a working AMQP 1.0 handshake
-(:attr:`RabbitMQ.start_seconds` records each start); stopping with SIGTERM takes 1-3 s.
+Quirks observed here: 6-10 s from start to a working AMQP 1.0 handshake on the 2-CPU test
+machines under load (:attr:`RabbitMQ.start_seconds` records each start; allow ``timeout`` well
+above that); stopping with SIGTERM takes 1-3 s. epmd also binds ``::1`` (still loopback).
 """
 
 from __future__ import annotations
