@@ -8,6 +8,7 @@ confirmed is lost. A second signal skips the wait.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -290,9 +291,11 @@ class FreezableRelay:
             pass
 
     def close(self) -> None:
-        """Close every socket."""
+        """Close every socket; shutdown() first wakes the threads blocked in accept/recv."""
         self.frozen.clear()
         for sock in self._socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
 
