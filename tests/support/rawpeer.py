@@ -556,7 +556,9 @@ class _UpstreamConn(asyncio.Protocol):
         if perf.aborted:
             srv.aborted += 1
             return
-        srv.messages.append((self.number, link.address, payload))
+        srv.message_count += 1
+        if srv.record:
+            srv.messages.append((self.number, link.address, payload))
         link.delivery_count += 1
         link.granted_used += 1
         settle_later = srv.echo and srv.echo_settle_at_receiver and not settled
@@ -693,7 +695,10 @@ class RawUpstream:
         self.received: list[tuple[int, Item]] = []
         """``(connection number, item)`` for everything received, in order."""
         self.messages: list[tuple[int, str | None, bytes]] = []
-        """``(connection number, link address, message bytes)`` of each complete delivery."""
+        """``(connection number, link address, message bytes)`` of each complete delivery
+        (when ``record``)."""
+        self.message_count = 0
+        """Complete deliveries received (counted even when not recorded)."""
         self.connections_made = 0
         self.active = 0
         self.bytes_received = 0
@@ -896,3 +901,34 @@ async def open_async_client(port: int, *, host: str = "127.0.0.1", hostname: str
                                                 channel_max=255, max_frame_size=65536)))
         await proto.wait_for(lambda i: isinstance(i.perf, Open), timeout)
     return proto
+
+
+# ---------------------------------------------------------------------------------- subprocess
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a :class:`RawUpstream` as its own process (floods: file descriptors per process).
+
+    Prints ``listening PORT`` once bound. Each line on stdin is a command: ``stats`` prints a
+    JSON object with ``connections_made``, ``active`` and ``bytes_received``; EOF stops it.
+    """
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--credit", type=int, default=0)
+    args = parser.parse_args(argv)
+    with RawUpstream(port=args.port, record=False, credit=args.credit) as up:
+        print(f"listening {up.port}", flush=True)
+        for line in sys.stdin:
+            if line.strip() == "stats":
+                print(json.dumps({"connections_made": up.connections_made,
+                                  "active": up.active,
+                                  "bytes_received": up.bytes_received}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
