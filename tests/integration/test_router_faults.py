@@ -248,3 +248,50 @@ def test_router_restart_new_connections_succeed_without_restarting_the_proxy():
             assert second.connections_made == 4
         assert wait_until(lambda: counts(proxy) == (0, 0, 0))
         assert proxy.daemon.internal_errors == 0
+
+
+# ---------------------------------------------------------------------------------- real broker
+
+
+def test_real_broker_stopped_mid_stream_and_restarted_with_proton_clients():
+    """The same with the in-tree proton broker and proton clients (no SASL: anonymous)."""
+    from amqp_policy_proxy.demo.broker import Broker
+
+    def client(port: int) -> BlockingConnection:
+        return BlockingConnection(f"127.0.0.1:{port}", timeout=5, virtual_host="test",
+                                  sasl_enabled=False, reconnect=False)
+
+    first = Broker(stop_grace=0.2).start()
+    port = first.port
+    try:
+        with ProxyThread([("127.0.0.1", port)], policy=POLICY) as proxy:
+            conns = [client(proxy.port) for _ in range(3)]
+            receivers = [c.create_receiver(f"q{n}") for n, c in enumerate(conns)]
+            for n, c in enumerate(conns):
+                c.create_sender(f"q{n}").send(Message(body=f"m{n}"))
+            for n, r in enumerate(receivers):
+                assert r.receive(timeout=5).body == f"m{n}"
+                r.accept()
+            assert counts(proxy) == (3, 3, 3)
+            first.stop()
+            for r in receivers:
+                with pytest.raises(ConnectionException):
+                    r.receive(timeout=5)
+            for c in conns:
+                with contextlib.suppress(ConnectionException):
+                    c.close()
+            assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+            second = Broker(port=port).start()
+            try:
+                c = client(proxy.port)
+                rcv = c.create_receiver("again")
+                c.create_sender("again").send(Message(body="back"))
+                assert rcv.receive(timeout=5).body == "back"
+                rcv.accept()
+                c.close()
+            finally:
+                second.stop()
+            assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+            assert proxy.daemon.internal_errors == 0
+    finally:
+        first.stop()
