@@ -161,7 +161,7 @@ def test_silent_router_is_cut_off_by_the_handshake_timeout():
             start = time.monotonic()
             c.send(C.SASL_HEADER)
             c.read_until_closed(timeout=5)
-            assert c.closed and time.monotonic() - start < 2.0
+            assert c.closed and time.monotonic() - start < 3.5
         assert upstream.wait_for(lambda u: u.active == 0)
         assert wait_until(lambda: counts(proxy) == (0, 0, 0))
 
