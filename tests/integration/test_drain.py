@@ -92,16 +92,19 @@ class DaemonProcess:
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[Broker]:
+    """An in-tree broker (ANONYMOUS) for this module."""
     b = Broker().start()
     yield b
     b.stop()
 
 
 def connect(port: int) -> BlockingConnection:
+    """An ANONYMOUS client connection to the proxy on 127.0.0.1:``port``."""
     return BlockingConnection(f"127.0.0.1:{port}", allowed_mechs="ANONYMOUS", timeout=15)
 
 
 def close_condition(conn: BlockingConnection) -> tuple[str, str] | None:
+    """The (condition, description) of the peer's Close, or None."""
     if conn.conn is None:
         return None
     cond = conn.conn.remote_condition
@@ -112,6 +115,7 @@ class Client:
     """One sender and one receiver connection on queue ``<prefix>.<n>``."""
 
     def __init__(self, port: int, address: str) -> None:
+        """Open both connections to the proxy on ``port`` and start the threads."""
         self.address = address
         self.confirmed: list[str] = []  # the broker accepted them (send() returned)
         self.attempted: list[str] = []  # sent, confirmation not seen (at most one)
@@ -170,10 +174,12 @@ class Client:
             self.paused.set()
 
     def join(self) -> None:
+        """Wait for both threads (30 s at most each)."""
         for t in self.threads:
             t.join(30)
 
     def close(self) -> None:
+        """Close both connections, ignoring errors."""
         for conn in (self.snd_conn, self.rcv_conn):
             try:
                 conn.close()

@@ -96,6 +96,7 @@ class ServiceManager:
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
+    """A short temporary directory (for the socket path), removed afterwards."""
     # short path: AF_UNIX socket paths are limited to 107 bytes
     path = Path(tempfile.mkdtemp(prefix="sdn", dir="/tmp"))
     try:

@@ -51,11 +51,13 @@ BROKEN = """[["vhost", {"hostname": "traffic", "allowUnknownUser": true,
 
 
 def connect(port: int) -> BlockingConnection:
+    """An ANONYMOUS connection to the test vhost through the proxy on ``port``."""
     return BlockingConnection(f"127.0.0.1:{port}", virtual_host=VHOST,
                               allowed_mechs="ANONYMOUS", timeout=15)
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
+    """Poll ``pred`` every 20 ms until true; AssertionError naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:
@@ -67,6 +69,7 @@ class Pair:
     """One sender connection and one receiver connection on queue ``reload.<n>``."""
 
     def __init__(self, port: int, n: int, stop_sending: threading.Event) -> None:
+        """Open both connections and links; the threads start with :meth:`start`."""
         self.address = f"reload.{n}"
         self.sent: list[str] = []
         self.received: list[str] = []
@@ -80,6 +83,7 @@ class Pair:
                         threading.Thread(target=self._receive, daemon=True)]
 
     def start(self) -> None:
+        """Start the sender and receiver threads."""
         for t in self.threads:
             t.start()
 
@@ -113,11 +117,13 @@ class Pair:
             self.errors.append(exc)
 
     def join(self) -> None:
+        """Wait for both threads (30 s at most each)."""
         for t in self.threads:
             t.join(30)
 
     @property
     def connections(self) -> list[BlockingConnection]:
+        """The sender's and the receiver's connection."""
         return [self.sender_conn, self.receiver_conn]
 
 
@@ -137,6 +143,7 @@ def scrape(proxy: ProxyThread) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[Broker]:
+    """An in-tree broker (ANONYMOUS) for this module."""
     b = Broker().start()
     yield b
     b.stop()

@@ -101,6 +101,7 @@ class Pki:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """Three CAs and the server/client certificates the tests use."""
     pki = Pki(tmp_path_factory.mktemp("pki"))
     for ca in ("ca-one", "ca-two", "ca-rogue"):
         pki.ca(ca)
@@ -116,6 +117,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[Broker]:
+    """An in-tree broker (ANONYMOUS) for this module."""
     # our own broker (ANONYMOUS only): these tests need no SASL users
     b = Broker().start()
     yield b
@@ -124,6 +126,7 @@ def broker() -> Iterator[Broker]:
 
 @pytest.fixture
 def policy_file(tmp_path: Path) -> str:
+    """A policy admitting everyone to ``$default``; returns its path."""
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(POLICY))
     return str(path)
@@ -174,6 +177,7 @@ def served_certificate_cn(port: int, ca: Path) -> str:
 
 def tls_proxy(broker_address: tuple[str, int], policy_file: str, listener: ListenerConfig,
               **kwargs: object) -> ProxyThread:
+    """A proxy (not started) with one TLS ``listener`` in front of the broker."""
     config = DaemonConfig(listeners=(listener,))
     return ProxyThread([broker_address], policy_path=policy_file, config=config,
                        **kwargs)  # type: ignore[arg-type]
