@@ -287,7 +287,9 @@ class _Observer:
         if body == len(raw):
             return
         code = is_transfer_descriptor(raw, body, len(raw))
-        if code is None or code in (0x10, 0x18):  # open, close
+        if code is None:  # a symbolic or unusual descriptor: the codec decides, as the proxy
+            code = decode_performative(raw[body:])[0].DESCRIPTOR
+        if code in (0x10, 0x18):  # open, close
             return
         if code == 0x11:  # begin
             self.channels[channel] = set()
@@ -299,7 +301,8 @@ class _Observer:
             del self.channels[channel]
             return
         if code == 0x14:
-            handle = read_transfer(raw, body, len(raw)).handle
+            perf, _ = decode_performative(raw[body:])
+            handle = int(perf.handle)
             if handle not in handles:
                 raise Finding(f"the router received a transfer on unattached handle {handle}")
             return
