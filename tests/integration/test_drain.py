@@ -211,7 +211,7 @@ def drain_broker(broker: Broker, addresses: list[str]) -> dict[str, list[str]]:
 
 
 def test_sigterm_drains_live_traffic(broker: Broker, tmp_path: Path) -> None:
-    daemon = DaemonProcess(tmp_path, broker.address, grace=10)
+    daemon = DaemonProcess(tmp_path, broker.address, grace=4)
     clients: list[Client] = []
     try:
         clients = [Client(daemon.port, f"drain.{n}") for n in range(PAIRS)]
@@ -237,7 +237,7 @@ def test_sigterm_drains_live_traffic(broker: Broker, tmp_path: Path) -> None:
         for c in clients:
             c.close()
     assert code == 0, "".join(daemon.lines)
-    assert elapsed < 5
+    assert elapsed < 4 + 3  # paused clients never answer: the grace period bounds the drain
 
     left = drain_broker(broker, [c.address for c in clients])
     for c in clients:

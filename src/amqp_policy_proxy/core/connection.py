@@ -96,6 +96,8 @@ LINGER_SECONDS = 2.0
 UPSTREAM_UNAVAILABLE = "no upstream available"
 UPSTREAM_LOST = "upstream connection lost"
 
+#: Phases in which admitted frames are relayed (decoded as policy needs).
+_RELAYING = (Phase.OPENED, Phase.CLOSING)
 _TRANSFER = Descriptor.TRANSFER
 _FLOW = Descriptor.FLOW
 _DISPOSITION = Descriptor.DISPOSITION
@@ -368,12 +370,14 @@ class ProxyConnection:
         deadlines = [d for d in (self._handshake_deadline, self._linger_deadline) if d is not None]
         return min(deadlines) if deadlines else None
 
-    def begin_shutdown(self, now: float) -> list[Command]:
+    def begin_shutdown(self, now: float, grace: float | None = None) -> list[Command]:
         """Start a graceful drain: Close(``amqp:connection:forced``, ``proxy shutting down``).
 
-        Admitted connections get the Close on the wire and the router gets a plain Close;
-        the transports close once both Close handshakes finish or the linger time passes.
-        Connections not admitted yet are closed at once.
+        Admitted connections get the Close; frames the client sends until its answering Close
+        (dispositions settling deliveries, typically) are still relayed, then the router gets
+        a Close and both transports close. A client that does not answer within ``grace``
+        seconds (default :data:`LINGER_SECONDS`) is closed. Connections not admitted yet are
+        closed at once.
         """
         out: list[Command] = []
         if self._finished:
@@ -384,14 +388,18 @@ class ProxyConnection:
                 self._send_close(
                     Side.CLIENT, _error(Condition.CONNECTION_FORCED, C.PROXY_SHUTTING_DOWN), out
                 )
-            if not self._close_sent[Side.BROKER] and not self._broker_closed:
-                self._send_close(Side.BROKER, None, out)
             self.phase = Phase.CLOSING
-            self._linger_deadline = now + LINGER_SECONDS
+            self._linger_deadline = now + (LINGER_SECONDS if grace is None else grace)
+        elif self.phase is Phase.CLOSING:
+            pass  # a Close exchange is already under way
         else:
             out.append(CloseTransport(Side.BROKER))
             out.append(CloseTransport(Side.CLIENT))
         return out
+
+    def admitted_or_open(self) -> bool:
+        """True once the Open decision let the connection through (frames are relayed)."""
+        return self.opened_at is not None
 
     @property
     def finished(self) -> bool:
@@ -568,7 +576,10 @@ class ProxyConnection:
             fend = pos + size
             if mode == "sasl":
                 self._client_sasl_frame(buf, pos, doff, ftype, fend, now, out)
-            elif self.phase is Phase.OPENED:
+            elif self.phase is Phase.OPENED or (
+                self.phase is Phase.CLOSING and not self._close_received[Side.CLIENT]
+                and self.admitted_or_open()
+            ):
                 self._client_amqp_frame(buf, pos, doff, ftype, channel, fend, now, out)
             else:
                 self._client_preopen_frame(buf, pos, doff, ftype, channel, fend, now, out)
@@ -1081,10 +1092,12 @@ class ProxyConnection:
         if self.close_reason is None:
             self.close_reason = "client_close"
         if self._close_sent[Side.CLIENT]:
-            # the client answers a Close the proxy sent (shutdown, oversize): done with it
+            # the client answers a Close it was sent (shutdown, oversize, the router's): done
             out.append(CloseTransport(Side.CLIENT))
             if not self._close_sent[Side.BROKER]:
                 self._send_close(Side.BROKER, None, out)
+            if self._close_received[Side.BROKER]:
+                out.append(CloseTransport(Side.BROKER))
             return
         self.phase = Phase.CLOSING
         self._close_sent[Side.BROKER] = True
@@ -1243,7 +1256,7 @@ class ProxyConnection:
 
     def _broker_data(self, data: bytes, now: float, out: list[Command]) -> None:
         mode = self._broker_mode
-        if mode == "amqp" and self.phase is Phase.OPENED and not self._bbuf:
+        if mode == "amqp" and self.phase in _RELAYING and not self._bbuf:
             pos = self._broker_amqp_process(data, len(data), now, out)
             if pos < len(data):
                 self._bbuf += data[pos:]
@@ -1292,7 +1305,7 @@ class ProxyConnection:
                 pos = fend
                 continue
             # amqp
-            if self.phase is Phase.OPENED:
+            if self.phase in _RELAYING:
                 pos += self._broker_amqp_process(memoryview(buf)[pos:end], end - pos, now, out)
                 break
             # before the decision: hold whole frames

@@ -8,6 +8,7 @@ work on the loop (gunicorn's rule).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import logging
@@ -496,7 +497,8 @@ class Daemon:
         for proto in list(self.connections.values()):
             conn = proto.conn
             if conn is not None and not proto.closed:
-                proto._run(conn.begin_shutdown)
+                proto._run(functools.partial(conn.begin_shutdown,
+                                             grace=self.config.shutdown_grace_seconds))
         if self.connections and not self._force:
             assert self._drained is not None
             try:

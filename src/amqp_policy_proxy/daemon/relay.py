@@ -35,7 +35,7 @@ class ClientProtocol(asyncio.Protocol):
 
     __slots__ = (
         "daemon", "listener", "transport", "broker", "conn", "timer", "counted",
-        "closed", "conn_id", "_connect_task", "_broker_paused_by_us", "_client_paused_by_us",
+        "closed", "conn_id", "_connect_task", "client_eof", "broker_eof",
     )
 
     def __init__(self, daemon: Daemon, listener: str) -> None:
@@ -50,6 +50,8 @@ class ClientProtocol(asyncio.Protocol):
         self.closed = False
         self.conn_id = ""
         self._connect_task: asyncio.Task[None] | None = None
+        self.client_eof = False
+        self.broker_eof = False
 
     # --- asyncio callbacks --------------------------------------------------------------
 
@@ -88,8 +90,19 @@ class ClientProtocol(asyncio.Protocol):
         self._run(lambda now: conn.receive_data(Side.CLIENT, data, now))
 
     def eof_received(self) -> bool | None:
-        """Client half-closed: close the whole connection (AMQP needs both directions)."""
-        return None
+        """Client half-closed (proton does so right after sending Close).
+
+        The half-close is passed on to the broker and the client transport stays open for
+        writing, so the router's answering Close still reaches the client. Once both sides
+        have half-closed, both transports are closed.
+        """
+        self.client_eof = True
+        broker = self.broker
+        if broker is None or broker.transport is None or self.broker_eof:
+            return None  # nothing to wait for: close now
+        if broker.transport.can_write_eof():
+            broker.transport.write_eof()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The client transport is gone: finish the connection exactly once."""
@@ -260,7 +273,17 @@ class BrokerProtocol(asyncio.Protocol):
         client._run(lambda now: conn.receive_data(Side.BROKER, data, now))
 
     def eof_received(self) -> bool | None:
-        """Broker half-closed: treat as closed."""
+        """Broker half-closed: pass it on to the client; close both once both have."""
+        client = self.client
+        client.broker_eof = True
+        transport = client.transport
+        if client.client_eof or transport is None or client.closed:
+            if transport is not None:
+                transport.close()
+            return None
+        if transport.can_write_eof():
+            transport.write_eof()
+            return True
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:

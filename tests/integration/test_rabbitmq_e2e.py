@@ -1,0 +1,79 @@
+"""End to end through the proxy to a third-party broker: RabbitMQ 3.10 (Debian) with AMQP 1.0."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from proton import ConnectionException, Message
+from proton.utils import BlockingConnection, LinkDetached
+
+from tests.support.proxy import ProxyThread
+
+pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq, pytest.mark.slow]
+
+POLICY = str(Path(__file__).parent / "policies" / "rabbitmq.json")
+
+
+@pytest.fixture(scope="module")
+def rabbitmq():
+    rabbit = pytest.importorskip("tests.support.rabbitmq")
+    reason = rabbit.RabbitMQ.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    node = rabbit.RabbitMQ()
+    node.start(timeout=120)
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def proxy(rabbitmq):
+    with ProxyThread([("127.0.0.1", rabbitmq.port)], policy_path=POLICY) as p:
+        yield p
+
+
+def connect(port: int, *, anonymous: bool = False, vhost: str = "rabbit") -> BlockingConnection:
+    kwargs = {"virtual_host": vhost, "allow_insecure_mechs": True, "timeout": 15}
+    if anonymous:
+        kwargs["allowed_mechs"] = "ANONYMOUS"
+    else:
+        kwargs.update(user="guest", password="guest", allowed_mechs="PLAIN")
+    return BlockingConnection(f"127.0.0.1:{port}", **kwargs)
+
+
+@pytest.mark.parametrize("anonymous", [False, True])
+def test_messages_flow_byte_identical(proxy, anonymous):
+    queue = f"/queue/allowed-{uuid.uuid4().hex[:8]}"
+    body = bytes(range(256)) * 16
+    c = connect(proxy.port, anonymous=anonymous)
+    snd = c.create_sender(queue)
+    rcv = c.create_receiver(queue)
+    for i in range(3):
+        snd.send(Message(body=body + bytes([i])))
+    got = []
+    for _ in range(3):
+        got.append(bytes(rcv.receive(timeout=10).body))
+        rcv.accept()
+    c.close()
+    assert got == [body + bytes([i]) for i in range(3)]
+
+
+def test_link_denied_and_connection_usable(proxy):
+    c = connect(proxy.port)
+    with pytest.raises(LinkDetached) as info:
+        c.create_receiver("/queue/secret")
+    assert "Condition('amqp:unauthorized-access', 'link disallowed by local policy')" in str(
+        info.value)
+    queue = f"/queue/allowed-{uuid.uuid4().hex[:8]}"
+    c.create_sender(queue).send(Message(body="after"))
+    c.close()
+
+
+def test_connection_denied_with_qdr_condition(proxy):
+    with pytest.raises(ConnectionException) as info:
+        connect(proxy.port, vhost="elsewhere")
+    assert re.search(r"Condition\('amqp:resource-limit-exceeded', "
+                     r"'connection disallowed by local policy'\)", str(info.value))
