@@ -788,7 +788,7 @@ class ProxyConnection:
         self._free_reserved_channels = list(range(cmax - reserve + 1, cmax + 1))
         fwd = open_
         if reserve:
-            fwd = _replace(open_, channel_max=cmax - reserve)
+            fwd = _checked_replace(open_, channel_max=cmax - reserve)
         # The router may send frames up to the client's max-frame-size.
         cmfs = _UINT_MAX if open_.max_frame_size is None else int(open_.max_frame_size)
         self._broker_frame_limit = max(C.MIN_MAX_FRAME_SIZE, min(cmfs, BROKER_FRAME_LIMIT))
@@ -872,7 +872,7 @@ class ProxyConnection:
         if self.active_sessions > self.peak_sessions:
             self.peak_sessions = self.active_sessions
         if reserve:
-            raw = _frame(channel, _replace(perf, handle_max=hmax - reserve))
+            raw = _frame(channel, _checked_replace(perf, handle_max=hmax - reserve))
         self._send(Side.BROKER, raw, out)
 
     def _deny_session(self, channel: int, now: float, out: list[Command]) -> None:
@@ -1495,6 +1495,24 @@ def _replace(perf: Any, **changes: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(perf, **changes)
+
+
+def _checked_replace(perf: Any, **changes: Any) -> Any:
+    """Return ``perf`` with ``changes``, refusing values that do not survive re-encoding.
+
+    A rewritten client frame (Open, Begin) is re-encoded by proton's codec; a crafted value
+    (e.g. a nested described type proton normalises) could otherwise reach the router with
+    different fields from the ones the proxy decided on (fuzz finding
+    ``framing-nested-described-reencode``).
+
+    Raises:
+        DecodeError: the re-encoded performative decodes to something else.
+    """
+    new = _replace(perf, **changes)
+    back, _ = decode_performative(new.encode())
+    if back != new:
+        raise DecodeError(f"{type(perf).__name__} fields do not survive re-encoding")
+    return new
 
 
 def _rechannel(frame: bytes, channel: int) -> bytes:
