@@ -108,6 +108,11 @@ class Daemon:
         except Exception:
             logger.exception("event fan-out failed for %r", type(event).__name__)
 
+    def observe_open_decision(self, seconds: float) -> None:
+        """Record how long the call that decided a client's Open took (seconds)."""
+        if self.observer is not None:
+            self.observer.observe_open_decision(seconds)
+
     def connection_finished(self, proto: ClientProtocol) -> None:
         """Forget a finished connection."""
         self.connections.pop(proto.conn_id, None)

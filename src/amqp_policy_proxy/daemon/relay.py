@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.commands import CloseTransport, ConnectBroker, Emit, SendData, Side
 from ..core.connection import ProxyConnection
 from ..core.events import ConnectionDenied, ConnectionDenyReason, UpstreamConnectFailed
+from ..core.state import Phase
 from ..ingress.peer import normalise_peer
 
 if TYPE_CHECKING:
@@ -83,9 +85,15 @@ class ClientProtocol(asyncio.Protocol):
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
-        """Feed client bytes to the core."""
+        """Feed client bytes to the core (timing the call that makes the Open decision)."""
         conn = self.conn
         if conn is None:
+            return
+        if conn.opened_at is None and conn.phase is not Phase.DENIED:
+            started = time.perf_counter()
+            self._run(lambda now: conn.receive_data(Side.CLIENT, data, now))
+            if conn.opened_at is not None or conn.phase is Phase.DENIED:
+                self.daemon.observe_open_decision(time.perf_counter() - started)
             return
         self._run(lambda now: conn.receive_data(Side.CLIENT, data, now))
 
