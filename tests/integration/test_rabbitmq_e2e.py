@@ -55,7 +55,8 @@ def test_messages_flow_byte_identical(proxy, anonymous):
         snd.send(Message(body=body + bytes([i])))
     got = []
     for _ in range(3):
-        got.append(bytes(rcv.receive(timeout=10).body))
+        msg = rcv.receive(timeout=10)  # keep the Message alive: its body is a view into it
+        got.append(bytes(msg.body))
         rcv.accept()
     c.close()
     assert got == [body + bytes([i]) for i in range(3)]
