@@ -330,3 +330,84 @@ class TestMessages:
         with pytest.raises(SendException):
             snd.send(Message(body="forged", user_id=b"bob"))
         c.close()
+
+
+class TestMoreLinkRules:
+    def test_receiver_without_source_is_denied(self, proxy):
+        c = connect(proxy.port, "alice")
+        with pytest.raises(LinkDetached) as info:
+            c.create_receiver(None)
+        assert "Condition('amqp:unauthorized-access', 'link disallowed by local policy')" in str(
+            info.value)
+        c.close()
+
+    def test_receiver_limit(self, proxy):
+        c = connect(proxy.port, "alice")
+        for n in range(3):
+            c.create_receiver(f"orders.r{n}")
+        with pytest.raises(LinkDetached) as info:
+            c.create_receiver("orders.r3")
+        assert "amqp:resource-limit-exceeded" in str(info.value)
+        c.close()
+
+
+def _raw_session_client(port: int):
+    """A raw AMQP client (our encoder): SASL PLAIN as alice, Open on vhost e2e."""
+    from amqp_policy_proxy.amqp import constants as C
+    from amqp_policy_proxy.amqp.framing import FrameDecoder, encode_frame
+    from amqp_policy_proxy.amqp.performatives import Open, SaslInit, decode_performative
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    decoder = FrameDecoder(1 << 20)
+
+    def read_frames(n):
+        frames = []
+        while len(frames) < n:
+            f = decoder.next_frame()
+            if f is not None:
+                frames.append((f.header.channel, decode_performative(f.body)[0] if f.body else None))
+                continue
+            data = sock.recv(65536)
+            assert data, "closed"
+            decoder.receive_data(data)
+        return frames
+
+    sock.sendall(C.SASL_HEADER)
+    hdr = b""
+    while len(hdr) < 8:
+        hdr += sock.recv(8 - len(hdr))
+    read_frames(1)  # mechanisms
+    init = SaslInit(mechanism="PLAIN", initial_response=b"\0alice\0secret")
+    sock.sendall(encode_frame(0, init.encode(), 1))
+    read_frames(1)  # outcome
+    sock.sendall(C.AMQP_HEADER + encode_frame(0, Open(container_id="raw", hostname="e2e").encode()))
+    hdr = b""
+    while len(hdr) < 8:
+        hdr += sock.recv(8 - len(hdr))
+    (_, open_), = read_frames(1)
+    return sock, read_frames, open_
+
+
+def test_begin_above_channel_max_is_denied_politely_through_a_real_proxy(proxy):
+    from amqp_policy_proxy.amqp.framing import encode_frame
+    from amqp_policy_proxy.amqp.performatives import Begin, End
+
+    sock, read_frames, open_ = _raw_session_client(proxy.port)
+    try:
+        assert int(open_.channel_max) == 2  # traders: maxSessions 3
+        begin = Begin(next_outgoing_id=0, incoming_window=100, outgoing_window=100)
+        sock.sendall(encode_frame(7, begin.encode()))
+        (ch1, b), (ch2, e) = read_frames(2)
+        assert isinstance(b, Begin) and int(b.remote_channel) == 7 and ch1 == ch2
+        assert isinstance(e, End)
+        assert (str(e.error.condition), e.error.description) == (
+            "amqp:resource-limit-exceeded", "session disallowed by local policy")
+        sock.sendall(encode_frame(7, End().encode()))
+        sock.sendall(encode_frame(0, begin.encode()))  # the connection is still usable
+        ((_, reply),) = read_frames(1)
+        assert isinstance(reply, Begin) and int(reply.remote_channel) == 0
+    finally:
+        sock.close()
+    from amqp_policy_proxy.core.events import SessionDenied
+
+    assert wait_for(lambda: len(proxy.events_of(SessionDenied)) == 1)
