@@ -82,6 +82,120 @@ def run(*, pin: bool, rounds: int, seconds: float, warmup: float, conns: int = 4
     return rows
 
 
+# --- the same comparison on the sans-IO core alone (no sockets, no event loop) -------------------
+
+
+def _core_connection(policy_path: Any, to: str | None) -> Any:
+    """A :class:`ProxyConnection` driven through SASL, Open, Begin and a sender Attach."""
+    from amqp_policy_proxy.amqp.codec import symbol_array
+    from amqp_policy_proxy.amqp.constants import AMQP_HEADER, SASL_HEADER, FrameType
+    from amqp_policy_proxy.amqp.framing import encode_frame
+    from amqp_policy_proxy.amqp.performatives import (
+        Attach,
+        Begin,
+        Open,
+        SaslMechanisms,
+        SaslOutcome,
+    )
+    from amqp_policy_proxy.core.commands import Side
+    from amqp_policy_proxy.core.connection import ProxyConnection
+    from amqp_policy_proxy.limits.connections import ConnectionLedger
+    from amqp_policy_proxy.policy.load import load_policy
+    from amqp_policy_proxy.policy.model import PolicySettings
+
+    policy = load_policy(policy_path, PolicySettings(default_vhost="$default"))
+    conn = ProxyConnection("bench", remote_host="127.0.0.1", listener="127.0.0.1:5672",
+                           policy=policy, ledger=ConnectionLedger(100), now=0.0)
+    client = lambda data: conn.receive_data(Side.CLIENT, data, 0.0)  # noqa: E731
+    broker = lambda data: conn.receive_data(Side.BROKER, data, 0.0)  # noqa: E731
+    client(SASL_HEADER)
+    conn.broker_connected(0.0)
+    broker(SASL_HEADER + encode_frame(0, SaslMechanisms(
+        sasl_server_mechanisms=symbol_array(["ANONYMOUS"])).encode(), FrameType.SASL))
+    client(loadgen.SASL_INIT_ANONYMOUS)
+    broker(encode_frame(0, SaslOutcome(code=0).encode(), FrameType.SASL))
+    client(AMQP_HEADER)
+    broker(AMQP_HEADER)
+    client(loadgen.OPEN_FRAME)
+    broker(encode_frame(0, Open(container_id="peer", max_frame_size=loadgen.MAX_FRAME).encode()))
+    client(loadgen.BEGIN_FRAME)
+    broker(encode_frame(0, Begin(remote_channel=0, next_outgoing_id=0,
+                                 incoming_window=loadgen.WINDOW,
+                                 outgoing_window=loadgen.WINDOW).encode()))
+    client(loadgen.attach_frame(0, sender=True, address=None if to else "bench.q0",
+                                name="bench-core"))
+    broker(encode_frame(0, Attach(name="bench-core", handle=0, role=True,
+                                  snd_settle_mode=1).encode()))
+    broker(loadgen.flow_frame(0, next_incoming_id=0, next_outgoing_id=0, handle=0,
+                              delivery_count=0, link_credit=1 << 30))
+    return client, conn
+
+
+def core_sample(policy_path: Any, size: int, to: str | None, messages: int) -> dict[str, Any]:
+    """Feed ``messages`` pre-settled Transfers to one core connection in 256-frame reads.
+
+    Returns:
+        CPU microseconds per message (``time.process_time``) and whether all were forwarded.
+    """
+    import time
+
+    client, conn = _core_connection(policy_path, to)
+    chunk = 256
+    payload = loadgen.message(size, to)
+    blocks = []
+    for b in range(8):  # distinct delivery-ids over a few blocks, reused cyclically
+        blocks.append(b"".join(loadgen.encode_transfer(0, 0, b * chunk + i, b"bench-tg", True,
+                                                       payload) for i in range(chunk)))
+    forwarded = 0
+    n = max(1, messages // chunk)
+    t0 = time.process_time()
+    for i in range(n):
+        for cmd in client(blocks[i % 8]):
+            data = getattr(cmd, "data", None)
+            if data is not None:
+                forwarded += 1
+    cpu = time.process_time() - t0
+    return {"us_per_msg": cpu / (n * chunk) * 1e6, "messages": n * chunk,
+            "writes": forwarded, "transfers_in": conn.transfers_in}
+
+
+def run_core(*, rounds: int, messages: int = 200_000) -> list[dict[str, Any]]:
+    """The sans-IO comparison: each case and policy alternately, ``rounds`` times."""
+    rows = []
+    for case, options in CASES:
+        size, to = options["size"], options.get("to")
+        n = messages if size < 1000 else messages // 4
+        samples: dict[str, list[dict[str, Any]]] = {name: [] for name in POLICIES}
+        for _ in range(rounds):
+            for name, path in POLICIES.items():
+                samples[name].append(core_sample(path, size, to, n))
+        med = {name: statistics.median(x["us_per_msg"] for x in v) for name, v in samples.items()}
+        rows.append({
+            "case": case, "us_per_msg": med,
+            "cost_percent": {name: 100.0 * (med[name] / med["allow-all"] - 1.0)
+                             for name in POLICIES if name != "allow-all"},
+            "samples": samples,
+        })
+        print(f"  core {case}: " + ", ".join(f"{k} {v:.2f} µs/msg" for k, v in med.items()),
+              flush=True)
+    return rows
+
+
+def render_core(rows: list[dict[str, Any]]) -> str:
+    """Markdown table of the sans-IO comparison."""
+    lines = [
+        "| traffic (core only) | allow-all µs/msg | limits-pattern | cost | limits-list | cost |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        u, c = row["us_per_msg"], row["cost_percent"]
+        lines.append(
+            f"| {row['case']} | {u['allow-all']:.2f} | {u['limits-pattern']:.2f}"
+            f" | {c['limits-pattern']:+.1f}% | {u['limits-list']:.2f} | {c['limits-list']:+.1f}% |"
+        )
+    return "\n".join(lines)
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     """Markdown table: msg/s per policy and the cost of the limits in percent."""
     lines = [
@@ -128,7 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = run(pin=not args.no_pin, rounds=args.rounds, seconds=args.seconds,
                warmup=args.warmup)
+    print("limits: sans-IO core replay")
+    core = run_core(rounds=max(args.rounds, 5))
     print(render(rows))
+    print()
+    print(render_core(core))
     return 0
 
 

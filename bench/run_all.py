@@ -413,6 +413,21 @@ def wait_quiet(threshold: float | None = None, max_wait: float | None = None) ->
             return {"waited_s": round(waited, 1), "busy_cores": round(busy, 2)}
 
 
+def bottleneck_warnings(rows: list[dict[str, Any]], pinned: bool) -> list[str]:
+    """Samples where the load generator (or, pinned, its shared core) may be the bottleneck."""
+    out = []
+    for row in rows:
+        for target, s in row["summary"].items():
+            cpu = s.get("cpu", {})
+            lg, peer = cpu.get("loadgen"), cpu.get("peer")
+            if lg is not None and lg > 0.9:
+                out.append(f"{row['name']} / {target}: load generator at {lg:.2f} cores")
+            elif pinned and lg is not None and peer is not None and lg + peer > 0.9:
+                out.append(f"{row['name']} / {target}: loadgen + peer share CPU 0 and use"
+                           f" {lg + peer:.2f} of it: the tooling core may be the bottleneck")
+    return out
+
+
 def alternate(rounds: int, targets: dict[str, Any], run_one: Any,
               label: str = "") -> dict[str, list[dict[str, Any]]]:
     """Run ``run_one(name, address, watch)`` for ``rounds`` rounds over ``targets`` in order.
@@ -481,9 +496,12 @@ def main(argv: list[str] | None = None) -> int:
                                            warmup=args.warmup)
     if "memory" in only:
         rows += bench_memory.run(pin=pin, rounds=args.rounds, conns=args.idle_conns)
+    limits_core: list[dict[str, Any]] = []
     if "limits" in only:
         limits_rows = bench_limits.run(pin=pin, rounds=args.rounds, seconds=args.seconds,
                                        warmup=args.warmup)
+        print("limits: sans-IO core replay", flush=True)
+        limits_core = bench_limits.run_core(rounds=max(args.rounds, 5))
     info["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
     info["duration_s"] = round(time.time() - started, 1)
     command = "make bench  # = .venv/bin/python bench/run_all.py " + " ".join(
@@ -501,14 +519,20 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print("CPU microseconds per message / per connection (median):")
         print(render_cost_table(rows))
+        for warning in bottleneck_warnings(rows, pin):
+            print(f"WARNING: {warning}")
     if limits_rows:
         print()
         print(bench_limits.render(limits_rows))
+    if limits_core:
+        print()
+        print(bench_limits.render_core(limits_core))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "command": command, "machine": info, "pinned": pin, "rounds": args.rounds,
         "seconds": args.seconds, "benchmarks": rows, "limits": limits_rows,
+        "limits_core": limits_core,
     }, indent=1, default=str))
     print(f"\nwrote {out}")
     return 0
