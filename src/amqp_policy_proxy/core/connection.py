@@ -397,6 +397,10 @@ class ProxyConnection:
             out.append(CloseTransport(Side.CLIENT))
         return out
 
+    def close_received_from(self, side: Side) -> bool:
+        """True once ``side`` has sent its AMQP Close."""
+        return self._close_received[side]
+
     def admitted_or_open(self) -> bool:
         """True once the Open decision let the connection through (frames are relayed)."""
         return self.opened_at is not None
@@ -1101,6 +1105,7 @@ class ProxyConnection:
             return
         self.phase = Phase.CLOSING
         self._close_sent[Side.BROKER] = True
+        self._linger_deadline = now + LINGER_SECONDS  # bounded wait for the router's answer
         self._send(Side.BROKER, raw, out)
 
     def _on_client_disposition(self, perf: Disposition, raw: bytes, channel: int, now: float,
@@ -1426,6 +1431,8 @@ class ProxyConnection:
                 self.close_reason = "broker_close"
             self._close_sent[Side.CLIENT] = True
             self.phase = Phase.CLOSING
+            # a client that never answers (half-open) must not hold its counts forever
+            self._linger_deadline = now + LINGER_SECONDS
             return raw
         return raw
 

@@ -98,15 +98,18 @@ class ClientProtocol(asyncio.Protocol):
         self._run(lambda now: conn.receive_data(Side.CLIENT, data, now))
 
     def eof_received(self) -> bool | None:
-        """Client half-closed (proton does so right after sending Close).
+        """Client half-closed.
 
-        The half-close is passed on to the broker and the client transport stays open for
-        writing, so the router's answering Close still reaches the client. Once both sides
-        have half-closed, both transports are closed.
+        proton half-closes right after sending its Close: then the half-close is passed on to
+        the broker and the client transport stays open for writing, so the router's answering
+        Close still reaches the client. A client that half-closes without a Close (gone, or
+        half-open) is closed at once.
         """
         self.client_eof = True
         broker = self.broker
-        if broker is None or broker.transport is None or self.broker_eof:
+        conn = self.conn
+        if (broker is None or broker.transport is None or self.broker_eof or conn is None
+                or not conn.close_received_from(Side.CLIENT)):
             return None  # nothing to wait for: close now
         if broker.transport.can_write_eof():
             broker.transport.write_eof()
@@ -281,13 +284,17 @@ class BrokerProtocol(asyncio.Protocol):
         client._run(lambda now: conn.receive_data(Side.BROKER, data, now))
 
     def eof_received(self) -> bool | None:
-        """Broker half-closed: pass it on to the client; close both once both have."""
+        """Broker half-closed: after its Close, pass the half-close on; else it is gone.
+
+        A router that stops without a Close (killed, crashed) is handled as a lost upstream:
+        the transport closes and the client gets ``amqp:connection:forced``.
+        """
         client = self.client
         client.broker_eof = True
+        conn = client.conn
         transport = client.transport
-        if client.client_eof or transport is None or client.closed:
-            if transport is not None:
-                transport.close()
+        if (conn is None or not conn.close_received_from(Side.BROKER) or client.client_eof
+                or transport is None or client.closed):
             return None
         if transport.can_write_eof():
             transport.write_eof()
