@@ -185,6 +185,9 @@ class ProxyConnection:
         self._sasl_ok = False
         self._used_sasl = False
         self._held_client = bytearray()  # client frames after its Open, before the decision
+        self._run_buf: Any = b""  # the buffer of the run being accumulated (see _flush_run)
+        self._run_start = -1
+        self._run_end = 0
         self._held_broker: list[bytes] = []  # broker AMQP frames before the decision
         self._client_open: Open | None = None
         self._broker_open_seen = False
@@ -427,6 +430,8 @@ class ProxyConnection:
         out.append(Emit(event))
 
     def _send(self, side: Side, data: bytes, out: list[Command]) -> None:
+        if self._run_start >= 0:
+            self._flush_run(out)  # earlier frames of the client's run go first
         if side is Side.BROKER:
             if self._broker_failed or self._broker_closed:
                 return
@@ -544,7 +549,32 @@ class ProxyConnection:
             self._cbuf += data[pos:]
 
     def _client_process(self, buf: Any, end: int, now: float, out: list[Command]) -> int:
-        """Consume whole units (protocol headers, frames) from ``buf``; return bytes used."""
+        """Consume whole units (protocol headers, frames) from ``buf``; return bytes used.
+
+        Admitted frames forwarded unchanged accumulate into one run of original bytes that
+        is written as a single ``SendData`` (flushed before anything else is sent, so the
+        order on the wire is kept).
+        """
+        saved = (self._run_buf, self._run_start, self._run_end)
+        self._run_buf, self._run_start, self._run_end = buf, -1, 0
+        try:
+            return self._client_frames(buf, end, now, out)
+        finally:
+            self._flush_run(out)
+            self._run_buf, self._run_start, self._run_end = saved
+
+    def _flush_run(self, out: list[Command]) -> None:
+        start = self._run_start
+        if start < 0:
+            return
+        self._run_start = -1
+        buf = self._run_buf
+        end = self._run_end
+        data = buf if (start == 0 and end == len(buf) and type(buf) is bytes) else bytes(
+            buf[start:end])
+        self._send(Side.BROKER, data, out)
+
+    def _client_frames(self, buf: Any, end: int, now: float, out: list[Command]) -> int:
         pos = 0
         while pos < end and self._client_mode != "closed":
             mode = self._client_mode
@@ -584,7 +614,10 @@ class ProxyConnection:
                 self.phase is Phase.CLOSING and not self._close_received[Side.CLIENT]
                 and self.admitted_or_open()
             ):
-                self._client_amqp_frame(buf, pos, doff, ftype, channel, fend, now, out)
+                if self._client_amqp_frame(buf, pos, doff, ftype, channel, fend, now, out):
+                    if self._run_start < 0:
+                        self._run_start = pos
+                    self._run_end = fend
             else:
                 self._client_preopen_frame(buf, pos, doff, ftype, channel, fend, now, out)
             pos = fend
@@ -812,39 +845,37 @@ class ProxyConnection:
     def _client_amqp_frame(
         self, buf: Any, pos: int, doff: int, ftype: int, channel: int, fend: int, now: float,
         out: list[Command],
-    ) -> None:
+    ) -> bool:
+        """Handle one admitted client frame; True means "forward its original bytes"."""
         if ftype != FrameType.AMQP:
             raise FramingError("SASL frame after SASL negotiation")
         body = pos + doff * 4
         if body == fend:
-            self._send(Side.BROKER, bytes(buf[pos:fend]), out)  # heartbeat
-            return
+            return True  # heartbeat
         code = is_transfer_descriptor(buf, body, fend)
         if code == _TRANSFER:
             self.transfers_in += 1
-            self._client_transfer(buf, pos, body, channel, fend, now, out)
-            return
+            return bool(self._client_transfer(buf, pos, body, channel, fend, now, out))
         if code == _DISPOSITION:
             if channel in self._denied_sessions:
-                return
+                return False
             if channel not in self._sessions:
                 raise NotAllowedError(f"disposition on channel {channel} that was never begun")
-            self._send(Side.BROKER, bytes(buf[pos:fend]), out)
-            return
+            return True
         if code == _FLOW:
             session = self._sessions.get(channel)
             if session is None:
                 if channel in self._denied_sessions:
-                    return
+                    return False
                 raise NotAllowedError(f"flow on channel {channel} that was never begun")
             if not session.denied_handles and not session.dropped_transfers:
-                self._send(Side.BROKER, bytes(buf[pos:fend]), out)
-                return
+                return True
         perf, consumed = decode_performative(memoryview(buf)[body:fend])
         handler = self._CLIENT_HANDLERS.get(type(perf))
         if handler is None:
             raise IllegalStateError(f"unexpected {type(perf).__name__} from client")
         handler(self, perf, bytes(buf[pos:fend]), channel, now, out)
+        return False
 
     def _on_client_open(self, perf: Any, raw: bytes, channel: int, now: float,
                         out: list[Command]) -> None:
@@ -1123,7 +1154,7 @@ class ProxyConnection:
     # ------------------------------------------------------------------ client transfers
 
     def _client_transfer(self, buf: Any, pos: int, body: int, channel: int, fend: int,
-                         now: float, out: list[Command]) -> None:
+                         now: float, out: list[Command]) -> bool | None:
         session = self._sessions.get(channel)
         if session is None:
             if channel in self._denied_sessions:
@@ -1184,7 +1215,7 @@ class ProxyConnection:
         if limit is not None and link.delivery_bytes > limit and not hdr.aborted:
             self._oversize(session, link, hdr, first, now, out)
             return
-        self._send(Side.BROKER, bytes(buf[pos:fend]), out)
+        return True
 
     def _deny_delivery(self, session: SessionRecord, link: LinkRecord, hdr: Any,
                        reason: MessageDenyReason, address: str | None, now: float,
