@@ -16,6 +16,7 @@ from .errors import DecodeError
 
 _U32 = Struct(">I")
 _U16 = Struct(">H")
+_UINT_CODES = (0x40, 0x43, 0x52, 0x70)
 
 
 def skip_value(buf: bytes | bytearray | memoryview, pos: int, end: int) -> int:
@@ -185,17 +186,28 @@ def read_transfer(buf: bytes | bytearray | memoryview, pos: int, end: int) -> Tr
         elif code == 0xB0:
             n = _U32.unpack_from(buf, p + 1)[0]
             delivery_tag = bytes(buf[p + 5 : p + 5 + n])
+        elif code != 0x40:
+            raise DecodeError("transfer delivery-tag is not binary")
         p = skip_value(buf, p, lend)
     if count > 3:
+        if p < lend and buf[p] not in _UINT_CODES:
+            raise DecodeError("transfer message-format is not a uint")
         p = skip_value(buf, p, lend)  # message-format
     if count > 4:
         settled, p = _read_bool(buf, p, lend)
     if count > 5:
         more, p = _read_bool(buf, p, lend)
-    if count > 9:
+    if count > 6:
+        if p < lend and buf[p] not in (0x40, 0x50):
+            raise DecodeError("transfer rcv-settle-mode is not a ubyte")
         p = skip_value(buf, p, lend)  # rcv-settle-mode
+    if count > 7:
+        if p < lend and buf[p] not in (0x40, 0x00):
+            raise DecodeError("transfer state is not a delivery state")
         p = skip_value(buf, p, lend)  # state
-        p = skip_value(buf, p, lend)  # resume
+    if count > 8:
+        _, p = _read_bool(buf, p, lend)  # resume
+    if count > 9:
         aborted, p = _read_bool(buf, p, lend)
     return TransferHeader(handle, delivery_id, settled, more, aborted, lend, delivery_tag)
 
