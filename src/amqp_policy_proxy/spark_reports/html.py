@@ -1,0 +1,304 @@
+"""The capacity report as one HTML page with PNG charts. Imports matplotlib (Agg), no Spark.
+
+Everything here works on small, already-aggregated Python values (:class:`ReportData`, filled
+by the job); nothing scales with the number of events. The page references its charts as
+``img/<name>.png`` next to it and loads nothing else (no scripts, fonts or style sheets from
+the network), so the output directory can be copied and opened offline.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede any pyplot import elsewhere in the process
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+Series = tuple[list[dt.datetime], list[float]]
+
+
+@dataclass
+class ReportData:
+    """The small extracts the page and its charts are made of."""
+
+    grid: str = "1m"
+    """The ``--grid`` label."""
+    source: str = ""
+    """The event log path."""
+    window_start: str | None = None
+    """Window start, RFC 3339, or ``None`` with no events."""
+    window_end: str | None = None
+    """Window end (exclusive), RFC 3339."""
+    notes: list[str] = field(default_factory=list)
+    """Warnings shown at the top."""
+    concurrency_top: list[dict[str, Any]] = field(default_factory=list)
+    """Concurrency rows (vhost, user, host scopes) with the highest peaks."""
+    concurrency_all: dict[str, int] = field(default_factory=dict)
+    """Number of keys per scope."""
+    vhost_rows: list[dict[str, Any]] = field(default_factory=list)
+    """Concurrency rows of the vhost and group scopes."""
+    timeline: dict[str, Series] = field(default_factory=dict)
+    """Per vhost: bin starts and the maximum concurrency in each bin."""
+    headroom_top: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per scope, the headroom rows with the highest utilisation."""
+    denials: dict[str, Series] = field(default_factory=dict)
+    """Per reason: bin starts and connection denials in each bin."""
+    denial_totals: dict[str, int] = field(default_factory=dict)
+    """Connection denials per reason."""
+    top_denied: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per scope (user, remote_host), the most denied keys."""
+    traffic: list[dict[str, Any]] = field(default_factory=list)
+    """Traffic rows per vhost and group."""
+    durations: list[tuple[str, float, int]] = field(default_factory=list)
+    """Duration histogram: (label, upper bound seconds, connections)."""
+    churn: list[tuple[dt.datetime, int, float]] = field(default_factory=list)
+    """Opens per minute: (bin start, maximum per minute, mean per minute)."""
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    """Rows of recommendations.csv."""
+    whatif: list[dict[str, Any]] | None = None
+    """What-if rows with the most denials, or ``None`` without ``--whatif``."""
+    whatif_total: int = 0
+    """Connections the what-if policy would have denied."""
+    whatif_replayed: list[str] = field(default_factory=list)
+    """Vhosts that needed a replay."""
+
+
+def _fig(width: float = 9.0, height: float = 3.6) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, img_dir: str, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(os.path.join(img_dir, f"{name}.png"), format="png")
+    return f"img/{name}.png"
+
+
+def chart_lines(series: dict[str, Series], title: str, ylabel: str, img_dir: str,
+                name: str, stacked: bool = False) -> str | None:
+    """Draw one line (or stacked area) per series over time.
+
+    Args:
+        series: label -> (times, values).
+        title: chart title.
+        ylabel: y axis label.
+        img_dir: directory of the PNG files.
+        name: file name without ``.png``.
+        stacked: stack the series (they must share the time axis; missing points are 0).
+
+    Returns:
+        The image path relative to the page, or ``None`` when there is nothing to draw.
+    """
+    if not series:
+        return None
+    fig = _fig()
+    ax = fig.add_subplot()
+    if stacked:
+        xs = sorted({x for s in series.values() for x in s[0]})
+        ys = []
+        for xsi, ysi in series.values():
+            m = dict(zip(xsi, ysi, strict=True))
+            ys.append([m.get(x, 0) for x in xs])
+        ax.stackplot(xs, *ys, labels=list(series), step="post")
+    else:
+        for label, (x, y) in series.items():
+            ax.step(x, y, where="post", label=label, linewidth=1)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize=7, ncol=4)
+    fig.autofmt_xdate()
+    return _save(fig, img_dir, name)
+
+
+def chart_bars(labels: list[str], values: list[float], title: str, xlabel: str, img_dir: str,
+               name: str, limit_line: float | None = None) -> str | None:
+    """Draw a horizontal bar chart, first label at the top.
+
+    Args:
+        labels: bar labels.
+        values: bar lengths.
+        title: chart title.
+        xlabel: x axis label.
+        img_dir: directory of the PNG files.
+        name: file name without ``.png``.
+        limit_line: draw a dashed vertical line at this value (e.g. 100 %).
+
+    Returns:
+        The image path relative to the page, or ``None`` when there are no bars.
+    """
+    if not labels:
+        return None
+    fig = _fig(9.0, max(2.0, 0.28 * len(labels) + 1.0))
+    ax = fig.add_subplot()
+    pos = list(range(len(labels)))[::-1]
+    ax.barh(pos, values, color="#4477aa")
+    ax.set_yticks(pos, [s[:40] for s in labels], fontsize=7)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    if limit_line is not None:
+        ax.axvline(limit_line, color="#cc3311", linestyle="--", linewidth=1)
+    ax.grid(True, axis="x", alpha=0.3)
+    return _save(fig, img_dir, name)
+
+
+def _esc(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, dt.datetime):
+        return v.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(v, int):
+        return f"{v:,}"
+    return html.escape(str(v))
+
+
+def _table(rows: list[dict[str, Any]], cols: list[str], pct: tuple[str, ...] = ()) -> str:
+    if not rows:
+        return "<p class=empty>No rows.</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = []
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            text = f"{v * 100:.1f} %" if c in pct and v is not None else _esc(v)
+            cells.append(f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _img(path: str | None, alt: str) -> str:
+    if path is None:
+        return f"<p class=empty>No data for: {html.escape(alt)}.</p>"
+    return f'<img src="{html.escape(path)}" alt="{html.escape(alt)}">'
+
+
+_CSS = """
+body{font-family:sans-serif;margin:2em;max-width:70em;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+td,th{border:1px solid #ddd;padding:.2em .5em;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+img{max-width:100%;display:block;margin:.5em 0}.empty{color:#888}
+.note{background:#fff4e0;border-left:4px solid #e69500;padding:.4em .8em}
+"""
+
+
+def write_report(out_dir: str, data: ReportData) -> str:
+    """Draw the charts into ``out_dir/img/`` and write ``out_dir/report.html``.
+
+    Args:
+        out_dir: the report directory (created if needed).
+        data: the extracts to show.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    img_dir = os.path.join(out_dir, "img")
+    os.makedirs(img_dir, exist_ok=True)
+    for f in os.listdir(img_dir):  # stale charts of an earlier run
+        if f.endswith(".png"):
+            os.remove(os.path.join(img_dir, f))
+    parts: list[str] = []
+    add = parts.append
+    add("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+        "<title>AMQP policy proxy: capacity report</title>"
+        f"<style>{_CSS}</style></head><body>")
+    add("<h1>AMQP policy proxy: capacity report</h1>")
+    add(f"<p>Event log <code>{_esc(data.source)}</code>; window {_esc(data.window_start)} "
+        f"to {_esc(data.window_end)} (end exclusive, UTC); grid {_esc(data.grid)}. "
+        "Percentiles are nearest-rank over every grid bucket of the window (zero buckets "
+        "included); a bucket's sample is the maximum concurrency within it. Limits apply "
+        "per proxy process, so headroom and recommendations use per-proxy peaks.</p>")
+    for n in data.notes:
+        add(f"<p class=note>{_esc(n)}</p>")
+
+    add("<h2>1. Concurrency</h2>")
+    add(_img(chart_lines(data.timeline, "Concurrent connections per vhost (max per bin)",
+                         "connections", img_dir, "concurrency"), "concurrency over time"))
+    counts = ", ".join(f"{k}: {v:,}" for k, v in data.concurrency_all.items())
+    add(f"<p>Keys per scope: {_esc(counts)}. Full table: <code>concurrency.csv</code>.</p>")
+    add("<h3>Vhosts and groups</h3>")
+    cols = ["scope", "vhost", "key", "peak", "p50", "p95", "p99", "peak_ts"]
+    add(_table(data.vhost_rows, cols))
+    add("<h3>Highest peaks (vhosts, users, hosts)</h3>")
+    add(_table(data.concurrency_top[:30], cols))
+
+    add("<h2>2. Headroom</h2>")
+    hr_rows = [r for s in ("vhost", "user", "remote_host")
+               for r in data.headroom_top.get(s, [])]
+    top = sorted(hr_rows, key=lambda r: -(r.get("utilisation") or 0))[:20]
+    add(_img(chart_bars([f"{r['scope']} {r['vhost']}/{r['key']}" for r in top],
+                        [100 * (r.get("utilisation") or 0) for r in top],
+                        "Closest to their limits (per-proxy peak / limit)", "utilisation %",
+                        img_dir, "headroom", limit_line=100.0), "headroom"))
+    for s, rows in data.headroom_top.items():
+        add(f"<h3>{_esc(s)}</h3>")
+        add(_table(rows, ["vhost", "key", "limit", "peak", "utilisation"], pct=("utilisation",)))
+
+    add("<h2>3. Denials</h2>")
+    totals = ", ".join(f"{k}: {v:,}" for k, v in sorted(data.denial_totals.items()))
+    add(f"<p>Connection denials by reason: {_esc(totals) or 'none'}.</p>")
+    add(_img(chart_lines(data.denials, "Connection denials by reason", "denials per bin",
+                         img_dir, "denials", stacked=True), "denials over time"))
+    for s, rows in data.top_denied.items():
+        add(f"<h3>Most denied: {_esc(s)}</h3>")
+        add(_img(chart_bars([f"{r['vhost'] or '-'}/{r['key'] or '(none)'}" for r in rows],
+                            [r["count"] for r in rows], f"Most denied ({s})", "denials",
+                            img_dir, f"top_denied_{s}"), f"most denied {s}"))
+        add(_table(rows, ["vhost", "key", "count", "top_reason"]))
+
+    add("<h2>4. Traffic</h2>")
+    per_vhost: dict[str, list[float]] = {}
+    for r in data.traffic:
+        acc = per_vhost.setdefault(str(r["vhost"]), [0.0, 0.0])
+        acc[0] += r["bytes_in"] or 0
+        acc[1] += r["bytes_out"] or 0
+    names = sorted(per_vhost, key=lambda k: -sum(per_vhost[k]))
+    add(_img(chart_bars(names, [sum(per_vhost[k]) / 1e6 for k in names],
+                        "Bytes per vhost (in + out, closed connections)", "MB", img_dir,
+                        "traffic"), "traffic per vhost"))
+    add(_table(data.traffic, ["vhost", "group", "connections", "bytes_in", "bytes_out",
+                              "transfers_in", "transfers_out", "duration_p50", "duration_p95",
+                              "duration_p99", "duration_max"]))
+    add(_img(chart_bars([d[0] for d in data.durations], [d[2] for d in data.durations],
+                        "Connection durations", "connections", img_dir, "durations"),
+             "duration distribution"))
+    if data.churn:
+        xs = [c[0] for c in data.churn]
+        churn = {"max opens/min": (xs, [c[1] for c in data.churn]),
+                 "mean opens/min": (xs, [c[2] for c in data.churn])}
+    else:
+        churn = {}
+    add(_img(chart_lines(churn, "Churn: connection opens per minute", "opens/min", img_dir,
+                         "churn"), "churn"))
+
+    add("<h2>5. Recommendations</h2>")
+    add("<p>recommended = ceil(per-proxy peak &times; headroom factor), at least 1, at most "
+        "65535 (see docs/spark-reports.md).</p>")
+    add(_table(data.recommendations, ["vhost", "group", "setting", "current", "recommended"]))
+    if data.whatif is not None:
+        add("<h2>What-if replay</h2>")
+        add(f"<p>{data.whatif_total:,} connections would have been denied. Vhosts replayed "
+            f"(the others could not have been denied): "
+            f"{_esc(', '.join(data.whatif_replayed)) or 'none'}.</p>")
+        top_w = data.whatif[:20]
+        add(_img(chart_bars([f"{r['scope']} {r['vhost']}/{r['key']}" for r in top_w],
+                            [r["would_deny"] for r in top_w], "Would be denied",
+                            "connections", img_dir, "whatif"), "what-if denials"))
+        add(_table(data.whatif, ["vhost", "scope", "key", "would_deny"]))
+    add("</body></html>\n")
+    path = os.path.join(out_dir, "report.html")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
+    return path

@@ -1,0 +1,630 @@
+"""Capacity report job: ``amqp-policy-proxy report capacity`` and ``spark-submit`` entry point.
+
+Shell layer: parses argv, loads the policies, builds (or reuses) the SparkSession, reads the
+event log, calls :mod:`..transforms`, writes the tables, CSV files and the HTML report, stops
+the session it built. Never imported by the daemon.
+
+Run locally (``--master`` defaults to ``local[*]``)::
+
+    amqp-policy-proxy report capacity --events /var/log/amqp-policy-proxy/events \
+        --policy /etc/amqp-policy-proxy/policy.d --out /tmp/capacity
+
+or on a cluster (see docs/spark-reports.md; ``--out`` must be a directory the driver and the
+executors share)::
+
+    spark-submit --master yarn --py-files amqp_policy_proxy.zip \
+        src/amqp_policy_proxy/spark_reports/jobs/capacity.py --events hdfs:///... --out /mnt/...
+
+Exit codes (ARCHITECTURE 4.1): 0 ok, 1 runtime failure, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from amqp_policy_proxy.spark_reports.limits import ConnectionLimits, LimitsError, load_limits
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from amqp_policy_proxy.spark_reports.transforms import ReportWindow
+
+logger = logging.getLogger("amqp_policy_proxy.spark_reports.capacity")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+DEFAULT_MASTER = "local[*]"
+#: How far before ``--from`` the job reads ``connection_opened`` records, to find connections
+#: opened earlier and still open at the window start that have no close before ``--to``
+#: (connections that do close in the window are found from their close's ``opened_ts``).
+#: Override with the Spark conf ``spark.amqpPolicyProxy.lookbackHours``.
+DEFAULT_LOOKBACK_HOURS = 24
+#: Refuse grids that would make more buckets than this (use a coarser ``--grid``).
+MAX_BUCKETS = 2_000_000
+_GRID_UNITS = {"s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
+_PROXY_RE = r"^events-(.+)\.jsonl$"
+#: Runtime SQL settings the report sets on its session (measured on 10M events, local[2]).
+RUNTIME_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # The event cache is read a few times and dropped: compressing it cost more CPU (about
+    # 40 % of the JSON parse) than it saves; it spills to disk when memory is short.
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    # Window partitions (one key's changes) up to this many rows stay in memory before the
+    # window buffer switches to its spillable form: about 40 MB per task, 2x faster sweeps.
+    "spark.sql.windowExec.buffer.in.memory.threshold": "1000000",
+}
+
+
+class UsageError(Exception):
+    """Bad arguments or configuration (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Parsed and validated command line options."""
+
+    events: str
+    """Event log root (``DIR/dt=.../hour=.../*.jsonl``), a flat directory or one file."""
+    out: str
+    """Output directory (created)."""
+    policy: ConnectionLimits | None
+    """Connection limits of ``--policy``, or ``None``."""
+    whatif: ConnectionLimits | None
+    """Connection limits of ``--whatif``, or ``None``."""
+    start_us: int | None
+    """``--from`` in microseconds since the epoch (whole milliseconds), or ``None``."""
+    end_us: int | None
+    """``--to`` (exclusive), or ``None``."""
+    grid_us: int
+    """``--grid`` in microseconds."""
+    grid_label: str
+    """``--grid`` as given."""
+    master: str | None
+    """``--master`` as given, or ``None`` (default ``local[*]`` unless under spark-submit)."""
+
+
+def parse_timestamp(text: str) -> int:
+    """Parse a ``--from``/``--to`` value into epoch microseconds, truncated to milliseconds.
+
+    Args:
+        text: ISO 8601 / RFC 3339, e.g. ``2026-11-21``, ``2026-11-21T11:00``,
+            ``2026-11-21T11:00:00.123Z``, ``2026-11-21T12:00:00+01:00``; no offset = UTC.
+
+    Returns:
+        Microseconds since the epoch, a whole number of milliseconds.
+
+    Raises:
+        UsageError: not a date or timestamp.
+    """
+    try:
+        d = dt.datetime.fromisoformat(text.strip().replace(" ", "T", 1))
+    except ValueError:
+        raise UsageError(f"not an ISO 8601 timestamp: {text!r}") from None
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=dt.UTC)
+    delta = d - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return us - us % 1000
+
+
+def parse_grid(text: str) -> int:
+    """Parse a ``--grid`` value.
+
+    Args:
+        text: a positive integer and a unit: ``s``, ``m``, ``h`` or ``d`` (``30s``, ``1m``,
+            ``15m``, ``1h``).
+
+    Returns:
+        The width in microseconds.
+
+    Raises:
+        UsageError: malformed or zero.
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*([smhd])\s*", text)
+    if not m or int(m.group(1)) == 0:
+        raise UsageError(f"--grid must be a positive number with a unit s, m, h or d: {text!r}")
+    return int(m.group(1)) * _GRID_UNITS[m.group(2)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of ``report capacity`` (also used by spark-submit)."""
+    p = argparse.ArgumentParser(
+        prog="amqp-policy-proxy report capacity",
+        description="Capacity report from the connection event log (PySpark).")
+    p.add_argument("--events", required=True, metavar="DIR",
+                   help="event log root (DIR/dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl)")
+    p.add_argument("--policy", metavar="PATH",
+                   help="policy file or directory with the configured limits (headroom)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--from", dest="start", metavar="TS",
+                   help="window start, inclusive (ISO 8601, UTC if no offset); "
+                        "default: the first event")
+    p.add_argument("--to", dest="end", metavar="TS",
+                   help="window end, exclusive; default: just after the last event")
+    p.add_argument("--grid", default="1m",
+                   help="percentile sampling grid: N s|m|h|d (default 1m)")
+    p.add_argument("--whatif", metavar="POLICY",
+                   help="replay the history under this policy's limits")
+    p.add_argument("--master", metavar="URL",
+                   help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit, "
+                        "spark-submit's --master)")
+    return p
+
+
+def parse_options(argv: list[str]) -> Options:
+    """Parse and validate argv, loading the policy files.
+
+    Args:
+        argv: the arguments after ``capacity``.
+
+    Returns:
+        The options.
+
+    Raises:
+        SystemExit: from argparse, for malformed arguments or ``--help``.
+        UsageError: invalid values, unreadable policy, missing event directory.
+    """
+    a = build_parser().parse_args(argv)
+    start = parse_timestamp(a.start) if a.start else None
+    end = parse_timestamp(a.end) if a.end else None
+    if start is not None and end is not None and end <= start:
+        raise UsageError("--to must be after --from")
+    grid = parse_grid(a.grid)
+    if "://" not in a.events and not os.path.exists(a.events):
+        raise UsageError(f"--events {a.events}: no such file or directory")
+    try:
+        policy = load_limits(a.policy) if a.policy else None
+        whatif = load_limits(a.whatif) if a.whatif else None
+    except LimitsError as e:
+        raise UsageError(str(e)) from None
+    return Options(events=a.events, out=a.out, policy=policy, whatif=whatif, start_us=start,
+                   end_us=end, grid_us=grid, grid_label=a.grid.strip(), master=a.master)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and writing
+
+
+def _date_hour(us: int) -> tuple[dt.date, int]:
+    d = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)
+    return d.date(), d.hour
+
+
+def read_events(spark: SparkSession, path: str, scan_from_us: int | None = None,
+                scan_to_us: int | None = None) -> DataFrame:
+    """Read the event log with the explicit schema, pruning ``dt``/``hour`` partitions.
+
+    Args:
+        spark: the session.
+        path: event log root (partitioned layout), a flat directory or a file.
+        scan_from_us: first instant needed (partitions wholly before its hour are skipped).
+        scan_to_us: first instant not needed (partitions from its hour on are skipped when it
+            is on an hour boundary, else from the next hour).
+
+    Returns:
+        The raw records (every field of the schema, ``dt``, ``hour``) plus ``proxy``:
+        ``<host>-<pid>`` from the file name ``events-<host>-<pid>.jsonl``, ``""`` for files
+        not named that way (they count as one proxy).
+    """
+    from pyspark.sql import functions as F
+
+    from amqp_policy_proxy.spark_reports.schemas import event_log_schema
+
+    df = spark.read.schema(event_log_schema()).json(path)
+    dtc, hour = F.col("dt"), F.col("hour")
+    cond = None
+    if scan_from_us is not None:
+        d0, h0 = _date_hour(scan_from_us)
+        cond = (dtc > F.lit(d0)) | ((dtc == F.lit(d0)) & (hour.isNull() | (hour >= h0)))
+    if scan_to_us is not None:
+        d1, h1 = _date_hour(scan_to_us - 1)
+        c = (dtc < F.lit(d1)) | ((dtc == F.lit(d1)) & (hour.isNull() | (hour <= h1)))
+        cond = c if cond is None else cond & c
+    if cond is not None:
+        df = df.where(dtc.isNull() | cond)
+    return df.withColumn("proxy", F.regexp_extract(F.col("_metadata.file_name"), _PROXY_RE, 1))
+
+
+def _iso(col: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.date_format(col, "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
+
+
+def write_csv(df: DataFrame, path: str, order: list[Any]) -> int:
+    """Write a small DataFrame to one CSV file on the driver, timestamps as RFC 3339.
+
+    Only for aggregated tables (at most one row per key): the sorted rows are gathered into
+    one partition and fetched in one job.
+
+    Args:
+        df: the table.
+        path: the CSV file to write.
+        order: sort columns.
+
+    Returns:
+        The number of data rows written.
+    """
+    from pyspark.sql import types as T
+
+    cols = [_iso(df[f.name]).alias(f.name) if isinstance(f.dataType, T.TimestampType)
+            else df[f.name] for f in df.schema.fields]
+    n = 0
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(df.columns)
+        for row in df.orderBy(*order).select(*cols).coalesce(1).toLocalIterator():
+            w.writerow(["" if v is None else v for v in row])
+            n += 1
+    return n
+
+
+def _write_parquet(df: DataFrame, out: str, name: str) -> DataFrame:
+    path = os.path.join(out, name)
+    df.write.mode("overwrite").parquet(path)
+    return df.sparkSession.read.parquet(path)
+
+
+def _ship_package(spark: SparkSession) -> str:
+    """Zip this package and add it to the executors' Python path; return the temp dir.
+
+    Needed under spark-submit when the package is not installed on the workers (the what-if
+    replay runs Python code on the executors); harmless otherwise.
+    """
+    pkg = Path(__file__).resolve().parents[2]
+    tmp = tempfile.mkdtemp(prefix="amqp-policy-proxy-pyfiles-")
+    path = os.path.join(tmp, "amqp_policy_proxy.zip")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for p in sorted(pkg.rglob("*.py")):
+            z.write(p, p.relative_to(pkg.parent))
+    spark.sparkContext.addPyFile(path)
+    return tmp
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+
+
+def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
+    """Compute and write every output of the report into ``opts.out``.
+
+    Args:
+        spark: a session (its SQL time zone is set to UTC for the run).
+        opts: validated options.
+
+    Returns:
+        A summary: ``window`` (start/end ISO strings, or ``None`` with no events), ``rows``
+        per table and ``seconds`` per stage.
+
+    Raises:
+        Exception: Spark and I/O errors propagate (the caller maps them to exit code 1).
+    """
+    from pyspark.sql import functions as F
+
+    from amqp_policy_proxy.spark_reports import html, schemas
+    from amqp_policy_proxy.spark_reports import transforms as tf
+
+    for key, value in RUNTIME_CONF.items():
+        spark.conf.set(key, value)
+    out = opts.out
+    os.makedirs(os.path.join(out, "img"), exist_ok=True)
+    if opts.whatif is None:  # a what-if of an earlier run would look like this run's
+        shutil.rmtree(os.path.join(out, "whatif"), ignore_errors=True)
+        if os.path.exists(os.path.join(out, "whatif.csv")):
+            os.remove(os.path.join(out, "whatif.csv"))
+    timings: dict[str, float] = {}
+    t_start = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal t_start
+        now = time.monotonic()
+        timings[name] = round(now - t_start, 2)
+        t_start = now
+
+    lookback_h = float(spark.conf.get("spark.amqpPolicyProxy.lookbackHours",
+                                      str(DEFAULT_LOOKBACK_HOURS)))
+    scan_from = None if opts.start_us is None else opts.start_us - int(lookback_h * 3.6e9)
+    raw = read_events(spark, opts.events, scan_from, opts.end_us)
+    events = tf.prepare_events(raw).persist()
+
+    start, end = opts.start_us, opts.end_us
+    if start is None or end is None:
+        r = tf.event_time_range(events).collect()[0]
+        if r["min_us"] is not None:
+            start = r["min_us"] - r["min_us"] % 1000 if start is None else start
+            end = r["max_us"] - r["max_us"] % 1000 + 1000 if end is None else end
+    lap("read")
+    empty = start is None or end is None or end <= start
+    report = html.ReportData(grid=opts.grid_label, source=opts.events)
+    summary: dict[str, Any] = {"rows": {}, "seconds": timings}
+    if empty:
+        logger.warning("no connection events in the window: writing an empty report")
+        for name, schema in (("concurrency", schemas.CONCURRENCY), ("headroom", schemas.HEADROOM),
+                             ("denials", schemas.DENIALS)):
+            _write_parquet(spark.createDataFrame([], schema), out, name)
+        write_csv(spark.createDataFrame([], schemas.CONCURRENCY), os.path.join(
+            out, "concurrency.csv"), ["scope"])
+        write_csv(spark.createDataFrame([], schemas.RECOMMENDATIONS), os.path.join(
+            out, "recommendations.csv"), ["vhost"])
+        if opts.whatif is not None:
+            _write_parquet(spark.createDataFrame([], schemas.WHATIF), out, "whatif")
+        report.notes.append("No connection events in the window.")
+        html.write_report(out, report)
+        events.unpersist()
+        summary["window"] = None
+        return summary
+
+    window = tf.ReportWindow(start, end, opts.grid_us)
+    if window.buckets > MAX_BUCKETS:
+        raise UsageError(f"--grid {opts.grid_label} makes {window.buckets} buckets over the "
+                         f"window (more than {MAX_BUCKETS}): use a coarser grid")
+    report.window_start = _fmt_us(start)
+    report.window_end = _fmt_us(end)
+    summary["window"] = {"start": report.window_start, "end": report.window_end,
+                         "buckets": window.buckets}
+
+    sweep = tf.prepare_sweep(events, window).persist()
+    sweep.keyed.count()
+    lap("sweep_inputs")
+
+    # Dense scopes: keep the per-bucket samples for the timeline.
+    dense = tf.bucket_samples(
+        tf.sweep_points(sweep.keyed, sweep.keys, window, tf.DENSE_SCOPES), window,
+        dense=True).persist()
+    tl = _write_parquet(tf.name_ids(tf.timeline(dense, window), sweep.keys, tf.DENSE_SCOPES),
+                        out, "timeline")
+    conc_dense = tf.name_keys(tf.concurrency_stats(dense, window), sweep.keys,
+                              tf.DENSE_SCOPES)
+    lap("dense_timeline")
+    conc_sparse = tf.concurrency(sweep, tf.SPARSE_SCOPES)
+    full = _write_parquet(conc_dense.unionByName(conc_sparse), out, "_work/concurrency")
+    dense.unpersist()
+    lap("sweeps")
+    conc = _write_parquet(full.select(*schemas.CONCURRENCY.fieldNames()), out, "concurrency")
+    summary["rows"]["concurrency"] = write_csv(conc, os.path.join(out, "concurrency.csv"),
+                                               ["scope", "vhost", F.col("peak").desc(), "key"])
+    bad = full.where(F.col("low") < 0).count()
+    if bad:
+        report.notes.append(
+            f"{bad} keys have connection_closed records without their connection_opened "
+            "(dropped by the writer?): their concurrency is undercounted after those closes.")
+    peaks = tf.limit_peaks(full).persist()
+    pairs = tf.key_groups(sweep.keys).persist()
+    lap("concurrency")
+
+    lt = tf.limit_tables(spark, opts.policy) if opts.policy is not None else None
+    if lt is not None:
+        hr = _write_parquet(tf.headroom(peaks, pairs, lt), out, "headroom")
+        summary["rows"]["headroom"] = write_csv(
+            hr, os.path.join(out, "headroom.csv"),
+            [F.col("utilisation").desc_nulls_last(), "scope", "vhost", "key"])
+        missing = (conc.where(F.col("scope") == "vhost").select("vhost")
+                   .join(lt.vhosts, F.col("vhost") == F.col("name"), "left_anti").collect())
+        if missing:
+            report.notes.append("Vhosts in the log but not in the policy (no headroom): "
+                                + ", ".join(sorted(str(r[0]) for r in missing)))
+    else:
+        hr = _write_parquet(spark.createDataFrame([], schemas.HEADROOM), out, "headroom")
+        report.notes.append("No --policy: no headroom; recommendations have no current value.")
+    rec = tf.recommendations(peaks, pairs, lt)
+    summary["rows"]["recommendations"] = write_csv(
+        rec, os.path.join(out, "recommendations.csv"), ["vhost", "group", "setting"])
+    lap("headroom")
+
+    wi = None
+    if opts.whatif is not None:
+        alt = tf.limit_tables(spark, opts.whatif)
+        vh = sorted(r[0] for r in tf.whatif_candidates(peaks, pairs, alt).collect())
+        wi = _write_parquet(tf.whatif(sweep, alt, vh), out, "whatif")
+        summary["rows"]["whatif"] = write_csv(
+            wi, os.path.join(out, "whatif.csv"),
+            [F.col("would_deny").desc(), "vhost", "scope", "key"])
+        report.whatif_replayed = vh
+        absent = (conc.where(F.col("scope") == "vhost").select("vhost")
+                  .join(alt.vhosts, F.col("vhost") == F.col("name"), "left_anti").collect())
+        if absent:
+            report.notes.append("Vhosts not in the what-if policy (not replayed): "
+                                + ", ".join(sorted(str(r[0]) for r in absent)))
+    lap("whatif")
+
+    den = _write_parquet(tf.denials(events, window), out, "denials")
+    td = _write_parquet(tf.top_denied(events, window), out, "top_denied")
+    summary["rows"]["top_denied"] = write_csv(
+        td, os.path.join(out, "top_denied.csv"), [F.col("count").desc(), "scope", "key"])
+    trf = _write_parquet(tf.traffic(events, window), out, "traffic")
+    summary["rows"]["traffic"] = write_csv(trf, os.path.join(out, "traffic.csv"),
+                                           ["vhost", "group"])
+    dur = _write_parquet(tf.durations(events, window), out, "durations")
+    ch = _write_parquet(tf.churn(events, window), out, "churn")
+    lap("denials_traffic")
+
+    _collect_report(report, window, conc, tl, hr, den, td, trf, dur, ch, wi,
+                    spark.read.csv(os.path.join(out, "recommendations.csv"), header=True))
+    events.unpersist()
+    sweep.unpersist()
+    peaks.unpersist()
+    pairs.unpersist()
+    shutil.rmtree(os.path.join(out, "_work"), ignore_errors=True)
+    html.write_report(out, report)
+    lap("html")
+    return summary
+
+
+def _fmt_us(us: int) -> str:
+    d = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+def _series_bin_us(window: ReportWindow, points: int = 1500) -> int:
+    """A chart bin width: a whole number of grid buckets giving at most ``points`` bins."""
+    per = max(1, -(-window.buckets // points))
+    return per * window.grid_us
+
+
+def _collect_report(report: Any, window: ReportWindow, conc: DataFrame, tl: DataFrame,
+                    hr: DataFrame, den: DataFrame, td: DataFrame, trf: DataFrame,
+                    dur: DataFrame, ch: DataFrame, wi: DataFrame | None,
+                    rec: DataFrame) -> None:
+    """Fill the report with small, chart-sized extracts (nothing proportional to events)."""
+    from pyspark.sql import functions as F
+
+    top_n = 15
+    bin_us = _series_bin_us(window)
+
+    def binned(col: str) -> Any:
+        us = F.unix_micros(F.col(col))
+        return (us - F.pmod(us, F.lit(bin_us))).alias("x")
+
+    report.concurrency_top = [r.asDict() for r in conc.orderBy(
+        F.col("peak").desc(), "scope", "key").where(F.col("scope") != "group")
+        .limit(200).collect()]
+    report.concurrency_all = {s: conc.where(F.col("scope") == s).count()
+                              for s in ("vhost", "group", "user", "remote_host")}
+    report.vhost_rows = [r.asDict() for r in conc.where(F.col("scope").isin("vhost", "group"))
+                         .orderBy("vhost", F.col("scope").desc(), "key").collect()]
+    vhosts = [r["key"] for r in conc.where(F.col("scope") == "vhost")
+              .orderBy(F.col("peak").desc()).limit(8).collect()]
+    series = (tl.where((F.col("scope") == "vhost") & F.col("key").isin(*vhosts))
+              .groupBy("key", binned("window_start")).agg(F.max("concurrent").alias("y"))
+              .orderBy("key", "x").collect())
+    report.timeline = _group_series(series, "key")
+    report.headroom_top = {s: [r.asDict() for r in hr.where(F.col("scope") == s)
+                               .orderBy(F.col("utilisation").desc_nulls_last(), "key")
+                               .limit(top_n).collect()]
+                           for s in ("vhost", "user", "remote_host")}
+    dser = (den.groupBy("reason", binned("window_start")).agg(F.sum("count").alias("y"))
+            .orderBy("reason", "x").collect())
+    report.denials = _group_series(dser, "reason")
+    report.denial_totals = {r["reason"]: r["n"] for r in den.groupBy("reason").agg(
+        F.sum("count").alias("n")).collect()}
+    report.top_denied = {s: [r.asDict() for r in td.where(F.col("scope") == s)
+                             .orderBy(F.col("count").desc(), "key").limit(top_n).collect()]
+                         for s in ("user", "remote_host")}
+    report.traffic = [r.asDict() for r in trf.orderBy("vhost", "group").collect()]
+    report.durations = [(r["label"], r["le_seconds"], r["n"]) for r in dur.groupBy(
+        "label", "le_seconds").agg(F.sum("count").alias("n")).orderBy("le_seconds").collect()]
+    per_min = ch.groupBy("window_start").agg(F.sum("opens").alias("opens"))
+    cser = (per_min.groupBy(binned("window_start")).agg(
+        F.max("opens").alias("max"), F.sum("opens").alias("sum")).orderBy("x").collect())
+    minutes_per_bin = max(1, bin_us // 60_000_000)
+    report.churn = [(_dt(r["x"]), r["max"], r["sum"] / minutes_per_bin) for r in cser]
+    report.recommendations = [r.asDict() for r in rec.collect()]
+    if wi is not None:
+        report.whatif = [r.asDict() for r in wi.orderBy(F.col("would_deny").desc(), "key")
+                         .limit(50).collect()]
+        report.whatif_total = wi.agg(F.sum("would_deny")).collect()[0][0] or 0
+
+
+def _dt(us: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)
+
+
+def _group_series(rows: list[Any], by: str) -> dict[str, tuple[list[dt.datetime], list[int]]]:
+    out: dict[str, tuple[list[dt.datetime], list[int]]] = {}
+    for r in rows:
+        xs, ys = out.setdefault(str(r[by]), ([], []))
+        xs.append(_dt(r["x"]))
+        ys.append(r["y"])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+
+
+def _build_session(master: str | None) -> tuple[SparkSession, bool]:
+    """Return (session, created_here): reuse an active session, else build one."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    b = SparkSession.builder.appName("amqp-policy-proxy capacity report")
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is None and not under_submit:
+        master = DEFAULT_MASTER
+    if master is not None:
+        b = b.master(master)
+    if master is not None and master.startswith("local"):
+        # One machine: few shuffle partitions (AQE coalesces further); bigger driver heap
+        # (only effective when this process launches the JVM, not under spark-submit).
+        b = (b.config("spark.sql.shuffle.partitions", "8")
+             .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "2g")))
+        # Python workers run this interpreter (its venv has pyarrow), not PATH's python3;
+        # pyspark reads only the environment variable.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    b = (b.config("spark.sql.session.timeZone", "UTC")
+         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"))
+    return b.getOrCreate(), True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the capacity report.
+
+    Args:
+        argv: arguments after ``capacity`` (default ``sys.argv[1:]``): ``--events DIR
+            [--policy PATH] --out DIR [--from TS --to TS] [--grid 1m] [--whatif POLICY]
+            [--master URL]``.
+
+    Returns:
+        0 on success, 1 on a runtime failure (Spark, I/O), 2 on bad usage or configuration
+        (including an unreadable policy or a missing event directory).
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        opts = parse_options(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as e:  # argparse: usage error (2) or --help (0)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    except UsageError as e:
+        print(f"amqp-policy-proxy report capacity: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print("amqp-policy-proxy report capacity: error: pyspark is not installed "
+              "(pip install 'amqp-policy-proxy[spark]')", file=sys.stderr)
+        return EXIT_FAILURE
+    spark = None
+    created = False
+    shipped = None
+    try:
+        spark, created = _build_session(opts.master)
+        if created:
+            shipped = _ship_package(spark)
+        t0 = time.monotonic()
+        summary = run_report(spark, opts)
+        logger.info("capacity report written to %s in %.1f s (%s)", opts.out,
+                    time.monotonic() - t0, summary["seconds"])
+        return EXIT_OK
+    except UsageError as e:
+        print(f"amqp-policy-proxy report capacity: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # Spark/Py4J/I-O failures: report, exit 1
+        logger.error("capacity report failed: %s", e, exc_info=logger.isEnabledFor(logging.DEBUG))
+        return EXIT_FAILURE
+    finally:
+        if spark is not None and created:
+            spark.stop()
+        if shipped is not None:
+            shutil.rmtree(shipped, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

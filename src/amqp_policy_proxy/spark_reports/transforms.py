@@ -1,0 +1,1175 @@
+"""Capacity report transforms: pure DataFrame -> DataFrame functions. Imports pyspark.
+
+No I/O, no SparkSession building, no ``collect`` of anything but what the caller asks for; the
+job (``jobs/capacity.py``) reads, calls these and writes. Everything heavy runs as Spark
+aggregations and window functions; the one Python step is the what-if replay
+(:func:`whatif`), which streams sorted rows through :func:`replay_admissions` per partition.
+
+Time is carried as ``long`` microseconds since the epoch (``*_us`` columns) and turned back
+into timestamps only in the output tables. The report window is half-open,
+``[start_us, end_us)``.
+
+Semantics (ARCHITECTURE 4.5, docs/spark-reports.md):
+
+- A connection is one interval ``[opened, closed)``: its ``connection_opened`` ts inclusive,
+  its ``connection_closed`` ts exclusive. Opened and closed records are paired by
+  ``(proxy, conn_id)``, ``proxy`` being ``<host>-<pid>`` from the file name, because conn_ids
+  restart in every proxy process. A close carries ``opened_ts``, so a connection opened before
+  the window (or whose opened record was dropped) is still found; an opened record with no
+  close is open until the window end. Intervals are clipped to the window.
+- The sweep: +1 at each start, -1 at each end, summed per instant. At equal timestamps the
+  closes are applied before the opens (a close and an open at the same instant do not
+  overlap); summing per instant gives exactly that, and the level never shows the transient
+  "opened before the other closed" value.
+- Grid buckets are aligned to the epoch (``floor(t / grid)``); the window's first and last
+  buckets may be partial and count as whole buckets. A bucket's sample is the **maximum**
+  concurrency reached at any instant of the bucket. p50/p95/p99 are nearest-rank percentiles
+  over **every** bucket of the window, zero buckets included, for every key that has at least
+  one connection in the window (rank ``ceil(p * N / 100)`` of the ``N`` sorted samples).
+- ``peak`` is the maximum over the window, ``peak_ts`` the earliest instant it was reached.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.window import Window
+
+from amqp_policy_proxy.eventlog import schema as ev
+from amqp_policy_proxy.spark_reports import schemas
+from amqp_policy_proxy.spark_reports.limits import ConnectionLimits
+
+logger = logging.getLogger(__name__)
+
+US_PER_SECOND = 1_000_000
+US_PER_MS = 1_000
+US_PER_MINUTE = 60 * US_PER_SECOND
+
+#: Concurrency scopes, and the interval column that is the key of each.
+SCOPES: tuple[str, ...] = ("vhost", "group", "user", "remote_host")
+#: Scopes with a connection limit (QDR maxConnections / PerUser / PerHost).
+LIMIT_SCOPES: tuple[str, ...] = ("vhost", "user", "remote_host")
+#: Scopes with few keys and many changes: their per-bucket timeline is materialised.
+DENSE_SCOPES: tuple[str, ...] = ("vhost", "group")
+SPARSE_SCOPES: tuple[str, ...] = ("user", "remote_host")
+#: Percentiles reported (nearest rank).
+PERCENTILES: tuple[int, ...] = (50, 95, 99)
+#: Recommended limit = ceil(observed peak x HEADROOM_FACTOR), at least 1, at most 65535.
+HEADROOM_FACTOR = 1.25
+#: Upper bound of every QDR connection limit.
+MAX_LIMIT = 65535
+#: Upper bounds (seconds) of the connection duration histogram; the last bin is open.
+DURATION_BINS: tuple[tuple[float, str], ...] = (
+    (1.0, "< 1 s"), (10.0, "1-10 s"), (60.0, "10 s-1 min"), (600.0, "1-10 min"),
+    (3600.0, "10 min-1 h"), (21600.0, "1-6 h"), (86400.0, "6-24 h"), (math.inf, ">= 24 h"),
+)
+#: peak_ts is packed with the level into one long: level << 37 | reversed ms offset.
+_CODE_SHIFT = 37
+_CODE_MASK = (1 << _CODE_SHIFT) - 1
+#: The longest window the packing allows (2^37 ms, about 4.3 years).
+MAX_WINDOW_US = _CODE_MASK * US_PER_MS
+
+_DIMS = ("vhost", "group", "user", "remote_host")
+
+
+@dataclass(frozen=True)
+class ReportWindow:
+    """The time window of a report and its grid."""
+
+    start_us: int
+    """Inclusive start, microseconds since the epoch (a whole millisecond)."""
+    end_us: int
+    """Exclusive end, microseconds since the epoch (a whole millisecond)."""
+    grid_us: int
+    """Grid bucket width in microseconds (buckets are aligned to the epoch)."""
+
+    def __post_init__(self) -> None:
+        if self.grid_us <= 0:
+            raise ValueError("grid must be positive")
+        if self.end_us <= self.start_us:
+            raise ValueError("the window end must be after its start")
+        if self.end_us - self.start_us > MAX_WINDOW_US:
+            raise ValueError("the window is longer than 4 years")
+
+    @property
+    def first_bucket(self) -> int:
+        """Index of the bucket holding ``start_us``."""
+        return self.start_us // self.grid_us
+
+    @property
+    def last_bucket(self) -> int:
+        """Index of the bucket holding the last instant of the window."""
+        return (self.end_us - 1) // self.grid_us
+
+    @property
+    def buckets(self) -> int:
+        """Number of grid buckets in the window, partial ones included."""
+        return self.last_bucket - self.first_bucket + 1
+
+
+def nearest_rank(p: int, n: int) -> int:
+    """Return the 1-based nearest rank of the p-th percentile among ``n`` sorted values.
+
+    Args:
+        p: percentile, 1..100.
+        n: number of values, >= 1.
+
+    Returns:
+        ``ceil(p * n / 100)``, computed in integers.
+    """
+    return max(1, (p * n + 99) // 100)
+
+
+def _bucket(col: Column, grid_us: int) -> Column:
+    # floor(t / grid) in exact integer arithmetic (t - pmod(t, g) is a multiple of g).
+    g = F.lit(grid_us)
+    return ((col - F.pmod(col, g)) / g).cast("long")
+
+
+def _ts(us: Column) -> Column:
+    return F.timestamp_micros(us)
+
+
+# --------------------------------------------------------------------------------------------
+# Events and connection changes
+
+
+def prepare_events(raw: DataFrame) -> DataFrame:
+    """Select and normalise the columns the reports use from the raw event log.
+
+    Args:
+        raw: the event log read with :func:`schemas.event_log_schema` (``ts`` and
+            ``opened_ts`` as strings), plus a string column ``proxy`` (``<host>-<pid>`` of the
+            writing process; ``""`` when unknown).
+
+    Returns:
+        Only ``connection_opened``, ``connection_closed`` and ``connection_denied`` records
+        with a parsable ``ts``, with columns ``proxy``, ``event``, ``t_us`` (long),
+        ``conn_id``, ``vhost``, ``group``, ``user``, ``remote_host``, ``reason``,
+        ``opened_us`` (long, closes only: ``opened_ts``, else ``ts - duration_seconds``),
+        ``duration_seconds``, ``bytes_in``, ``bytes_out``, ``transfers_in``,
+        ``transfers_out``.
+    """
+    events = (ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED, ev.CONNECTION_DENIED)
+    t_us = F.unix_micros(F.expr("try_cast(ts AS TIMESTAMP)"))
+    opened = F.coalesce(F.unix_micros(F.expr("try_cast(opened_ts AS TIMESTAMP)")),
+                        t_us - (F.col("duration_seconds") * US_PER_SECOND).cast("long"))
+    return (
+        raw.where(F.col("event").isin(*events))
+        .select(
+            F.coalesce(F.col("proxy"), F.lit("")).alias("proxy"),
+            "event", t_us.alias("t_us"), "conn_id", *_DIMS, "reason",
+            F.when(F.col("event") == ev.CONNECTION_CLOSED, opened).alias("opened_us"),
+            "duration_seconds", "bytes_in", "bytes_out", "transfers_in", "transfers_out",
+        )
+        .where(F.col("t_us").isNotNull())
+    )
+
+
+def event_time_range(events: DataFrame) -> DataFrame:
+    """Return the first and last event time of prepared events.
+
+    Args:
+        events: output of :func:`prepare_events`.
+
+    Returns:
+        One row ``(min_us, max_us)``, both null when there are no events.
+    """
+    return events.agg(F.min("t_us").alias("min_us"), F.max("t_us").alias("max_us"))
+
+
+def open_at_start(events: DataFrame, window: ReportWindow) -> DataFrame:
+    """Find connections opened before the window that no close in the data ends before it.
+
+    These are the connections open at the window start *and* still open at its end (or
+    closed after the data ends): the ones that close inside the window are found from their
+    close's ``opened_ts`` instead. Records are paired by ``(proxy, conn_id)``; only records
+    before the window and closes of connections opened before it take part, so the join is
+    small.
+
+    Args:
+        events: output of :func:`prepare_events`, including the look-back before the window.
+        window: the report window.
+
+    Returns:
+        The ``connection_opened`` records (``proxy``, ``conn_id``, ``vhost``, ``group``,
+        ``user``, ``remote_host``) opened before ``window.start_us`` with no close before
+        ``window.end_us``.
+    """
+    keys = ["proxy", "conn_id"]
+    before = events.where((F.col("event") == ev.CONNECTION_OPENED)
+                          & (F.col("t_us") < window.start_us))
+    closes = events.where((F.col("event") == ev.CONNECTION_CLOSED)
+                          & (F.col("t_us") < window.end_us)
+                          & (F.col("opened_us") < window.start_us)).select(*keys)
+    return before.join(closes, keys, "left_anti").select(*keys, *_DIMS)
+
+
+def connection_changes(events: DataFrame, window: ReportWindow) -> DataFrame:
+    """Turn connection records into the +1/-1 changes of the sweep.
+
+    - ``connection_opened`` in the window: +1 at its ``ts`` (the connection counts from its
+      open, inclusive);
+    - ``connection_closed`` in the window: -1 at its ``ts`` (exclusive end), and +1 at the
+      window start when it was opened before it (``opened_ts``);
+    - connections from :func:`open_at_start`: +1 at the window start.
+
+    Connections open at the window end simply have no -1. A close whose open record is
+    missing although it was opened inside the window (a record dropped by the writer) has no
+    +1; :func:`concurrency` reports such keys as ``inconsistent``.
+
+    Args:
+        events: output of :func:`prepare_events`.
+        window: the report window.
+
+    Returns:
+        ``proxy``, ``conn_id``, ``vhost``, ``group``, ``user``, ``remote_host``, ``t_us``,
+        ``d`` (+1 or -1), all ``t_us`` within the window.
+    """
+    w0 = F.lit(window.start_us)
+    in_window = (F.col("event").isin(ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED)
+                 & (F.col("t_us") >= window.start_us) & (F.col("t_us") < window.end_us))
+    is_close = F.col("event") == ev.CONNECTION_CLOSED
+    early = is_close & (F.col("opened_us") < window.start_us)
+    # A connection opened before the window and closed exactly at its start is not in it.
+    in_window = in_window & ~(early & (F.col("t_us") == window.start_us))
+    changes = events.where(in_window).select(
+        "proxy", "conn_id", *_DIMS,
+        F.explode(F.array(
+            F.struct(F.col("t_us").alias("t_us"),
+                     F.when(is_close, F.lit(-1)).otherwise(F.lit(1)).alias("d")),
+            F.struct(F.when(early, w0).alias("t_us"), F.lit(1).alias("d")),
+        )).alias("c"),
+    ).select("proxy", "conn_id", *_DIMS, "c.t_us", "c.d").where(F.col("t_us").isNotNull())
+    carried = open_at_start(events, window).select("*", w0.alias("t_us"), F.lit(1).alias("d"))
+    return changes.unionByName(carried)
+
+
+# --------------------------------------------------------------------------------------------
+# Keys: every scope key gets a long id, so the sweep sorts longs, not strings.
+
+#: Scope index in the low bits of a key id.
+_SCOPE_INDEX = {s: i for i, s in enumerate(SCOPES)}
+#: Per-proxy ids are ``id << _PROXY_BITS | proxy_ix``.
+_PROXY_BITS = 20
+
+
+def connection_keys(changes: DataFrame) -> DataFrame:
+    """Number the keys of every scope.
+
+    Args:
+        changes: output of :func:`connection_changes`.
+
+    Returns:
+        One row per distinct (``proxy``, ``vhost``, ``group``, ``user``, ``remote_host``)
+        with its number ``combo_ix``, ``proxy_ix`` (0-based), the fleet-wide key ids ``vhost_id``, ``group_id``,
+        ``user_id``, ``remote_host_id`` (null when the key is null; positive, unique across
+        scopes), and for the limited scopes the per-proxy ids ``vhost_pid``, ``user_pid``,
+        ``remote_host_pid`` (negative; null when the key was seen on a single proxy, whose
+        per-proxy peak is then the fleet-wide one). Small: its size depends on the
+        population, not on the number of events.
+    """
+    combos = changes.select("proxy", *_DIMS).distinct()
+    ids = []
+    for scope in SCOPES:
+        cols = ["vhost"] if scope == "vhost" else ["vhost", scope]
+        rank = F.dense_rank().over(Window.orderBy(*[F.col(c).asc_nulls_first() for c in cols]))
+        ok = F.col("vhost").isNotNull() & F.col(scope).isNotNull()
+        ids.append(F.when(ok, rank * len(SCOPES) + _SCOPE_INDEX[scope]).cast("long")
+                   .alias(f"{scope}_id"))
+    proxy_ix = (F.dense_rank().over(Window.orderBy("proxy")) - 1).cast("long").alias("proxy_ix")
+    combo_ix = F.row_number().over(Window.orderBy(
+        *[F.col(c).asc_nulls_first() for c in ("proxy", *_DIMS)])).alias("combo_ix")
+    k = combos.select("proxy", *_DIMS, combo_ix, proxy_ix, *ids)
+    pids = []
+    for scope in LIMIT_SCOPES:
+        w = Window.partitionBy(f"{scope}_id")
+        multi = F.max("proxy_ix").over(w) != F.min("proxy_ix").over(w)
+        pid = -(F.shiftleft(F.col(f"{scope}_id"), _PROXY_BITS) + F.col("proxy_ix")) - 1
+        pids.append(F.when(multi & F.col(f"{scope}_id").isNotNull(), pid).alias(f"{scope}_pid"))
+    return k.select("*", *pids)
+
+
+def scope_keys(keys: DataFrame, scopes: Iterable[str] = SCOPES) -> DataFrame:
+    """Return the key id table: which (scope, vhost, key) each fleet-wide id stands for.
+
+    Args:
+        keys: output of :func:`connection_keys`.
+        scopes: which scopes to list.
+
+    Returns:
+        Distinct ``id``, ``scope``, ``vhost``, ``key``.
+    """
+    parts = [keys.select(F.col(f"{s}_id").alias("id"), F.lit(s).alias("scope"), "vhost",
+                         F.col(s).alias("key")).where(F.col("id").isNotNull())
+             for s in scopes]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out.distinct()
+
+
+def keyed_changes(changes: DataFrame, keys: DataFrame) -> DataFrame:
+    """Replace the strings of each change by the number of its key combination.
+
+    Args:
+        changes: output of :func:`connection_changes`.
+        keys: output of :func:`connection_keys` over the same changes.
+
+    Returns:
+        ``combo_ix`` (int), ``t_us``, ``d``: narrow enough to cache.
+    """
+    k = keys.select(*[F.col(c).alias(f"k_{c}") for c in ("proxy", *_DIMS)], "combo_ix")
+    cond = [changes[c].eqNullSafe(k[f"k_{c}"]) for c in ("proxy", *_DIMS)]
+    return changes.join(F.broadcast(k), cond, "inner").select(
+        F.col("combo_ix").cast("int").alias("combo_ix"), "t_us", F.col("d").cast("byte"))
+
+
+def sweep_points(keyed: DataFrame, keys: DataFrame, window: ReportWindow,
+                 scopes: Iterable[str]) -> DataFrame:
+    """Key the sweep changes by scope key id.
+
+    Args:
+        keyed: output of :func:`keyed_changes`.
+        keys: output of :func:`connection_keys`.
+        window: the report window (for the bucket index).
+        scopes: which of :data:`SCOPES` to produce (with the per-proxy ids of the limited
+            ones).
+
+    Returns:
+        ``id``, ``bucket``, ``t_us``, ``d``, one row per change and key id (fleet-wide and,
+        for keys seen on several proxies, per proxy), repartitioned by ``id``. Null keys
+        (e.g. no user) are dropped.
+    """
+    scopes = tuple(scopes)
+    cols = [F.col(f"{s}_id") for s in scopes]
+    cols += [F.col(f"{s}_pid") for s in scopes if s in LIMIT_SCOPES]
+    ids = keys.select(F.col("combo_ix").cast("int").alias("combo_ix"),
+                      F.array(*cols).alias("ids"))
+    return (
+        keyed.join(F.broadcast(ids), "combo_ix")
+        .select(F.explode("ids").alias("id"), "t_us", "d")
+        .where(F.col("id").isNotNull())
+        .repartition("id")
+        .select("id", _bucket(F.col("t_us"), window.grid_us).alias("bucket"), "t_us", "d")
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The sweep
+
+
+def _peak_code(level: Column, t_us: Column, window: ReportWindow) -> Column:
+    # Larger level wins; at equal level the earlier instant wins (reversed offset). Linear in
+    # the level: code(a + b, t) == (a << SHIFT) + code(b, t), also for negative b.
+    offset_ms = ((t_us - F.lit(window.start_us)) / F.lit(US_PER_MS)).cast("long")
+    return F.shiftleft(level.cast("long"), _CODE_SHIFT) + (F.lit(_CODE_MASK) - offset_ms)
+
+
+def _decode_peak(code: Column, window: ReportWindow) -> tuple[Column, Column]:
+    peak = F.shiftright(code, _CODE_SHIFT)
+    offset_ms = F.lit(_CODE_MASK) - code.bitwiseAND(F.lit(_CODE_MASK))
+    return peak, _ts(F.lit(window.start_us) + offset_ms * US_PER_MS)
+
+
+_RUNNING = (Window.unboundedPreceding, Window.currentRow)
+
+
+def bucket_samples(points: DataFrame, window: ReportWindow, dense: bool = False) -> DataFrame:
+    """Run the sweep and summarise it per key and grid bucket that has a change.
+
+    The changes of a key are applied in ``(t_us, d)`` order, so at equal instants the -1s
+    come before the +1s. Only two kinds of running value are real concurrency: the value
+    after the *last* change of an instant (held until the next instant), and the value before
+    the *first* change of an instant (held since the previous one). The values between changes
+    at one instant are transient and never counted. A bucket's sample is the maximum of the
+    real values held at some instant of the bucket: the value before a bucket's first instant
+    counts only when that instant is after the bucket start (otherwise it was held in the
+    previous bucket only).
+
+    Two plans give the same rows. ``dense=False`` runs one window per key over all its
+    changes: right for keys with few changes (users, hosts). ``dense=True`` first sums within
+    each bucket (window per key and bucket), then carries the level across buckets (window
+    per key over one row per bucket): no window ever holds more than one bucket of one key,
+    which keeps memory bounded for keys with millions of changes (vhosts, groups).
+
+    Args:
+        points: output of :func:`sweep_points`.
+        window: the report window.
+        dense: use the two-level plan.
+
+    Returns:
+        One row per key id and bucket containing at least one change: ``id``, ``bucket``,
+        ``v`` (the bucket's sample: the maximum concurrency at any instant of it, including
+        the value carried in from the previous bucket), ``gv``/``gw`` (the value held through
+        the ``gw`` change-free buckets that follow, up to the next change or the window
+        end), ``lw`` (in a key's first bucket: the number of zero buckets before it),
+        ``code`` (the highest value after an instant and its instant, packed, see
+        :func:`_peak_code`) and ``low`` (the lowest value after an instant: negative only when
+        closes are missing their opens). Every key's buckets add up to ``window.buckets``.
+    """
+    last = F.lit(window.last_bucket + 1)
+    g = window.grid_us
+    after_start = F.col("t_us") > F.col("bucket") * F.lit(g)
+    if dense:
+        w1 = Window.partitionBy("id", "bucket").orderBy("t_us", "d")
+        rows = points.select(
+            "id", "bucket", "t_us", "d", F.sum("d").over(w1.rowsBetween(*_RUNNING)).alias("p"),
+            F.lead("t_us").over(w1).alias("next_us"), F.lag("t_us").over(w1).alias("prev_us"))
+        final = F.col("next_us").isNull() | (F.col("next_us") != F.col("t_us"))
+        first = F.col("prev_us").isNull() | (F.col("prev_us") != F.col("t_us"))
+        per_bucket = rows.groupBy("id", "bucket").agg(
+            F.sum("d").alias("net"),
+            F.max(F.when(final, F.col("p"))).alias("maxp"),
+            F.max(F.when(first & after_start, F.col("p") - F.col("d"))).alias("maxb"),
+            F.min(F.when(final, F.col("p"))).alias("minp"),
+            F.max(F.when(final, _peak_code(F.col("p"), F.col("t_us"), window)))
+            .alias("code_rel"),
+        )
+        w2 = Window.partitionBy("id").orderBy("bucket")
+        carry = F.coalesce(F.sum("net").over(w2.rowsBetween(Window.unboundedPreceding, -1)),
+                           F.lit(0))
+        lv = per_bucket.select(
+            "*", carry.alias("carry"), F.lead("bucket").over(w2).alias("next_b"),
+            F.lag("bucket").over(w2).alias("prev_b"))
+        gap = F.coalesce(F.col("next_b"), last) - F.col("bucket") - 1
+        return lv.select(
+            "id", "bucket",
+            (F.col("carry") + F.greatest(F.col("maxp"), F.col("maxb"))).alias("v"),
+            F.when(gap > 0, F.col("carry") + F.col("net")).alias("gv"),
+            gap.alias("gw"),
+            F.when(F.col("prev_b").isNull(), F.col("bucket") - F.lit(window.first_bucket))
+            .otherwise(F.lit(0)).alias("lw"),
+            (F.shiftleft(F.col("carry"), _CODE_SHIFT) + F.col("code_rel")).alias("code"),
+            (F.col("carry") + F.col("minp")).alias("low"),
+        )
+    w = Window.partitionBy("id").orderBy("bucket", "t_us", "d")
+    lv = points.select(
+        "id", "bucket", "t_us", "d",
+        F.sum("d").over(w.rowsBetween(*_RUNNING)).alias("level"),
+        F.lead("t_us").over(w).alias("next_us"),
+        F.lag("t_us").over(w).alias("prev_us"),
+    )
+    final = F.col("next_us").isNull() | (F.col("next_us") != F.col("t_us"))
+    first = F.col("prev_us").isNull() | (F.col("prev_us") != F.col("t_us"))
+    next_b = F.coalesce(_bucket(F.col("next_us"), g), last)
+    gap = next_b - F.col("bucket") - 1
+    real = F.when(final, F.col("level"))
+    return (
+        lv.select(
+            "id", "bucket",
+            F.greatest(real, F.when(first & after_start, F.col("level") - F.col("d")))
+            .alias("v"),
+            F.when(gap > 0, F.col("level")).alias("gv"),
+            gap.alias("gw"),
+            F.when(F.col("prev_us").isNull(), F.col("bucket") - F.lit(window.first_bucket))
+            .otherwise(F.lit(0)).alias("lw"),
+            F.when(final, _peak_code(F.col("level"), F.col("t_us"), window)).alias("code"),
+            real.alias("low"),
+        )
+        .groupBy("id", "bucket")
+        .agg(F.max("v").alias("v"), F.max("gv").alias("gv"), F.max("gw").alias("gw"),
+             F.max("lw").alias("lw"), F.max("code").alias("code"),
+             F.min("low").alias("low"))
+    )
+
+
+def concurrency_stats(samples: DataFrame, window: ReportWindow) -> DataFrame:
+    """Reduce bucket samples to peak, p50/p95/p99 and peak_ts per key id.
+
+    Args:
+        samples: output of :func:`bucket_samples`.
+        window: the report window (``window.buckets`` is the percentile population).
+
+    Returns:
+        ``id``, ``peak``, ``p50``, ``p95``, ``p99`` (longs), ``peak_ts`` (the earliest
+        instant the peak was reached), ``low`` (negative: the log has closes without opens
+        for this key).
+    """
+    hist = (
+        samples.select("id", "code", "low", F.explode(F.array(
+            F.struct(F.col("v").alias("value"), F.lit(1).cast("long").alias("w")),
+            F.struct(F.col("gv").alias("value"), F.col("gw").cast("long").alias("w")),
+            F.struct(F.lit(0).cast("long").alias("value"), F.col("lw").cast("long").alias("w")),
+        )).alias("s"))
+        .where(F.col("s.w") > 0)
+        .groupBy("id", F.col("s.value").alias("value"))
+        .agg(F.sum("s.w").alias("w"), F.max("code").alias("code"), F.min("low").alias("low"))
+    )
+    cum = F.sum("w").over(Window.partitionBy("id").orderBy("value").rowsBetween(*_RUNNING))
+    n = window.buckets
+    ranked = hist.select("id", "value", "code", "low", cum.alias("cum"))
+    aggs = [F.min(F.when(F.col("cum") >= nearest_rank(p, n), F.col("value"))).alias(f"p{p}")
+            for p in PERCENTILES]
+    out = ranked.groupBy("id").agg(F.max("value").alias("peak"), F.max("code").alias("code"),
+                                   F.min("low").alias("low"), *aggs)
+    code_peak, code_ts = _decode_peak(F.col("code"), window)
+    # The peak is the highest sample. It is reached after a change (code) unless the key never
+    # rises above the 0 it starts the window with (only possible with closes without opens).
+    peak_ts = F.when(code_peak == F.col("peak"), code_ts).otherwise(_ts(F.lit(window.start_us)))
+    return out.select("id", "peak", *[f"p{p}" for p in PERCENTILES],
+                      peak_ts.alias("peak_ts"), "low")
+
+
+def timeline(samples: DataFrame, window: ReportWindow) -> DataFrame:
+    """Expand bucket samples into one value per fleet-wide key id and bucket of the window.
+
+    Meant for the dense scopes (vhost, group): ``keys x window.buckets`` rows.
+
+    Args:
+        samples: output of :func:`bucket_samples`.
+        window: the report window.
+
+    Returns:
+        ``id``, ``window_start`` (timestamp of the bucket start), ``concurrent`` (the
+        bucket's sample, the maximum concurrency within it).
+    """
+    runs = F.array(
+        F.struct(F.col("bucket").alias("b0"), F.lit(1).cast("long").alias("n"),
+                 F.col("v").alias("value")),
+        F.struct((F.col("bucket") + 1).alias("b0"), F.col("gw").cast("long").alias("n"),
+                 F.col("gv").alias("value")),
+        F.struct(F.lit(window.first_bucket).cast("long").alias("b0"),
+                 F.col("lw").cast("long").alias("n"), F.lit(0).cast("long").alias("value")),
+    )
+    r = samples.where(F.col("id") >= 0).select("id", F.explode(runs).alias("r")) \
+        .where(F.col("r.n") > 0)
+    return r.select(
+        "id",
+        F.explode(F.sequence(F.col("r.b0"), F.col("r.b0") + F.col("r.n") - 1)).alias("bucket"),
+        F.col("r.value").alias("concurrent"),
+    ).select("id", _ts(F.col("bucket") * window.grid_us).alias("window_start"), "concurrent")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The inputs of the sweep for one window, built once and reused."""
+
+    changes: DataFrame
+    """Output of :func:`connection_changes` (with strings; the what-if replay uses it)."""
+    keys: DataFrame
+    """Output of :func:`connection_keys` (small)."""
+    keyed: DataFrame
+    """Output of :func:`keyed_changes` (narrow; the sweeps use it)."""
+    window: ReportWindow
+    """The report window."""
+
+    def persist(self) -> Sweep:
+        """Return a copy with ``keys`` and ``keyed`` persisted (call :meth:`unpersist`)."""
+        keys = self.keys.persist()
+        return Sweep(self.changes, keys, keyed_changes(self.changes, keys).persist(),
+                     self.window)
+
+    def unpersist(self) -> None:
+        """Release what :meth:`persist` cached."""
+        self.keyed.unpersist()
+        self.keys.unpersist()
+
+
+def prepare_sweep(events: DataFrame, window: ReportWindow) -> Sweep:
+    """Build the sweep inputs.
+
+    Args:
+        events: output of :func:`prepare_events`.
+        window: the report window.
+
+    Returns:
+        The changes, the key table and the keyed changes (nothing cached: see
+        :meth:`Sweep.persist`).
+    """
+    changes = connection_changes(events, window)
+    keys = connection_keys(changes)
+    return Sweep(changes=changes, keys=keys, keyed=keyed_changes(changes, keys),
+                 window=window)
+
+
+def name_ids(df: DataFrame, keys: DataFrame, scopes: Iterable[str] = SCOPES) -> DataFrame:
+    """Replace the fleet-wide key ``id`` column of ``df`` by ``scope``, ``vhost``, ``key``.
+
+    Args:
+        df: a DataFrame with an ``id`` column (rows with per-proxy ids are dropped).
+        keys: output of :func:`connection_keys`.
+        scopes: the scopes ``df`` may contain.
+
+    Returns:
+        ``scope``, ``vhost``, ``key`` and the other columns of ``df``.
+    """
+    rest = [c for c in df.columns if c != "id"]
+    return df.join(F.broadcast(scope_keys(keys, scopes)), "id").select(
+        "scope", "vhost", "key", *rest)
+
+
+def name_keys(stats: DataFrame, keys: DataFrame, scopes: Iterable[str] = SCOPES) -> DataFrame:
+    """Name the keys of per-id statistics and attach each key's per-proxy peak.
+
+    Args:
+        stats: output of :func:`concurrency_stats` (fleet-wide and per-proxy ids).
+        keys: output of :func:`connection_keys`.
+        scopes: the scopes ``stats`` may contain.
+
+    Returns:
+        ``scope``, ``vhost``, ``key``, ``peak``, ``p50``, ``p95``, ``p99``, ``peak_ts``,
+        ``proxy_peak`` (highest concurrency within one proxy process; null for groups,
+        which have no limit), ``low``.
+    """
+    names = scope_keys(keys, scopes)
+    # One aggregation (not a union of two filtered branches, which would compute the whole
+    # sweep twice): per-proxy rows fold into their fleet-wide key id.
+    fleet = F.col("id") >= 0
+    base = F.when(fleet, F.col("id")).otherwise(F.shiftright(-F.col("id") - 1, _PROXY_BITS))
+    cols = ["peak", *[f"p{p}" for p in PERCENTILES], "peak_ts"]
+    folded = stats.groupBy(base.alias("id")).agg(
+        *[F.max(F.when(fleet, F.col(c))).alias(c) for c in cols],
+        F.min(F.when(fleet, F.col("low"))).alias("low"),
+        F.max(F.when(~fleet, F.col("peak"))).alias("pp"),
+    )
+    proxy_peak = F.when(F.col("scope").isin(*LIMIT_SCOPES), F.coalesce("pp", "peak"))
+    return folded.join(F.broadcast(names), "id").select(
+        "scope", "vhost", "key", *cols, proxy_peak.alias("proxy_peak"), "low")
+
+
+def concurrency(sweep: Sweep, scopes: Iterable[str] = SCOPES) -> DataFrame:
+    """Compute the ``concurrency`` table (ARCHITECTURE 4.5) for the given scopes.
+
+    Args:
+        sweep: from :func:`prepare_sweep`.
+        scopes: subset of :data:`SCOPES`; vhost and group use the dense plan of
+            :func:`bucket_samples`, user and remote_host the sparse one (the results are the
+            same; only memory and speed differ).
+
+    Returns:
+        ``scope``, ``vhost``, ``key``, ``peak``, ``p50``, ``p95``, ``p99``, ``peak_ts`` (the
+        contract columns, fleet-wide: all proxies together), then ``proxy_peak`` (the highest
+        concurrency of the key within one proxy process, which is what a proxy's limits are
+        checked against; null for groups) and ``low`` (below 0 when the log has closes
+        without opens for the key). One row per key with at least one connection in the
+        window.
+    """
+    scopes = tuple(scopes)
+    w = sweep.window
+    parts = []
+    for group, dense in ((DENSE_SCOPES, True), (SPARSE_SCOPES, False)):
+        sel = tuple(s for s in scopes if s in group)
+        if sel:
+            pts = sweep_points(sweep.keyed, sweep.keys, w, sel)
+            parts.append(concurrency_stats(bucket_samples(pts, w, dense=dense), w))
+    stats = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    return name_keys(stats, sweep.keys, scopes)
+
+
+def limit_peaks(conc: DataFrame) -> DataFrame:
+    """Return the per-proxy peaks of the limited scopes.
+
+    Args:
+        conc: output of :func:`concurrency` (with ``proxy_peak``).
+
+    Returns:
+        ``scope`` (vhost|user|remote_host), ``vhost``, ``key``, ``peak`` (= ``proxy_peak``).
+    """
+    return conc.where(F.col("scope").isin(*LIMIT_SCOPES)).select(
+        "scope", "vhost", "key", F.col("proxy_peak").alias("peak"))
+
+
+def key_groups(keys: DataFrame) -> DataFrame:
+    """Return which users connected from which hosts under which group, per vhost.
+
+    Args:
+        keys: output of :func:`connection_keys`.
+
+    Returns:
+        Distinct ``vhost``, ``user``, ``group``, ``remote_host`` of connections in the
+        window.
+    """
+    return keys.select("vhost", "user", "group", "remote_host").distinct()
+
+
+# --------------------------------------------------------------------------------------------
+# Limits
+
+
+@dataclass(frozen=True)
+class LimitTables:
+    """A policy's connection limits as small DataFrames (see ``ConnectionLimits.*_rows``)."""
+
+    vhosts: DataFrame
+    """``name`` (hostname or alias), ``lv_vhost``, ``max_connections``, ``vhost_per_user``,
+    ``vhost_per_host``, ``star_group``, ``unknown_group``."""
+    groups: DataFrame
+    """``lg_vhost``, ``lg_group``, ``per_user``, ``per_host``, ``per_user_override``,
+    ``per_host_override``."""
+    members: DataFrame
+    """``lm_vhost``, ``lm_user``, ``lm_group``."""
+
+
+def limit_tables(spark: SparkSession, limits: ConnectionLimits) -> LimitTables:
+    """Turn connection limits into the lookup DataFrames used by the transforms.
+
+    Args:
+        spark: the session.
+        limits: from :func:`limits.load_limits`.
+
+    Returns:
+        The three tables (possibly empty).
+    """
+    s, i = T.StringType(), T.LongType()
+
+    def schema(*cols: tuple[str, T.DataType]) -> T.StructType:
+        return T.StructType([T.StructField(n, t, True) for n, t in cols])
+
+    return LimitTables(
+        vhosts=spark.createDataFrame(limits.vhost_rows(), schema(
+            ("name", s), ("lv_vhost", s), ("max_connections", i), ("vhost_per_user", i),
+            ("vhost_per_host", i), ("star_group", s), ("unknown_group", s))),
+        groups=spark.createDataFrame(limits.group_rows(), schema(
+            ("lg_vhost", s), ("lg_group", s), ("per_user", i), ("per_host", i),
+            ("per_user_override", i), ("per_host_override", i))),
+        members=spark.createDataFrame(limits.member_rows(), schema(
+            ("lm_vhost", s), ("lm_user", s), ("lm_group", s))),
+    )
+
+
+def resolve_limits(df: DataFrame, lt: LimitTables) -> DataFrame:
+    """Attach the connection limits that apply to each (vhost, user, group) row.
+
+    The user's group is looked up in the policy as QDR does (explicit member, else the ``*``
+    group, else ``$default`` when unknown users are allowed); if the policy has none, the
+    group recorded in the event log is used when the policy defines it; otherwise the vhost
+    values apply. Rows whose vhost (or alias) is not in the policy are dropped.
+
+    Args:
+        df: any DataFrame with string columns ``vhost``, ``user`` and ``group``.
+        lt: from :func:`limit_tables`.
+
+    Returns:
+        ``df``'s columns plus ``policy_vhost``, ``policy_group`` (may be null),
+        ``max_connections``, ``per_user``, ``per_host`` and ``per_user_override``,
+        ``per_host_override`` (null when the group does not override).
+    """
+    d = df.join(F.broadcast(lt.vhosts), df["vhost"] == lt.vhosts["name"], "inner")
+    d = d.join(F.broadcast(lt.members),
+               (d["lv_vhost"] == lt.members["lm_vhost"]) & (d["user"] == lt.members["lm_user"]),
+               "left")
+    known = lt.groups.select(F.col("lg_vhost").alias("k_vhost"), F.col("lg_group").alias("k_g"))
+    d = d.join(F.broadcast(known),
+               (d["lv_vhost"] == known["k_vhost"]) & (d["group"] == known["k_g"]), "left")
+    d = d.withColumn("policy_group", F.coalesce("lm_group", "star_group", "unknown_group", "k_g"))
+    d = d.join(F.broadcast(lt.groups),
+               (d["lv_vhost"] == lt.groups["lg_vhost"])
+               & (d["policy_group"] == lt.groups["lg_group"]), "left")
+    return d.select(
+        *df.columns,
+        F.col("lv_vhost").alias("policy_vhost"), "policy_group", "max_connections",
+        F.coalesce("per_user", "vhost_per_user").alias("per_user"),
+        F.coalesce("per_host", "vhost_per_host").alias("per_host"),
+        "per_user_override", "per_host_override",
+    )
+
+
+def headroom(peaks: DataFrame, pairs: DataFrame, lt: LimitTables) -> DataFrame:
+    """Compute the ``headroom`` table: observed peaks against the configured limits.
+
+    Args:
+        peaks: output of :func:`limit_peaks` (per-proxy peaks; limits are per proxy).
+        pairs: output of :func:`key_groups`.
+        lt: the policy's limit tables.
+
+    Returns:
+        ``scope`` (vhost|user|remote_host), ``vhost``, ``key``, ``limit``, ``peak``,
+        ``utilisation`` (peak / limit; null when the limit is 0; above 1 only if the limit
+        was lowered during the window). A user's limit is that of its group (see
+        :func:`resolve_limits`); a host's limit is the smallest per-host limit among the
+        groups of the users seen connecting from it (the first that would deny). Keys of
+        vhosts not in the policy have no row. The group scope has no limit and no rows.
+    """
+    r = resolve_limits(pairs, lt)
+    vh = r.groupBy("vhost").agg(F.min("max_connections").alias("limit"))
+    us = r.groupBy("vhost", "user").agg(F.min("per_user").alias("limit"))
+    ho = r.groupBy("vhost", "remote_host").agg(F.min("per_host").alias("limit"))
+    lim = (
+        vh.select(F.lit("vhost").alias("scope"), "vhost", F.col("vhost").alias("key"), "limit")
+        .unionByName(us.select(F.lit("user").alias("scope"), "vhost",
+                               F.col("user").alias("key"), "limit"))
+        .unionByName(ho.select(F.lit("remote_host").alias("scope"), "vhost",
+                               F.col("remote_host").alias("key"), "limit"))
+    )
+    j = peaks.join(lim, ["scope", "vhost", "key"], "inner")
+    util = F.when(F.col("limit") > 0, F.col("peak") / F.col("limit"))
+    return j.select("scope", "vhost", "key", F.col("limit").cast("long").alias("limit"),
+                    F.col("peak").cast("long").alias("peak"), util.alias("utilisation"))
+
+
+def _recommend(peak: Column, factor: float) -> Column:
+    return F.least(F.greatest(F.ceil(peak * F.lit(factor)), F.lit(1)),
+                   F.lit(MAX_LIMIT)).cast("long")
+
+
+def recommendations(peaks: DataFrame, pairs: DataFrame, lt: LimitTables | None,
+                    factor: float = HEADROOM_FACTOR) -> DataFrame:
+    """Compute ``recommendations.csv``: limits sized from observed peaks.
+
+    ``recommended = min(65535, max(1, ceil(peak * factor)))`` where ``peak`` is the largest
+    per-proxy peak of the keys a setting governs:
+
+    - vhost ``maxConnections`` (``group`` empty): the vhost's peak;
+    - vhost ``maxConnectionsPerUser`` / ``maxConnectionsPerHost`` (``group`` empty): the
+      largest peak among users (hosts) that the vhost value governs, i.e. whose group does not
+      override it;
+    - group ``maxConnectionsPerUser`` / ``maxConnectionsPerHost``: only for groups of the
+      policy that override the setting; the largest peak among the group's users (among
+      hosts its users connected from).
+
+    Args:
+        peaks: output of :func:`limit_peaks`.
+        pairs: output of :func:`key_groups`.
+        lt: the policy's limit tables, or ``None`` without ``--policy`` (then ``current`` is
+            null and every user and host is governed by the vhost value).
+        factor: the headroom factor (> 0).
+
+    Returns:
+        ``vhost``, ``group`` (``""`` for vhost settings), ``setting``, ``current`` (null when
+        unknown), ``recommended``.
+    """
+    if lt is not None:
+        r = resolve_limits(pairs, lt)
+        vlim = lt.vhosts.select(F.col("name").alias("r_vhost"), "max_connections",
+                                "vhost_per_user", "vhost_per_host")
+    else:
+        r = pairs.select(
+            "*", F.lit(None).cast("string").alias("policy_group"),
+            *[F.lit(None).cast("long").alias(c) for c in (
+                "max_connections", "per_user", "per_host", "per_user_override",
+                "per_host_override")])
+        vlim = pairs.select(F.col("vhost").alias("r_vhost")).distinct().select(
+            "r_vhost", *[F.lit(None).cast("long").alias(c) for c in (
+                "max_connections", "vhost_per_user", "vhost_per_host")])
+
+    def scope_peaks(scope: str) -> DataFrame:
+        return peaks.where(F.col("scope") == scope).select(
+            F.col("vhost").alias("p_vhost"), F.col("key").alias("p_key"), "peak")
+
+    def rec(peak: str) -> Column:
+        return _recommend(F.col(peak), factor).alias("recommended")
+
+    vp = scope_peaks("vhost")
+    out = [vp.join(vlim, vp["p_key"] == vlim["r_vhost"], "inner").select(
+        F.col("r_vhost").alias("vhost"), F.lit("").alias("group"),
+        F.lit("maxConnections").alias("setting"), F.col("max_connections").alias("current"),
+        rec("peak"))]
+    for scope, setting, col, override in (
+        ("user", "maxConnectionsPerUser", "vhost_per_user", "per_user_override"),
+        ("remote_host", "maxConnectionsPerHost", "vhost_per_host", "per_host_override"),
+    ):
+        kp = scope_peaks(scope)
+        gr = r.select(F.col("vhost").alias("g_vhost"), F.col(scope).alias("g_key"),
+                      "policy_group", override).distinct()
+        kp = kp.join(gr, (kp["p_vhost"] == gr["g_vhost"]) & (kp["p_key"] == gr["g_key"]))
+        # vhost level: keys governed by the vhost value.
+        vrow = (kp.where(F.col(override).isNull()).groupBy("p_vhost")
+                .agg(F.max("peak").alias("peak")))
+        vrow = vrow.join(vlim, vrow["p_vhost"] == vlim["r_vhost"], "left").select(
+            F.col("p_vhost").alias("vhost"), F.lit("").alias("group"),
+            F.lit(setting).alias("setting"), F.col(col).alias("current"), rec("peak"))
+        grow = (kp.where(F.col(override).isNotNull())
+                .groupBy("p_vhost", "policy_group")
+                .agg(F.max("peak").alias("peak"), F.max(override).alias("current"))
+                .select(F.col("p_vhost").alias("vhost"), F.col("policy_group").alias("group"),
+                        F.lit(setting).alias("setting"), "current", rec("peak")))
+        out += [vrow, grow]
+    res = out[0]
+    for o in out[1:]:
+        res = res.unionByName(o)
+    return res.select("vhost", "group", "setting", F.col("current").cast("long"),
+                      F.col("recommended").cast("long"))
+
+
+# --------------------------------------------------------------------------------------------
+# What-if replay
+
+
+def replay_admissions(rows: Iterable[tuple]) -> Counter:
+    """Replay connection attempts against limits; count who would be denied. Pure Python.
+
+    The rows must be sorted by ``(proxy, vhost, t_us, kind, conn_id)``: within one proxy and
+    vhost, in time order, closes (kind 0) before opens (kind 1) at the same instant, opens
+    at the same instant in ``conn_id`` order. Each proxy process counts its own connections,
+    as the daemon's ledger does.
+
+    An open is admitted when, in QDR's order (QDR-POLICY 2.7), the vhost has fewer than
+    ``max_connections`` admitted connections, the user fewer than ``per_user`` and the remote
+    host fewer than ``per_host`` (both counted over the vhost, whatever the group). A denied
+    connection never occupies a slot: its close is ignored. A connection closed at the very
+    instant it opened (its close sorts first) is still an attempt, but occupies nothing.
+
+    Args:
+        rows: tuples ``(proxy, vhost, t_us, kind, conn_id, user, remote_host,
+            max_connections, per_user, per_host)``; a null limit is no limit.
+
+    Returns:
+        A ``Counter`` of ``(vhost, scope, key) -> denied connections``; each denial is
+        counted once, under the first limit it fails (scope ``vhost``, ``user`` or
+        ``remote_host``).
+    """
+    denied: Counter = Counter()
+    current = None
+    vhost_n = 0
+    users: Counter = Counter()
+    hosts: Counter = Counter()
+    admitted: dict[str, tuple[str | None, str | None]] = {}
+    now = None
+    closed_now: set[str] = set()  # closes at instant `now` of connections not yet admitted
+    for proxy, vhost, t, kind, conn, user, host, vmax, ulim, hlim in rows:
+        if (proxy, vhost) != current:
+            current = (proxy, vhost)
+            vhost_n = 0
+            users.clear()
+            hosts.clear()
+            admitted.clear()
+        if t != now:
+            now = t
+            closed_now.clear()
+        if kind == 0:
+            who = admitted.pop(conn, None)
+            if who is not None:
+                vhost_n -= 1
+                users[who[0]] -= 1
+                hosts[who[1]] -= 1
+            else:
+                closed_now.add(conn)
+            continue
+        if vmax is not None and vhost_n >= vmax:
+            denied[(vhost, "vhost", vhost)] += 1
+        elif ulim is not None and users[user] >= ulim:
+            denied[(vhost, "user", user)] += 1
+        elif hlim is not None and hosts[host] >= hlim:
+            denied[(vhost, "remote_host", host)] += 1
+        elif conn not in closed_now:
+            admitted[conn] = (user, host)
+            vhost_n += 1
+            users[user] += 1
+            hosts[host] += 1
+    return denied
+
+
+_REPLAY_COLS = ("proxy", "vhost", "t_us", "kind", "conn_id", "user", "remote_host",
+                "max_connections", "per_user", "per_host")
+
+
+def _replay_arrow(batches: Iterator) -> Iterator:
+    import pyarrow as pa
+
+    def rows() -> Iterator[tuple]:
+        for batch in batches:
+            cols = [batch.column(c).to_pylist() for c in _REPLAY_COLS]
+            yield from zip(*cols, strict=True)
+
+    counts = replay_admissions(rows())
+    if counts:
+        keys = list(counts)
+        yield pa.RecordBatch.from_pydict({
+            "vhost": [k[0] for k in keys], "scope": [k[1] for k in keys],
+            "key": [k[2] for k in keys], "would_deny": [counts[k] for k in keys],
+        }, schema=pa.schema([("vhost", pa.string()), ("scope", pa.string()),
+                             ("key", pa.string()), ("would_deny", pa.int64())]))
+
+
+def _replay_rows(it: Iterator) -> Iterator[tuple]:
+    counts = replay_admissions(tuple(r) for r in it)
+    for (vhost, scope, key), n in counts.items():
+        yield (vhost, scope, key, n)
+
+
+def whatif_candidates(peaks: DataFrame, pairs: DataFrame, alt: LimitTables) -> DataFrame:
+    """Return the vhosts whose history could have seen a denial under the alternative limits.
+
+    A replay admits a subset of the connections that really were admitted, so its counts
+    never exceed the observed ones: a vhost where no key's per-proxy peak exceeds its
+    alternative limit would have seen no denial and needs no replay.
+
+    Args:
+        peaks: output of :func:`limit_peaks`.
+        pairs: output of :func:`key_groups`.
+        alt: the what-if policy's limit tables.
+
+    Returns:
+        Distinct ``vhost``.
+    """
+    return (headroom(peaks, pairs, alt).where(F.col("peak") > F.col("limit"))
+            .select("vhost").distinct())
+
+
+def whatif(sweep: Sweep, alt: LimitTables, vhosts: list[str]) -> DataFrame:
+    """Compute the ``whatif`` table: replay the history under alternative limits.
+
+    Every connection of the given vhosts is replayed as an attempt at its open (connections
+    already open at the window start: at the window start), and frees its slot at its close.
+    See :func:`replay_admissions` for the admission rule and tie order. Vhosts not in the
+    what-if policy are not replayed.
+
+    Args:
+        sweep: from :func:`prepare_sweep`.
+        alt: the what-if policy's limit tables.
+        vhosts: the vhosts to replay (from :func:`whatif_candidates`; the others would
+            have no denial).
+
+    Returns:
+        ``vhost``, ``scope`` (vhost|user|remote_host), ``key``, ``would_deny`` (connections
+        that would have been denied, each under the first limit it fails).
+    """
+    schema = schemas.WHATIF
+    spark = sweep.changes.sparkSession
+    if not vhosts:
+        return spark.createDataFrame([], schema)
+    lim = resolve_limits(sweep.keys.select("vhost", "user", "group").distinct(), alt)
+    ch = sweep.changes.where(F.col("vhost").isin(*vhosts))
+    cond = [ch[c].eqNullSafe(lim[c]) for c in ("vhost", "user", "group")]
+    rows = ch.join(F.broadcast(lim), cond, "inner").select(
+        ch["proxy"], ch["vhost"], "t_us",
+        F.when(F.col("d") > 0, F.lit(1)).otherwise(F.lit(0)).alias("kind"),
+        "conn_id", ch["user"], "remote_host", "max_connections", "per_user", "per_host")
+    ordered = (rows.repartition("proxy", "vhost")
+               .sortWithinPartitions("proxy", "vhost", "t_us", "kind", "conn_id")
+               .select(*_REPLAY_COLS))
+    try:
+        import pyarrow  # noqa: F401
+
+        counted = ordered.mapInArrow(_replay_arrow, schema)
+    except ImportError:  # pragma: no cover - pyarrow is in the spark extra
+        counted = spark.createDataFrame(ordered.rdd.mapPartitions(_replay_rows), schema)
+    return counted.groupBy("vhost", "scope", "key").agg(
+        F.sum("would_deny").cast("long").alias("would_deny"))
+
+
+# --------------------------------------------------------------------------------------------
+# Denials and traffic
+
+
+def _in_window(events: DataFrame, window: ReportWindow, event: str) -> DataFrame:
+    return events.where((F.col("event") == event) & (F.col("t_us") >= window.start_us)
+                        & (F.col("t_us") < window.end_us))
+
+
+def denials(events: DataFrame, window: ReportWindow) -> DataFrame:
+    """Compute the ``denials`` table: connection denials per vhost, reason and grid bucket.
+
+    Args:
+        events: output of :func:`prepare_events`.
+        window: the report window (``connection_denied`` records within it).
+
+    Returns:
+        ``vhost`` (null when denied before a vhost was known), ``reason``, ``window_start``
+        (bucket start), ``count``.
+    """
+    d = _in_window(events, window, ev.CONNECTION_DENIED)
+    b = _bucket(F.col("t_us"), window.grid_us)
+    return (d.groupBy("vhost", "reason", b.alias("bucket")).agg(F.count("*").alias("count"))
+            .select("vhost", "reason", _ts(F.col("bucket") * window.grid_us)
+                    .alias("window_start"), "count"))
+
+
+def top_denied(events: DataFrame, window: ReportWindow) -> DataFrame:
+    """Count connection denials per user and per remote host.
+
+    Args:
+        events: output of :func:`prepare_events`.
+        window: the report window.
+
+    Returns:
+        ``scope`` (user|remote_host), ``vhost``, ``key``, ``count``, ``top_reason`` (the most
+        frequent reason; at equal counts the alphabetically first). Denials with no user (or host) are counted
+        under a null key.
+    """
+    d = _in_window(events, window, ev.CONNECTION_DENIED)
+    parts = []
+    for scope in ("user", "remote_host"):
+        by_reason = d.groupBy("vhost", F.col(scope).alias("key"), "reason").count()
+        parts.append(by_reason.groupBy("vhost", "key").agg(
+            F.sum("count").alias("count"),
+            F.min(F.struct((-F.col("count")).alias("n"), F.col("reason"))).alias("m"),
+        ).select(F.lit(scope).alias("scope"), "vhost", "key", "count",
+                 F.col("m.reason").alias("top_reason")))
+    return parts[0].unionByName(parts[1])
+
+
+def traffic(events: DataFrame, window: ReportWindow) -> DataFrame:
+    """Compute bytes, transfers and duration figures per vhost and group.
+
+    Figures come from ``connection_closed`` records, so they are attributed to the moment a
+    connection closes; connections still open at the window end are not included.
+
+    Args:
+        events: output of :func:`prepare_events`.
+        window: the report window.
+
+    Returns:
+        ``vhost``, ``group``, ``connections`` (closed in the window), ``bytes_in``,
+        ``bytes_out``, ``transfers_in``, ``transfers_out`` (sums; ``in`` = client to broker),
+        ``duration_p50``/``p95``/``p99`` (seconds, approximate: ``percentile_approx``) and
+        ``duration_max``.
+    """
+    c = _in_window(events, window, ev.CONNECTION_CLOSED)
+    q = F.percentile_approx("duration_seconds", [0.5, 0.95, 0.99], 1000)
+    return c.groupBy("vhost", "group").agg(
+        F.count("*").alias("connections"),
+        *[F.coalesce(F.sum(x), F.lit(0)).cast("long").alias(x)
+          for x in ("bytes_in", "bytes_out", "transfers_in", "transfers_out")],
+        q.alias("q"), F.max("duration_seconds").alias("duration_max"),
+    ).select("vhost", "group", "connections", "bytes_in", "bytes_out", "transfers_in",
+             "transfers_out", F.col("q")[0].alias("duration_p50"),
+             F.col("q")[1].alias("duration_p95"), F.col("q")[2].alias("duration_p99"),
+             "duration_max")
+
+
+def durations(events: DataFrame, window: ReportWindow) -> DataFrame:
+    """Compute the connection duration histogram per vhost.
+
+    Args:
+        events: output of :func:`prepare_events`.
+        window: the report window (connections closed within it).
+
+    Returns:
+        ``vhost``, ``le_seconds`` (the bin's exclusive upper bound; ``Infinity`` for the
+        last), ``label``, ``count``; only non-empty bins.
+    """
+    c = _in_window(events, window, ev.CONNECTION_CLOSED).where(
+        F.col("duration_seconds").isNotNull())
+    dur = F.col("duration_seconds")
+    le = None
+    label = None
+    for bound, text in reversed(DURATION_BINS):
+        if le is None:
+            le, label = F.lit(bound), F.lit(text)
+        else:
+            le = F.when(dur < bound, F.lit(bound)).otherwise(le)
+            label = F.when(dur < bound, F.lit(text)).otherwise(label)
+    return (c.groupBy("vhost", le.cast("double").alias("le_seconds"), label.alias("label"))
+            .agg(F.count("*").alias("count")))
+
+
+def churn(events: DataFrame, window: ReportWindow) -> DataFrame:
+    """Count connection opens and closes per vhost and minute (not the grid: always 1 min).
+
+    Args:
+        events: output of :func:`prepare_events`.
+        window: the report window.
+
+    Returns:
+        ``vhost``, ``window_start`` (minute), ``opens``, ``closes``; minutes with neither are
+        absent.
+    """
+    e = events.where(F.col("event").isin(ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED)
+                     & (F.col("t_us") >= window.start_us) & (F.col("t_us") < window.end_us))
+    m = _bucket(F.col("t_us"), US_PER_MINUTE)
+    return (e.groupBy("vhost", m.alias("m")).agg(
+        F.sum(F.when(F.col("event") == ev.CONNECTION_OPENED, 1).otherwise(0)).cast("long")
+        .alias("opens"),
+        F.sum(F.when(F.col("event") == ev.CONNECTION_CLOSED, 1).otherwise(0)).cast("long")
+        .alias("closes"),
+    ).select("vhost", _ts(F.col("m") * US_PER_MINUTE).alias("window_start"), "opens",
+             "closes"))
