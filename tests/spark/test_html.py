@@ -1,0 +1,51 @@
+"""spark_reports.html: the offline HTML page and its PNG charts. No Spark."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from amqp_policy_proxy.spark_reports import html
+
+
+def test_report_references_its_charts_and_nothing_online(tmp_path):
+    t0 = dt.datetime(2026, 11, 21, 10, tzinfo=dt.UTC)
+    xs = [t0 + dt.timedelta(minutes=i) for i in range(5)]
+    data = html.ReportData(
+        grid="1m", source="/logs", window_start="2026-11-21T10:00:00.000Z",
+        window_end="2026-11-21T10:05:00.000Z", notes=["a <note> & more"],
+        timeline={"v1": (xs, [2, 2, 3, 2, 2])},
+        headroom_top={"user": [{"scope": "user", "vhost": "v1", "key": "alice", "limit": 3,
+                                "peak": 2, "utilisation": 2 / 3}]},
+        denials={"user_limit": (xs[:1], [2]), "host_limit": (xs[3:4], [1])},
+        denial_totals={"user_limit": 2, "host_limit": 1},
+        top_denied={"user": [{"vhost": "v1", "key": "alice", "count": 2,
+                              "top_reason": "user_limit"}]},
+        traffic=[{"vhost": "v1", "group": "g1", "connections": 3, "bytes_in": 600,
+                  "bytes_out": 6000, "transfers_in": 6, "transfers_out": 60,
+                  "duration_p50": 60.0, "duration_p95": 210.0, "duration_p99": 210.0,
+                  "duration_max": 210.0}],
+        durations=[("10 s-1 min", 60.0, 1), ("1-10 min", 600.0, 2)],
+        churn=[(x, 2, 1.5) for x in xs],
+        whatif=[{"vhost": "v1", "scope": "user", "key": "alice", "would_deny": 1}],
+        whatif_total=1,
+    )
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "stale.png").write_bytes(b"old")
+    path = html.write_report(str(tmp_path), data)
+    page = open(path, encoding="utf-8").read()
+    images = re.findall(r'<img src="([^"]+)"', page)
+    assert {"img/concurrency.png", "img/headroom.png", "img/denials.png",
+            "img/top_denied_user.png", "img/traffic.png", "img/durations.png",
+            "img/churn.png", "img/whatif.png"} <= set(images)
+    for src in images:
+        assert (tmp_path / src).read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "img" / "stale.png").exists()
+    assert "a &lt;note&gt; &amp; more" in page  # escaped
+    assert not re.search(r"(src|href)=\"(https?:)?//", page)
+
+
+def test_empty_report_has_no_images(tmp_path):
+    page = open(html.write_report(str(tmp_path), html.ReportData(notes=["No events."])),
+                encoding="utf-8").read()
+    assert "<img" not in page and "No events." in page and "No data for" in page

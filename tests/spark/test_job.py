@@ -1,0 +1,164 @@
+"""The capacity job: argv handling, exit codes, partition pruning, and one end-to-end run."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+
+from amqp_policy_proxy.spark_reports import schemas
+from amqp_policy_proxy.spark_reports.jobs import capacity
+from amqp_policy_proxy.spark_reports.jobs.capacity import (
+    UsageError,
+    main,
+    parse_grid,
+    parse_timestamp,
+    read_events,
+)
+
+T10 = 1_795_255_200_000_000  # 2026-11-21T10:00:00Z in microseconds
+
+
+def test_parse_timestamp():
+    assert parse_timestamp("2026-11-21T10:00:00Z") == T10
+    assert parse_timestamp("2026-11-21 10:00") == T10
+    assert parse_timestamp("2026-11-21T11:00:00+01:00") == T10
+    assert parse_timestamp("2026-11-21T10:00:00.123456Z") == T10 + 123_000  # whole ms
+    assert parse_timestamp("2026-11-21") == T10 - 10 * 3_600_000_000
+    with pytest.raises(UsageError):
+        parse_timestamp("yesterday")
+
+
+def test_parse_grid():
+    assert parse_grid("1m") == 60_000_000
+    assert parse_grid("30s") == 30_000_000
+    assert parse_grid("2h") == 7_200_000_000
+    for bad in ("0m", "1w", "m", "-1m", "1.5m"):
+        with pytest.raises(UsageError):
+            parse_grid(bad)
+
+
+@pytest.mark.parametrize("argv", [
+    [],                                                            # required flags missing
+    ["--events", "{ev}", "--out", "{out}", "--grid", "5x"],
+    ["--events", "{ev}", "--out", "{out}", "--from", "2026-11-21T10:00",
+     "--to", "2026-11-21T09:00"],
+    ["--events", "{ev}/absent", "--out", "{out}"],
+    ["--events", "{ev}", "--out", "{out}", "--policy", "{ev}/overlap.jsonl"],  # not a policy
+    ["--events", "{ev}", "--out", "{out}", "--bogus"],
+])
+def test_usage_errors_exit_2(fixtures, tmp_path, argv, capsys):
+    argv = [a.format(ev=fixtures, out=tmp_path) for a in argv]
+    assert main(argv) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--events", "--policy", "--out", "--from", "--to", "--grid", "--whatif",
+                 "--master"):
+        assert flag in out
+
+
+def _layout(root: Path, fixtures: Path) -> Path:
+    """overlap.jsonl as one proxy's hourly files, DIR/dt=2026-11-21/hour=HH/events-px-9.jsonl."""
+    lines = (fixtures / "overlap.jsonl").read_text().splitlines(keepends=True)
+    for line in lines:
+        hour = re.search(r'"ts":"2026-11-21T(\d\d)', line).group(1)
+        d = root / "dt=2026-11-21" / f"hour={hour}"
+        d.mkdir(parents=True, exist_ok=True)
+        with open(d / "events-px-9.jsonl", "a") as f:
+            f.write(line)
+    return root
+
+
+def test_partition_pruning_and_lookback(spark, fixtures, tmp_path):
+    """Hours wholly outside [from - look-back, to) are not read.
+
+    An opened record at 05:00 with no close: with the default 24 h look-back it is found and
+    counts from the window start; with a 1 h look-back its partition is pruned.
+    """
+    ev = _layout(tmp_path / "ev", fixtures)
+    stray = ev / "dt=2026-11-21" / "hour=05"
+    stray.mkdir()
+    (stray / "events-px-9.jsonl").write_text(
+        (fixtures / "overlap.jsonl").read_text().splitlines()[0]
+        .replace("09:58:00", "05:00:00").replace('"c1"', '"c0"') + "\n")
+    raw = read_events(spark, str(ev), T10 - 3_600_000_000, T10 + 300_000_000)
+    assert {r.hour for r in raw.select("hour").distinct().collect()} == {9, 10}
+    assert {r.proxy for r in raw.select("proxy").distinct().collect()} == {"px-9"}
+    assert "PartitionFilters: [" in raw._jdf.queryExecution().executedPlan().toString()
+    raw = read_events(spark, str(ev), T10 - 24 * 3_600_000_000, T10 + 300_000_000)
+    assert {r.hour for r in raw.select("hour").distinct().collect()} == {5, 9, 10}
+
+
+def test_end_to_end(spark, fixtures, tmp_path):
+    """The whole job on a partitioned copy of overlap.jsonl, reusing the test session.
+
+    The window and the expected numbers are those of test_transforms; here the point is the
+    wiring: every output of ARCHITECTURE 4.5 with its exact columns, and the HTML report.
+    """
+    ev = _layout(tmp_path / "ev", fixtures)
+    policy = tmp_path / "policy.json"
+    policy.write_text('[["vhost", {"hostname": "v1", "maxConnections": 4, '
+                      '"maxConnectionsPerUser": 3, "maxConnectionsPerHost": 2}]]')
+    whatif = tmp_path / "whatif.yaml"
+    whatif.write_text("- [vhost, {hostname: v1, maxConnections: 2}]\n")
+    out = tmp_path / "out"
+    rc = main(["--events", str(ev), "--policy", str(policy), "--out", str(out),
+               "--from", "2026-11-21T10:00:00Z", "--to", "2026-11-21T10:05:00Z",
+               "--grid", "1m", "--whatif", str(whatif), "--master", "local[1]"])
+    assert rc == 0
+    assert spark.sparkContext._jsc is not None  # main reused the session and left it running
+
+    with open(out / "concurrency.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == schemas.CONCURRENCY.fieldNames()
+    v1 = next(r for r in rows if r["scope"] == "vhost")
+    assert (v1["peak"], v1["p50"], v1["p95"], v1["p99"], v1["peak_ts"]) == (
+        "3", "2", "3", "3", "2026-11-21T10:02:20.000Z")
+    assert len(rows) == 8
+
+    for name, schema in (("concurrency", schemas.CONCURRENCY), ("headroom", schemas.HEADROOM),
+                         ("denials", schemas.DENIALS), ("whatif", schemas.WHATIF)):
+        df = spark.read.parquet(str(out / name))
+        assert df.columns == schema.fieldNames(), name
+    assert spark.read.parquet(str(out / "headroom")).count() == 6
+    assert spark.read.parquet(str(out / "denials")).count() == 4
+    assert [tuple(r) for r in spark.read.parquet(str(out / "whatif")).collect()] == [
+        ("v1", "vhost", "v1", 1)]
+    with open(out / "recommendations.csv", newline="") as f:
+        recs = list(csv.DictReader(f))
+    assert list(recs[0]) == ["vhost", "group", "setting", "current", "recommended"]
+    assert {(r["setting"], r["current"], r["recommended"]) for r in recs} == {
+        ("maxConnections", "4", "4"), ("maxConnectionsPerUser", "3", "3"),
+        ("maxConnectionsPerHost", "2", "3")}
+    for extra in ("timeline", "top_denied", "traffic", "durations", "churn"):
+        assert (out / extra).is_dir(), extra
+    assert not (out / "_work").exists()
+
+    html = (out / "report.html").read_text()
+    images = re.findall(r'<img src="([^"]+)"', html)
+    assert "img/concurrency.png" in images and "img/whatif.png" in images
+    for src in images:
+        png = out / src
+        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", src
+    assert "http://" not in html and "https://" not in html  # nothing to fetch: opens offline
+
+    # A second run into the same directory without --whatif leaves no stale what-if output.
+    assert main(["--events", str(ev), "--out", str(out), "--from", "2026-11-21T10:00:00Z",
+                 "--to", "2026-11-21T10:05:00Z"]) == 0
+    assert not (out / "img" / "whatif.png").exists()
+    assert not (out / "whatif").exists() and not (out / "whatif.csv").exists()
+    assert "No --policy" in (out / "report.html").read_text()
+
+
+def test_runtime_failure_exits_1(spark, fixtures, tmp_path, monkeypatch):
+    def boom(*_a, **_k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(capacity, "run_report", boom)
+    assert main(["--events", str(fixtures), "--out", str(tmp_path)]) == 1
