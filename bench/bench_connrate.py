@@ -31,6 +31,7 @@ def run(stack: Any, *, rounds: int, seconds: float, warmup: float, concurrency: 
 
         def one(name: str, address: str, watch: dict[str, int], wait: bool = wait
                 ) -> dict[str, Any]:
+            """One sample against one target."""
             return loadgen.spawn("connrate", address, procs=procs, cpus=stack.loadgen_cpus,
                                  watch=watch, concurrency=concurrency, seconds=seconds,
                                  warmup=warmup, no_close_wait=not wait)

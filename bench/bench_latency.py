@@ -23,6 +23,7 @@ def run(stack: Any, *, rounds: int, seconds: float, warmup: float,
         size: int = 100) -> list[dict[str, Any]]:
     """Run the latency benchmark; return the p50 and p99 table rows."""
     def one(name: str, address: str, watch: dict[str, int]) -> dict[str, Any]:
+        """One sample against one target."""
         return loadgen.spawn("latency", address, cpus=stack.loadgen_cpus, watch=watch,
                              size=size, seconds=seconds, warmup=warmup)
 

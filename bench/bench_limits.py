@@ -51,6 +51,7 @@ def run(*, pin: bool, rounds: int, seconds: float, warmup: float, conns: int = 4
         for case, options in CASES:
             def one(name: str, address: str, watch: dict[str, int],
                     options: dict[str, Any] = options) -> dict[str, Any]:
+                """One sample against one target."""
                 return loadgen.spawn("throughput", address, cpus=stack.loadgen_cpus,
                                      watch=watch, conns=conns, seconds=seconds, warmup=warmup,
                                      **options)

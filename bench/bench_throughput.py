@@ -28,6 +28,7 @@ def run(stack: Any, *, rounds: int, seconds: float, warmup: float, sizes: tuple[
     rows = []
     for size in sizes:
         def one(name: str, address: str, watch: dict[str, int], size: int = size) -> dict[str, Any]:
+            """One sample against one target."""
             return loadgen.spawn("throughput", address, procs=procs, cpus=stack.loadgen_cpus,
                                  watch=watch, size=size, conns=conns, seconds=seconds,
                                  warmup=warmup)

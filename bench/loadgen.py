@@ -519,6 +519,7 @@ async def run_connrate(args: argparse.Namespace) -> dict[str, Any]:
     cpu = CpuWindow(parse_watch(args.watch))
 
     async def worker() -> None:
+        """Open and close connections back to back until the window ends."""
         nonlocal done
         while loop.time() < t1:
             try:
@@ -531,6 +532,7 @@ async def run_connrate(args: argparse.Namespace) -> dict[str, Any]:
                 done += 1
 
     async def window() -> None:
+        """Read the CPU counters at the start and end of the measured window."""
         await asyncio.sleep(max(0.0, t0 - loop.time()))
         cpu.start()
         await asyncio.sleep(max(0.0, t1 - loop.time()))
@@ -555,6 +557,7 @@ async def run_hold(args: argparse.Namespace) -> dict[str, Any]:
     clients: list[Client] = []
 
     async def opener() -> None:
+        """Open one idle connection."""
         async with sem:
             clients.append(await connect(target, Client, begin=True))
 
