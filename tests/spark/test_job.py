@@ -148,12 +148,25 @@ def test_end_to_end(spark, fixtures, tmp_path):
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", src
     assert "http://" not in html and "https://" not in html  # nothing to fetch: opens offline
 
-    # A second run into the same directory without --whatif leaves no stale what-if output.
-    assert main(["--events", str(ev), "--out", str(out), "--from", "2026-11-21T10:00:00Z",
-                 "--to", "2026-11-21T10:05:00Z"]) == 0
-    assert not (out / "img" / "whatif.png").exists()
+
+
+def test_empty_window_and_stale_outputs(spark, fixtures, tmp_path):
+    """No event in the window: empty tables and a report saying so, exit 0; a what-if table
+    left by an earlier run into the same directory is removed when --whatif is not given."""
+    out = tmp_path / "out"
+    (out / "whatif").mkdir(parents=True)
+    (out / "whatif.csv").write_text("stale\n")
+    (out / "img").mkdir()
+    (out / "img" / "whatif.png").write_bytes(b"stale")
+    assert main(["--events", str(fixtures / "overlap.jsonl"), "--out", str(out),
+                 "--from", "2026-11-22T00:00:00Z", "--to", "2026-11-22T01:00:00Z"]) == 0
     assert not (out / "whatif").exists() and not (out / "whatif.csv").exists()
-    assert "No --policy" in (out / "report.html").read_text()
+    assert not (out / "img" / "whatif.png").exists()
+    assert "No connection events in the window" in (out / "report.html").read_text()
+    assert spark.read.parquet(str(out / "concurrency")).columns == \
+        schemas.CONCURRENCY.fieldNames()
+    assert (out / "concurrency.csv").read_text().strip() == ",".join(
+        schemas.CONCURRENCY.fieldNames())
 
 
 def test_runtime_failure_exits_1(spark, fixtures, tmp_path, monkeypatch):

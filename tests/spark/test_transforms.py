@@ -78,7 +78,7 @@ def assert_rows(actual, rows: list) -> None:
 def overlap(spark, fixtures):
     w = window("10:00", "10:05")
     events = load(spark, fixtures / "overlap.jsonl", w).persist()
-    sweep = tf.prepare_sweep(events, w).persist()
+    sweep = tf.prepare_sweep(events, w).persist(events)
     conc = tf.concurrency(sweep).persist()
     yield events, sweep, conc, w
     conc.unpersist()
@@ -145,6 +145,27 @@ def test_dense_and_sparse_plans_agree(overlap):
                          tf.bucket_samples(pts, w, dense=False))
 
 
+def test_hash_collision_falls_back_to_exact_keys(spark, fixtures, monkeypatch, overlap):
+    """If two key combinations ever shared a ``combo`` hash, the sweep numbers them exactly.
+
+    Forced here by hashing every combination to the same value.
+    """
+    from pyspark.sql import functions as F
+
+    monkeypatch.setattr(tf, "_combo_hash", lambda: F.lit(7).cast("long"))
+    w = window("10:00", "10:05")
+    events = load(spark, fixtures / "overlap.jsonl", w)
+    sweep = tf.prepare_sweep(events, w)
+    assert sweep.keys.where("clash").count() == 1  # one group, four different combinations
+    sweep = sweep.persist(events)
+    try:
+        assert sweep.keys.select("combo").distinct().count() == 4
+        assertDataFrameEqual(tf.concurrency(sweep).select(*CONTRACT),
+                             overlap[2].select(*CONTRACT))
+    finally:
+        sweep.unpersist()
+
+
 def test_timeline(overlap):
     """Dense scopes get one sample per bucket; v1's are 2 2 3 2 2 (see module docstring)."""
     _, sweep, _, w = overlap
@@ -201,18 +222,24 @@ def test_connections_open_at_the_window_start(spark, fixtures):
     ]))
 
 
-def test_conn_ids_are_paired_per_proxy(spark, fixtures):
+@pytest.mark.parametrize("columns", [8, 1], ids=["per-proxy sums", "per-proxy key ids"])
+def test_conn_ids_are_paired_per_proxy(spark, fixtures, monkeypatch, columns):
     """proxies/: conn_id 7 exists on proxy pa-1 (closed 12:04) and pb-2 (never closed).
 
     Window [12:00, 12:10), grid 5m. Pairing by conn_id alone would let pa-1's close end
     pb-2's connection. frank: pa7 12:00-12:04, pb7 12:00-12:10, pa8 12:01-12:06,
     pb9 12:02-12:03 -> 2, 3 at 12:01, 4 at 12:02, 3, 2 at 12:04, 1 at 12:06. Buckets 4, 2:
     p50 = 2, p95 = p99 = 4. Within one proxy at most 2 (pa: 12:01-12:04; pb: 12:02-12:03).
+    The per-proxy peak comes from running sums per proxy in the sweep's window, or (for
+    keys on more proxies than PROXY_COLUMNS, forced here with 1) from per-proxy key ids.
     """
+    monkeypatch.setattr(tf, "PROXY_COLUMNS", columns)
     w = window("12:00", "12:10", grid_s=300)
     events = load(spark, fixtures / "proxies", w)
     assert {r.proxy for r in events.select("proxy").distinct().collect()} == {"pa-1", "pb-2"}
-    conc = tf.concurrency(tf.prepare_sweep(events, w))
+    sweep = tf.prepare_sweep(events, w)
+    assert tf.proxy_columns(sweep.keys) == (2 if columns == 8 else 0)
+    conc = tf.concurrency(sweep)
     rows = [(s, "v3", k, 4, 2, 4, 4, "12:02") for s, k in (
         ("vhost", "v3"), ("group", "g"), ("user", "frank"), ("remote_host", "10.1.0.1"))]
     assert_rows(conc.select(*CONTRACT), conc_rows(rows))
@@ -220,6 +247,10 @@ def test_conn_ids_are_paired_per_proxy(spark, fixtures):
         tf.limit_peaks(conc),
         [Row(scope=s, vhost="v3", key=k, peak=2)
          for s, k in (("vhost", "v3"), ("user", "frank"), ("remote_host", "10.1.0.1"))])
+    if columns == 8:  # both sweep plans keep the same per-proxy sums
+        pts = tf.sweep_points(sweep.keyed, sweep.keys, w, tf.SCOPES)
+        assertDataFrameEqual(tf.bucket_samples(pts, w, dense=True, nprox=2),
+                             tf.bucket_samples(pts, w, dense=False, nprox=2))
 
 
 def test_close_without_open_is_flagged(spark, tmp_path):
@@ -352,20 +383,28 @@ def test_whatif(spark, overlap, tmp_path):
     peaks = tf.limit_peaks(conc)
     pairs = tf.key_groups(sweep.keys)
     alt = policy_tables(spark, tmp_path, WHATIF_HOSTS)
-    vhosts = [r.vhost for r in tf.whatif_candidates(peaks, pairs, alt).collect()]
-    assert vhosts == ["v1"]
-    wi = tf.whatif(sweep, alt, vhosts)
+    binding = tf.whatif_candidates(peaks, pairs, alt)
+    # Observed per-proxy peaks above the new limits: alice 2 > 1, both hosts 2 > 1.
+    assertDataFrameEqual(binding, [Row(scope="user", vhost="v1", key="alice"),
+                                   Row(scope="remote_host", vhost="v1", key="10.0.0.1"),
+                                   Row(scope="remote_host", vhost="v1", key="10.0.0.2")])
+    wi = tf.whatif(sweep, alt, binding)
     assertSchemaEqual(wi.schema, schemas.WHATIF)
-    assertDataFrameEqual(wi, [
-        Row(vhost="v1", scope="remote_host", key="10.0.0.1", would_deny=1),
-        Row(vhost="v1", scope="remote_host", key="10.0.0.2", would_deny=1)])
+    expected = [Row(vhost="v1", scope="remote_host", key="10.0.0.1", would_deny=1),
+                Row(vhost="v1", scope="remote_host", key="10.0.0.2", would_deny=1)]
+    assertDataFrameEqual(wi, expected)
+    # Replaying everything (as if the vhost limit were binding) gives the same answer.
+    everything = binding.sparkSession.createDataFrame([("vhost", "v1", "v1")], binding.schema)
+    assertDataFrameEqual(tf.whatif(sweep, alt, everything), expected)
     alt = policy_tables(spark, tmp_path, WHATIF_VHOST)
-    assertDataFrameEqual(tf.whatif(sweep, alt, ["v1"]),
+    binding = tf.whatif_candidates(peaks, pairs, alt)
+    assertDataFrameEqual(binding, [Row(scope="vhost", vhost="v1", key="v1")])
+    assertDataFrameEqual(tf.whatif(sweep, alt, binding),
                          [Row(vhost="v1", scope="vhost", key="v1", would_deny=1)])
     # The POLICY limits are never exceeded (peaks at most equal them): nothing to replay.
-    alt = policy_tables(spark, tmp_path, POLICY)
-    assert tf.whatif_candidates(peaks, pairs, alt).count() == 0
-    assert tf.whatif(sweep, alt, []).count() == 0
+    binding = tf.whatif_candidates(peaks, pairs, policy_tables(spark, tmp_path, POLICY))
+    assert binding.count() == 0
+    assert tf.whatif(sweep, alt, binding).count() == 0
 
 
 def test_replay_admissions_rules():

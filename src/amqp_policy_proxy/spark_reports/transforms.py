@@ -43,7 +43,6 @@ from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
 from amqp_policy_proxy.eventlog import schema as ev
-from amqp_policy_proxy.spark_reports import schemas
 from amqp_policy_proxy.spark_reports.limits import ConnectionLimits
 
 logger = logging.getLogger(__name__)
@@ -155,7 +154,11 @@ def prepare_events(raw: DataFrame) -> DataFrame:
         ``conn_id``, ``vhost``, ``group``, ``user``, ``remote_host``, ``reason``,
         ``opened_us`` (long, closes only: ``opened_ts``, else ``ts - duration_seconds``),
         ``duration_seconds``, ``bytes_in``, ``bytes_out``, ``transfers_in``,
-        ``transfers_out``.
+        ``transfers_out``, and ``combo``: a 64-bit hash of (``proxy``, ``vhost``, ``group``,
+        ``user``, ``remote_host``) computed in this pass, so that later joins on the key
+        combination compare one long instead of five strings (:meth:`Sweep.persist` checks
+        that no two combinations share a hash and falls back to comparing the strings if
+        they ever do).
     """
     events = (ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED, ev.CONNECTION_DENIED)
     t_us = F.unix_micros(F.expr("try_cast(ts AS TIMESTAMP)"))
@@ -168,9 +171,15 @@ def prepare_events(raw: DataFrame) -> DataFrame:
             "event", t_us.alias("t_us"), "conn_id", *_DIMS, "reason",
             F.when(F.col("event") == ev.CONNECTION_CLOSED, opened).alias("opened_us"),
             "duration_seconds", "bytes_in", "bytes_out", "transfers_in", "transfers_out",
+            _combo_hash().alias("combo"),
         )
         .where(F.col("t_us").isNotNull())
     )
+
+
+def _combo_hash() -> Column:
+    # Spark's hashes skip nulls, so (a, null) and (null, a) would collide: mark nulls.
+    return F.xxhash64(*[F.coalesce(F.col(c), F.lit("\u0000")) for c in ("proxy", *_DIMS)])
 
 
 def event_time_range(events: DataFrame) -> DataFrame:
@@ -200,8 +209,8 @@ def open_at_start(events: DataFrame, window: ReportWindow) -> DataFrame:
 
     Returns:
         The ``connection_opened`` records (``proxy``, ``conn_id``, ``vhost``, ``group``,
-        ``user``, ``remote_host``) opened before ``window.start_us`` with no close before
-        ``window.end_us``.
+        ``user``, ``remote_host``, ``combo``) opened before ``window.start_us`` with no close
+        before ``window.end_us``.
     """
     keys = ["proxy", "conn_id"]
     before = events.where((F.col("event") == ev.CONNECTION_OPENED)
@@ -209,7 +218,7 @@ def open_at_start(events: DataFrame, window: ReportWindow) -> DataFrame:
     closes = events.where((F.col("event") == ev.CONNECTION_CLOSED)
                           & (F.col("t_us") < window.end_us)
                           & (F.col("opened_us") < window.start_us)).select(*keys)
-    return before.join(closes, keys, "left_anti").select(*keys, *_DIMS)
+    return before.join(closes, keys, "left_anti").select(*keys, *_DIMS, "combo")
 
 
 def connection_changes(events: DataFrame, window: ReportWindow) -> DataFrame:
@@ -230,26 +239,34 @@ def connection_changes(events: DataFrame, window: ReportWindow) -> DataFrame:
         window: the report window.
 
     Returns:
-        ``proxy``, ``conn_id``, ``vhost``, ``group``, ``user``, ``remote_host``, ``t_us``,
-        ``d`` (+1 or -1), all ``t_us`` within the window.
+        ``proxy``, ``conn_id``, ``vhost``, ``group``, ``user``, ``remote_host``, ``combo``,
+        ``t_us``, ``d`` (+1 or -1), all ``t_us`` within the window.
     """
     w0 = F.lit(window.start_us)
-    in_window = (F.col("event").isin(ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED)
-                 & (F.col("t_us") >= window.start_us) & (F.col("t_us") < window.end_us))
     is_close = F.col("event") == ev.CONNECTION_CLOSED
     early = is_close & (F.col("opened_us") < window.start_us)
-    # A connection opened before the window and closed exactly at its start is not in it.
-    in_window = in_window & ~(early & (F.col("t_us") == window.start_us))
-    changes = events.where(in_window).select(
-        "proxy", "conn_id", *_DIMS,
+    changes = _window_records(events, window).select(
+        "proxy", "conn_id", *_DIMS, "combo",
         F.explode(F.array(
             F.struct(F.col("t_us").alias("t_us"),
                      F.when(is_close, F.lit(-1)).otherwise(F.lit(1)).alias("d")),
             F.struct(F.when(early, w0).alias("t_us"), F.lit(1).alias("d")),
         )).alias("c"),
-    ).select("proxy", "conn_id", *_DIMS, "c.t_us", "c.d").where(F.col("t_us").isNotNull())
+    ).select("proxy", "conn_id", *_DIMS, "combo", "c.t_us", "c.d") \
+        .where(F.col("t_us").isNotNull())
     carried = open_at_start(events, window).select("*", w0.alias("t_us"), F.lit(1).alias("d"))
     return changes.unionByName(carried)
+
+
+def _window_records(events: DataFrame, window: ReportWindow) -> DataFrame:
+    # Opened and closed records in the window, except the close at exactly the window start
+    # of a connection opened before it (that connection is not in the window at all).
+    in_window = (F.col("event").isin(ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED)
+                 & (F.col("t_us") >= window.start_us) & (F.col("t_us") < window.end_us))
+    at_start_close = ((F.col("event") == ev.CONNECTION_CLOSED)
+                      & (F.col("opened_us") < window.start_us)
+                      & (F.col("t_us") == window.start_us))
+    return events.where(in_window & ~at_start_close)
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,44 +274,103 @@ def connection_changes(events: DataFrame, window: ReportWindow) -> DataFrame:
 
 #: Scope index in the low bits of a key id.
 _SCOPE_INDEX = {s: i for i, s in enumerate(SCOPES)}
-#: Per-proxy ids are ``id << _PROXY_BITS | proxy_ix``.
+#: Per-proxy ids are ``-(id << _PROXY_BITS | proxy_ix) - 1``.
 _PROXY_BITS = 20
+#: A limited key seen on 2..PROXY_COLUMNS proxies gets its per-proxy levels as that many
+#: conditional running sums in the sweep's own window (no extra rows); a key seen on more
+#: proxies (a vhost of a large fleet) gets one extra key id per proxy instead.
+PROXY_COLUMNS = 8
 
 
-def connection_keys(changes: DataFrame) -> DataFrame:
-    """Number the keys of every scope.
+def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False) -> DataFrame:
+    """Number the keys of every scope, for the connections in the window.
 
     Args:
-        changes: output of :func:`connection_changes`.
+        events: output of :func:`prepare_events`.
+        window: the report window.
+        exact: group the key combinations by their five strings and number them, instead of
+            grouping by the ``combo`` hash (the fallback after a hash collision, see
+            :meth:`Sweep.persist`).
 
     Returns:
         One row per distinct (``proxy``, ``vhost``, ``group``, ``user``, ``remote_host``)
-        with its number ``combo_ix``, ``proxy_ix`` (0-based), the fleet-wide key ids ``vhost_id``, ``group_id``,
+        of the connections in :func:`connection_changes`, with its ``combo`` (the hash, or a
+        row number when ``exact``), ``clash`` (true when two combinations share the hash),
+        ``proxy_ix`` (0-based), the fleet-wide key ids ``vhost_id``, ``group_id``,
         ``user_id``, ``remote_host_id`` (null when the key is null; positive, unique across
-        scopes), and for the limited scopes the per-proxy ids ``vhost_pid``, ``user_pid``,
-        ``remote_host_pid`` (negative; null when the key was seen on a single proxy, whose
-        per-proxy peak is then the fleet-wide one). Small: its size depends on the
-        population, not on the number of events.
+        scopes), and for each limited scope ``s``: ``s_np`` (the number of proxies the key
+        was seen on), ``s_pix`` (this proxy's 0-based index among them, when
+        ``2 <= s_np <= PROXY_COLUMNS``) and ``s_pid`` (a negative per-proxy key id, when
+        ``s_np > PROXY_COLUMNS``). With one proxy the per-proxy peak is the fleet-wide one.
+        Small: its size depends on the population, not on the number of events.
     """
-    combos = changes.select("proxy", *_DIMS).distinct()
+    cols = ("proxy", *_DIMS)
+    records = _window_records(events, window).select("combo", *cols).unionByName(
+        open_at_start(events, window).select("combo", *cols))
+    if exact:
+        n = F.row_number().over(Window.orderBy(*[F.col(c).asc_nulls_first() for c in cols]))
+        combos = records.select(*cols).distinct().select(
+            n.cast("long").alias("combo"), *cols, F.lit(False).alias("clash"))
+    else:
+        # Grouping by the hash is 3x cheaper than by five strings; min != max (with nulls
+        # marked) reveals two combinations sharing a hash.
+        marked = [F.coalesce(F.col(c), F.lit("\u0000")) for c in cols]
+        agg = records.groupBy("combo").agg(
+            *[F.min(m).alias(c) for m, c in zip(marked, cols, strict=True)],
+            *[F.max(m).alias(f"x_{c}") for m, c in zip(marked, cols, strict=True)])
+        clash = F.lit(False)
+        for c in cols:
+            clash = clash | (F.col(c) != F.col(f"x_{c}"))
+        combos = agg.select(
+            "combo",
+            *[F.when(F.col(c) != "\u0000", F.col(c)).alias(c) for c in cols],
+            clash.alias("clash"))
     ids = []
     for scope in SCOPES:
-        cols = ["vhost"] if scope == "vhost" else ["vhost", scope]
-        rank = F.dense_rank().over(Window.orderBy(*[F.col(c).asc_nulls_first() for c in cols]))
+        keycols = ["vhost"] if scope == "vhost" else ["vhost", scope]
+        rank = F.dense_rank().over(Window.orderBy(*[F.col(c).asc_nulls_first()
+                                                    for c in keycols]))
         ok = F.col("vhost").isNotNull() & F.col(scope).isNotNull()
         ids.append(F.when(ok, rank * len(SCOPES) + _SCOPE_INDEX[scope]).cast("long")
                    .alias(f"{scope}_id"))
     proxy_ix = (F.dense_rank().over(Window.orderBy("proxy")) - 1).cast("long").alias("proxy_ix")
-    combo_ix = F.row_number().over(Window.orderBy(
-        *[F.col(c).asc_nulls_first() for c in ("proxy", *_DIMS)])).alias("combo_ix")
-    k = combos.select("proxy", *_DIMS, combo_ix, proxy_ix, *ids)
-    pids = []
-    for scope in LIMIT_SCOPES:
-        w = Window.partitionBy(f"{scope}_id")
-        multi = F.max("proxy_ix").over(w) != F.min("proxy_ix").over(w)
-        pid = -(F.shiftleft(F.col(f"{scope}_id"), _PROXY_BITS) + F.col("proxy_ix")) - 1
-        pids.append(F.when(multi & F.col(f"{scope}_id").isNotNull(), pid).alias(f"{scope}_pid"))
-    return k.select("*", *pids)
+    k = combos.select(*cols, "combo", "clash", proxy_ix, *ids)
+    local = [(F.dense_rank().over(Window.partitionBy(f"{sc}_id").orderBy("proxy_ix")) - 1)
+             .alias(f"{sc}_lix") for sc in LIMIT_SCOPES]
+    k = k.select("*", *local)
+    more = []
+    for sc in LIMIT_SCOPES:
+        n = (F.max(f"{sc}_lix").over(Window.partitionBy(f"{sc}_id")) + 1).cast("int")
+        more.append(F.when(F.col(f"{sc}_id").isNotNull(), n).alias(f"{sc}_np"))
+    k = k.select("*", *more)
+    out = []
+    for sc in LIMIT_SCOPES:
+        np_, ix = F.col(f"{sc}_np"), F.col(f"{sc}_lix")
+        out.append(F.when((np_ >= 2) & (np_ <= PROXY_COLUMNS), ix).cast("int")
+                   .alias(f"{sc}_pix"))
+        pid = -(F.shiftleft(F.col(f"{sc}_id"), _PROXY_BITS) + F.col("proxy_ix")) - 1
+        out.append(F.when(np_ > PROXY_COLUMNS, pid).alias(f"{sc}_pid"))
+    return k.select(*[c for c in k.columns if not c.endswith("_lix")], *out)
+
+
+def proxy_columns(keys: DataFrame, scopes: Iterable[str] = LIMIT_SCOPES) -> int:
+    """Return how many per-proxy running sums the sweep needs (0 with a single proxy).
+
+    Runs one small query on the key table.
+
+    Args:
+        keys: output of :func:`connection_keys`.
+        scopes: the scopes being swept.
+
+    Returns:
+        The largest ``s_np`` among keys with ``2 <= s_np <= PROXY_COLUMNS``, or 0.
+    """
+    cols = [F.when(F.col(f"{sc}_pix").isNotNull(), F.col(f"{sc}_np"))
+            for sc in scopes if sc in LIMIT_SCOPES]
+    if not cols:
+        return 0
+    row = keys.select(F.greatest(*cols, F.lit(0)).alias("n")).agg(F.max("n")).collect()[0]
+    return int(row[0] or 0)
 
 
 def scope_keys(keys: DataFrame, scopes: Iterable[str] = SCOPES) -> DataFrame:
@@ -316,24 +392,29 @@ def scope_keys(keys: DataFrame, scopes: Iterable[str] = SCOPES) -> DataFrame:
     return out.distinct()
 
 
-def keyed_changes(changes: DataFrame, keys: DataFrame) -> DataFrame:
-    """Replace the strings of each change by the number of its key combination.
+def keyed_changes(changes: DataFrame, keys: DataFrame, exact: bool = False) -> DataFrame:
+    """Reduce each change to its key combination, time and sign.
 
     Args:
         changes: output of :func:`connection_changes`.
-        keys: output of :func:`connection_keys` over the same changes.
+        keys: output of :func:`connection_keys` over the same window.
+        exact: take ``combo`` from ``keys`` by joining on the five strings (with the keys of
+            ``connection_keys(..., exact=True)``) instead of the change's own hash.
 
     Returns:
-        ``combo_ix`` (int), ``t_us``, ``d``: narrow enough to cache.
+        ``combo`` (long), ``t_us``, ``d`` (byte): narrow enough to cache.
     """
-    k = keys.select(*[F.col(c).alias(f"k_{c}") for c in ("proxy", *_DIMS)], "combo_ix")
+    if not exact:
+        return changes.select("combo", "t_us", F.col("d").cast("byte"))
+    k = keys.select(*[F.col(c).alias(f"k_{c}") for c in ("proxy", *_DIMS)],
+                    F.col("combo").alias("k_combo"))
     cond = [changes[c].eqNullSafe(k[f"k_{c}"]) for c in ("proxy", *_DIMS)]
     return changes.join(F.broadcast(k), cond, "inner").select(
-        F.col("combo_ix").cast("int").alias("combo_ix"), "t_us", F.col("d").cast("byte"))
+        F.col("k_combo").alias("combo"), "t_us", F.col("d").cast("byte"))
 
 
 def sweep_points(keyed: DataFrame, keys: DataFrame, window: ReportWindow,
-                 scopes: Iterable[str]) -> DataFrame:
+                 scopes: Iterable[str], by_bucket: bool = False) -> DataFrame:
     """Key the sweep changes by scope key id.
 
     Args:
@@ -342,24 +423,34 @@ def sweep_points(keyed: DataFrame, keys: DataFrame, window: ReportWindow,
         window: the report window (for the bucket index).
         scopes: which of :data:`SCOPES` to produce (with the per-proxy ids of the limited
             ones).
+        by_bucket: distribute by (``id``, ``bucket``) rather than ``id``, for the dense plan
+            of :func:`bucket_samples`: a vhost with half the changes is then spread over all
+            tasks instead of one.
 
     Returns:
-        ``id``, ``bucket``, ``t_us``, ``d``, one row per change and key id (fleet-wide and,
-        for keys seen on several proxies, per proxy), repartitioned by ``id``. Null keys
-        (e.g. no user) are dropped.
+        ``id``, ``pix`` (the change's proxy among the key's proxies, for keys summed per
+        proxy in the window), ``bucket``, ``t_us``, ``d``: one row per change and key id
+        (fleet-wide, plus a per-proxy id for keys seen on more than :data:`PROXY_COLUMNS`
+        proxies). Null keys (e.g. no user) are dropped.
     """
     scopes = tuple(scopes)
-    cols = [F.col(f"{s}_id") for s in scopes]
-    cols += [F.col(f"{s}_pid") for s in scopes if s in LIMIT_SCOPES]
-    ids = keys.select(F.col("combo_ix").cast("int").alias("combo_ix"),
-                      F.array(*cols).alias("ids"))
-    return (
-        keyed.join(F.broadcast(ids), "combo_ix")
-        .select(F.explode("ids").alias("id"), "t_us", "d")
-        .where(F.col("id").isNotNull())
-        .repartition("id")
-        .select("id", _bucket(F.col("t_us"), window.grid_us).alias("bucket"), "t_us", "d")
+    none = F.lit(None).cast("int")
+
+    def item(id_col: str, pix: Column) -> Column:
+        return F.struct(F.col(id_col).alias("id"), pix.alias("pix"))
+
+    items = [item(f"{s}_id", F.col(f"{s}_pix") if s in LIMIT_SCOPES else none)
+             for s in scopes]
+    items += [item(f"{s}_pid", none) for s in scopes if s in LIMIT_SCOPES]
+    ids = keys.select("combo", F.array(*items).alias("ids"))
+    pts = (
+        keyed.join(F.broadcast(ids), "combo")
+        .select(F.explode("ids").alias("k"), "t_us", "d")
+        .where(F.col("k.id").isNotNull())
+        .select(F.col("k.id").alias("id"), F.col("k.pix").alias("pix"),
+                _bucket(F.col("t_us"), window.grid_us).alias("bucket"), "t_us", "d")
     )
+    return pts.repartition("id", "bucket") if by_bucket else pts.repartition("id")
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,7 +473,12 @@ def _decode_peak(code: Column, window: ReportWindow) -> tuple[Column, Column]:
 _RUNNING = (Window.unboundedPreceding, Window.currentRow)
 
 
-def bucket_samples(points: DataFrame, window: ReportWindow, dense: bool = False) -> DataFrame:
+def _greatest(cols: list[Column]) -> Column:
+    return cols[0] if len(cols) == 1 else F.greatest(*cols)
+
+
+def bucket_samples(points: DataFrame, window: ReportWindow, dense: bool = False,
+                   nprox: int = 0) -> DataFrame:
     """Run the sweep and summarise it per key and grid bucket that has a change.
 
     The changes of a key are applied in ``(t_us, d)`` order, so at equal instants the -1s
@@ -400,10 +496,15 @@ def bucket_samples(points: DataFrame, window: ReportWindow, dense: bool = False)
     per key over one row per bucket): no window ever holds more than one bucket of one key,
     which keeps memory bounded for keys with millions of changes (vhosts, groups).
 
+    Per-proxy levels (``nprox > 0``): the same window also keeps one running sum per proxy of
+    the key (``pix`` 0..nprox-1), so the highest level within any single proxy comes out of
+    the same sort; ``pmax`` is the highest of them after an instant of the bucket.
+
     Args:
         points: output of :func:`sweep_points`.
         window: the report window.
         dense: use the two-level plan.
+        nprox: number of per-proxy running sums (:func:`proxy_columns`); 0 for none.
 
     Returns:
         One row per key id and bucket containing at least one change: ``id``, ``bucket``,
@@ -413,16 +514,25 @@ def bucket_samples(points: DataFrame, window: ReportWindow, dense: bool = False)
         end), ``lw`` (in a key's first bucket: the number of zero buckets before it),
         ``code`` (the highest value after an instant and its instant, packed, see
         :func:`_peak_code`) and ``low`` (the lowest value after an instant: negative only when
-        closes are missing their opens). Every key's buckets add up to ``window.buckets``.
+        closes are missing their opens), ``pmax`` (null without per-proxy sums). Every key's
+        buckets add up to ``window.buckets``.
     """
     last = F.lit(window.last_bucket + 1)
+    pcols = range(nprox)
+
+    def on_proxy(j: int) -> Column:
+        return F.when(F.col("pix") == j, F.col("d")).otherwise(F.lit(0))
+
     g = window.grid_us
     after_start = F.col("t_us") > F.col("bucket") * F.lit(g)
     if dense:
         w1 = Window.partitionBy("id", "bucket").orderBy("t_us", "d")
         rows = points.select(
-            "id", "bucket", "t_us", "d", F.sum("d").over(w1.rowsBetween(*_RUNNING)).alias("p"),
-            F.lead("t_us").over(w1).alias("next_us"), F.lag("t_us").over(w1).alias("prev_us"))
+            "id", "bucket", "t_us", "d", "pix",
+            F.sum("d").over(w1.rowsBetween(*_RUNNING)).alias("p"),
+            F.lead("t_us").over(w1).alias("next_us"), F.lag("t_us").over(w1).alias("prev_us"),
+            *[F.sum(on_proxy(j)).over(w1.rowsBetween(*_RUNNING)).alias(f"p{j}")
+              for j in pcols])
         final = F.col("next_us").isNull() | (F.col("next_us") != F.col("t_us"))
         first = F.col("prev_us").isNull() | (F.col("prev_us") != F.col("t_us"))
         per_bucket = rows.groupBy("id", "bucket").agg(
@@ -432,13 +542,19 @@ def bucket_samples(points: DataFrame, window: ReportWindow, dense: bool = False)
             F.min(F.when(final, F.col("p"))).alias("minp"),
             F.max(F.when(final, _peak_code(F.col("p"), F.col("t_us"), window)))
             .alias("code_rel"),
+            *[F.sum(on_proxy(j)).alias(f"pnet{j}") for j in pcols],
+            *[F.max(F.when(final, F.col(f"p{j}"))).alias(f"pmr{j}") for j in pcols],
         )
         w2 = Window.partitionBy("id").orderBy("bucket")
+        before = w2.rowsBetween(Window.unboundedPreceding, -1)
+        pcarry = [(F.coalesce(F.sum(f"pnet{j}").over(before), F.lit(0)) + F.col(f"pmr{j}"))
+                  .alias(f"pv{j}") for j in pcols]
         carry = F.coalesce(F.sum("net").over(w2.rowsBetween(Window.unboundedPreceding, -1)),
                            F.lit(0))
         lv = per_bucket.select(
             "*", carry.alias("carry"), F.lead("bucket").over(w2).alias("next_b"),
-            F.lag("bucket").over(w2).alias("prev_b"))
+            F.lag("bucket").over(w2).alias("prev_b"), *pcarry)
+        pmax = _greatest([F.col(f"pv{j}") for j in pcols]) if nprox else F.lit(None)
         gap = F.coalesce(F.col("next_b"), last) - F.col("bucket") - 1
         return lv.select(
             "id", "bucket",
@@ -449,6 +565,7 @@ def bucket_samples(points: DataFrame, window: ReportWindow, dense: bool = False)
             .otherwise(F.lit(0)).alias("lw"),
             (F.shiftleft(F.col("carry"), _CODE_SHIFT) + F.col("code_rel")).alias("code"),
             (F.col("carry") + F.col("minp")).alias("low"),
+            pmax.cast("long").alias("pmax"),
         )
     w = Window.partitionBy("id").orderBy("bucket", "t_us", "d")
     lv = points.select(
@@ -456,6 +573,7 @@ def bucket_samples(points: DataFrame, window: ReportWindow, dense: bool = False)
         F.sum("d").over(w.rowsBetween(*_RUNNING)).alias("level"),
         F.lead("t_us").over(w).alias("next_us"),
         F.lag("t_us").over(w).alias("prev_us"),
+        *[F.sum(on_proxy(j)).over(w.rowsBetween(*_RUNNING)).alias(f"p{j}") for j in pcols],
     )
     final = F.col("next_us").isNull() | (F.col("next_us") != F.col("t_us"))
     first = F.col("prev_us").isNull() | (F.col("prev_us") != F.col("t_us"))
@@ -473,11 +591,13 @@ def bucket_samples(points: DataFrame, window: ReportWindow, dense: bool = False)
             .otherwise(F.lit(0)).alias("lw"),
             F.when(final, _peak_code(F.col("level"), F.col("t_us"), window)).alias("code"),
             real.alias("low"),
+            (F.when(final, _greatest([F.col(f"p{j}") for j in pcols])) if nprox
+             else F.lit(None)).cast("long").alias("pmax"),
         )
         .groupBy("id", "bucket")
         .agg(F.max("v").alias("v"), F.max("gv").alias("gv"), F.max("gw").alias("gw"),
              F.max("lw").alias("lw"), F.max("code").alias("code"),
-             F.min("low").alias("low"))
+             F.min("low").alias("low"), F.max("pmax").alias("pmax"))
     )
 
 
@@ -491,31 +611,33 @@ def concurrency_stats(samples: DataFrame, window: ReportWindow) -> DataFrame:
     Returns:
         ``id``, ``peak``, ``p50``, ``p95``, ``p99`` (longs), ``peak_ts`` (the earliest
         instant the peak was reached), ``low`` (negative: the log has closes without opens
-        for this key).
+        for this key), ``pmax`` (the highest per-proxy level, when summed per proxy).
     """
     hist = (
-        samples.select("id", "code", "low", F.explode(F.array(
+        samples.select("id", "code", "low", "pmax", F.explode(F.array(
             F.struct(F.col("v").alias("value"), F.lit(1).cast("long").alias("w")),
             F.struct(F.col("gv").alias("value"), F.col("gw").cast("long").alias("w")),
             F.struct(F.lit(0).cast("long").alias("value"), F.col("lw").cast("long").alias("w")),
         )).alias("s"))
         .where(F.col("s.w") > 0)
         .groupBy("id", F.col("s.value").alias("value"))
-        .agg(F.sum("s.w").alias("w"), F.max("code").alias("code"), F.min("low").alias("low"))
+        .agg(F.sum("s.w").alias("w"), F.max("code").alias("code"), F.min("low").alias("low"),
+             F.max("pmax").alias("pmax"))
     )
     cum = F.sum("w").over(Window.partitionBy("id").orderBy("value").rowsBetween(*_RUNNING))
     n = window.buckets
-    ranked = hist.select("id", "value", "code", "low", cum.alias("cum"))
+    ranked = hist.select("id", "value", "code", "low", "pmax", cum.alias("cum"))
     aggs = [F.min(F.when(F.col("cum") >= nearest_rank(p, n), F.col("value"))).alias(f"p{p}")
             for p in PERCENTILES]
     out = ranked.groupBy("id").agg(F.max("value").alias("peak"), F.max("code").alias("code"),
-                                   F.min("low").alias("low"), *aggs)
+                                   F.min("low").alias("low"), F.max("pmax").alias("pmax"),
+                                   *aggs)
     code_peak, code_ts = _decode_peak(F.col("code"), window)
     # The peak is the highest sample. It is reached after a change (code) unless the key never
     # rises above the 0 it starts the window with (only possible with closes without opens).
     peak_ts = F.when(code_peak == F.col("peak"), code_ts).otherwise(_ts(F.lit(window.start_us)))
     return out.select("id", "peak", *[f"p{p}" for p in PERCENTILES],
-                      peak_ts.alias("peak_ts"), "low")
+                      peak_ts.alias("peak_ts"), "low", "pmax")
 
 
 def timeline(samples: DataFrame, window: ReportWindow) -> DataFrame:
@@ -561,11 +683,33 @@ class Sweep:
     window: ReportWindow
     """The report window."""
 
-    def persist(self) -> Sweep:
-        """Return a copy with ``keys`` and ``keyed`` persisted (call :meth:`unpersist`)."""
+    def persist(self, events: DataFrame) -> Sweep:
+        """Return a copy with ``keys`` and ``keyed`` persisted (call :meth:`unpersist`).
+
+        Checks that no two key combinations share a ``combo`` hash (among thousands of
+        combinations a 64-bit collision is astronomically unlikely, but would merge two keys);
+        if one does, numbers the combinations exactly instead (slower: string joins).
+
+        Args:
+            events: the events this sweep was prepared from (for the exact fallback).
+
+        Returns:
+            The persisted sweep.
+        """
         keys = self.keys.persist()
-        return Sweep(self.changes, keys, keyed_changes(self.changes, keys).persist(),
-                     self.window)
+        if keys.where(F.col("clash")).limit(1).count() == 0:
+            return Sweep(self.changes, keys, keyed_changes(self.changes, keys).persist(),
+                         self.window)
+        logger.warning("key combination hashes collide: numbering them exactly")
+        keys.unpersist()
+        exact = connection_keys(events, self.window, exact=True).persist()
+        keyed = keyed_changes(self.changes, exact, exact=True).persist()
+        changes = self.changes.drop("combo").join(
+            F.broadcast(exact.select("combo", *[F.col(c).alias(f"e_{c}")
+                                                for c in ("proxy", *_DIMS)])),
+            [self.changes[c].eqNullSafe(F.col(f"e_{c}")) for c in ("proxy", *_DIMS)],
+        ).drop(*[f"e_{c}" for c in ("proxy", *_DIMS)])
+        return Sweep(changes, exact, keyed, self.window)
 
     def unpersist(self) -> None:
         """Release what :meth:`persist` cached."""
@@ -585,7 +729,7 @@ def prepare_sweep(events: DataFrame, window: ReportWindow) -> Sweep:
         :meth:`Sweep.persist`).
     """
     changes = connection_changes(events, window)
-    keys = connection_keys(changes)
+    keys = connection_keys(events, window)
     return Sweep(changes=changes, keys=keys, keyed=keyed_changes(changes, keys),
                  window=window)
 
@@ -629,8 +773,10 @@ def name_keys(stats: DataFrame, keys: DataFrame, scopes: Iterable[str] = SCOPES)
         *[F.max(F.when(fleet, F.col(c))).alias(c) for c in cols],
         F.min(F.when(fleet, F.col("low"))).alias("low"),
         F.max(F.when(~fleet, F.col("peak"))).alias("pp"),
+        F.max(F.when(fleet, F.col("pmax"))).alias("pmax"),
     )
-    proxy_peak = F.when(F.col("scope").isin(*LIMIT_SCOPES), F.coalesce("pp", "peak"))
+    # Per-proxy ids, else per-proxy sums, else one proxy: the fleet peak is the proxy's.
+    proxy_peak = F.when(F.col("scope").isin(*LIMIT_SCOPES), F.coalesce("pp", "pmax", "peak"))
     return folded.join(F.broadcast(names), "id").select(
         "scope", "vhost", "key", *cols, proxy_peak.alias("proxy_peak"), "low")
 
@@ -658,8 +804,9 @@ def concurrency(sweep: Sweep, scopes: Iterable[str] = SCOPES) -> DataFrame:
     for group, dense in ((DENSE_SCOPES, True), (SPARSE_SCOPES, False)):
         sel = tuple(s for s in scopes if s in group)
         if sel:
-            pts = sweep_points(sweep.keyed, sweep.keys, w, sel)
-            parts.append(concurrency_stats(bucket_samples(pts, w, dense=dense), w))
+            pts = sweep_points(sweep.keyed, sweep.keys, w, sel, by_bucket=dense)
+            nprox = proxy_columns(sweep.keys, sel)
+            parts.append(concurrency_stats(bucket_samples(pts, w, dense=dense, nprox=nprox), w))
     stats = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     return name_keys(stats, sweep.keys, scopes)
 
@@ -917,48 +1064,59 @@ def replay_admissions(rows: Iterable[tuple]) -> Counter:
         ``remote_host``).
     """
     denied: Counter = Counter()
-    current = None
+    cur_proxy: object = None
+    cur_vhost: object = None
     vhost_n = 0
-    users: Counter = Counter()
-    hosts: Counter = Counter()
+    users: dict = {}
+    hosts: dict = {}
     admitted: dict[str, tuple[str | None, str | None]] = {}
     now = None
     closed_now: set[str] = set()  # closes at instant `now` of connections not yet admitted
     for proxy, vhost, t, kind, conn, user, host, vmax, ulim, hlim in rows:
-        if (proxy, vhost) != current:
-            current = (proxy, vhost)
+        if vhost != cur_vhost or proxy != cur_proxy:
+            cur_proxy, cur_vhost = proxy, vhost
             vhost_n = 0
-            users.clear()
-            hosts.clear()
-            admitted.clear()
+            users = {}
+            hosts = {}
+            admitted = {}
         if t != now:
             now = t
-            closed_now.clear()
+            if closed_now:
+                closed_now.clear()
         if kind == 0:
             who = admitted.pop(conn, None)
-            if who is not None:
+            if who is None:
+                closed_now.add(conn)
+            else:
                 vhost_n -= 1
                 users[who[0]] -= 1
                 hosts[who[1]] -= 1
-            else:
-                closed_now.add(conn)
             continue
         if vmax is not None and vhost_n >= vmax:
             denied[(vhost, "vhost", vhost)] += 1
-        elif ulim is not None and users[user] >= ulim:
+            continue
+        nu = users.get(user, 0)
+        if ulim is not None and nu >= ulim:
             denied[(vhost, "user", user)] += 1
-        elif hlim is not None and hosts[host] >= hlim:
+            continue
+        nh = hosts.get(host, 0)
+        if hlim is not None and nh >= hlim:
             denied[(vhost, "remote_host", host)] += 1
-        elif conn not in closed_now:
+            continue
+        if conn not in closed_now:
             admitted[conn] = (user, host)
             vhost_n += 1
-            users[user] += 1
-            hosts[host] += 1
+            users[user] = nu + 1
+            hosts[host] = nh + 1
     return denied
 
 
-_REPLAY_COLS = ("proxy", "vhost", "t_us", "kind", "conn_id", "user", "remote_host",
+_REPLAY_COLS = ("proxy_ix", "vhost_id", "t_us", "kind", "conn_id", "user_id", "remote_host_id",
                 "max_connections", "per_user", "per_host")
+_REPLAY_OUT = T.StructType([T.StructField("vhost_id", T.LongType()),
+                            T.StructField("scope", T.StringType()),
+                            T.StructField("key_id", T.LongType()),
+                            T.StructField("would_deny", T.LongType())])
 
 
 def _replay_arrow(batches: Iterator) -> Iterator:
@@ -973,10 +1131,10 @@ def _replay_arrow(batches: Iterator) -> Iterator:
     if counts:
         keys = list(counts)
         yield pa.RecordBatch.from_pydict({
-            "vhost": [k[0] for k in keys], "scope": [k[1] for k in keys],
-            "key": [k[2] for k in keys], "would_deny": [counts[k] for k in keys],
-        }, schema=pa.schema([("vhost", pa.string()), ("scope", pa.string()),
-                             ("key", pa.string()), ("would_deny", pa.int64())]))
+            "vhost_id": [k[0] for k in keys], "scope": [k[1] for k in keys],
+            "key_id": [k[2] for k in keys], "would_deny": [counts[k] for k in keys],
+        }, schema=pa.schema([("vhost_id", pa.int64()), ("scope", pa.string()),
+                             ("key_id", pa.int64()), ("would_deny", pa.int64())]))
 
 
 def _replay_rows(it: Iterator) -> Iterator[tuple]:
@@ -986,11 +1144,12 @@ def _replay_rows(it: Iterator) -> Iterator[tuple]:
 
 
 def whatif_candidates(peaks: DataFrame, pairs: DataFrame, alt: LimitTables) -> DataFrame:
-    """Return the vhosts whose history could have seen a denial under the alternative limits.
+    """Return the keys whose observed peak exceeds their limit in the what-if policy.
 
     A replay admits a subset of the connections that really were admitted, so its counts
-    never exceed the observed ones: a vhost where no key's per-proxy peak exceeds its
-    alternative limit would have seen no denial and needs no replay.
+    never exceed the observed ones: only a key whose per-proxy peak is above its
+    alternative limit can ever deny, and only connections of such keys (or of a vhost that is
+    one) need replaying.
 
     Args:
         peaks: output of :func:`limit_peaks`.
@@ -998,52 +1157,68 @@ def whatif_candidates(peaks: DataFrame, pairs: DataFrame, alt: LimitTables) -> D
         alt: the what-if policy's limit tables.
 
     Returns:
-        Distinct ``vhost``.
+        ``scope`` (vhost|user|remote_host), ``vhost``, ``key``; empty when nothing would be
+        denied.
     """
     return (headroom(peaks, pairs, alt).where(F.col("peak") > F.col("limit"))
-            .select("vhost").distinct())
+            .select("scope", "vhost", "key"))
 
 
-def whatif(sweep: Sweep, alt: LimitTables, vhosts: list[str]) -> DataFrame:
+def whatif(sweep: Sweep, alt: LimitTables, binding: DataFrame) -> DataFrame:
     """Compute the ``whatif`` table: replay the history under alternative limits.
 
-    Every connection of the given vhosts is replayed as an attempt at its open (connections
-    already open at the window start: at the window start), and frees its slot at its close.
-    See :func:`replay_admissions` for the admission rule and tie order. Vhosts not in the
-    what-if policy are not replayed.
+    Every connection is replayed as an attempt at its open (connections already open at the
+    window start: at the window start) and frees its slot at its close; see
+    :func:`replay_admissions` for the admission rule and tie order. Only what can change the
+    answer is replayed: every connection of a vhost whose own limit binds, otherwise only the
+    connections of users and hosts in ``binding`` (the others can never reach their limit,
+    and the counts they would add cannot reach any limit either). Vhosts not in the what-if
+    policy are not replayed.
 
     Args:
         sweep: from :func:`prepare_sweep`.
         alt: the what-if policy's limit tables.
-        vhosts: the vhosts to replay (from :func:`whatif_candidates`; the others would
-            have no denial).
+        binding: output of :func:`whatif_candidates`.
 
     Returns:
         ``vhost``, ``scope`` (vhost|user|remote_host), ``key``, ``would_deny`` (connections
         that would have been denied, each under the first limit it fails).
     """
-    schema = schemas.WHATIF
     spark = sweep.changes.sparkSession
-    if not vhosts:
-        return spark.createDataFrame([], schema)
-    lim = resolve_limits(sweep.keys.select("vhost", "user", "group").distinct(), alt)
-    ch = sweep.changes.where(F.col("vhost").isin(*vhosts))
-    cond = [ch[c].eqNullSafe(lim[c]) for c in ("vhost", "user", "group")]
-    rows = ch.join(F.broadcast(lim), cond, "inner").select(
-        ch["proxy"], ch["vhost"], "t_us",
+    k = sweep.keys
+    # Per key combination (small): its ids, its limits under the what-if policy, and whether
+    # its vhost, user or host binds (then its connections must be replayed).
+    lim = resolve_limits(k.select("combo", "proxy_ix", "vhost_id", "user_id", "remote_host_id",
+                                  "vhost", "user", "group", "remote_host"), alt)
+    for scope in ("vhost", "user", "remote_host"):
+        b = binding.where(F.col("scope") == scope).select(
+            F.col("vhost").alias("b_vhost"), F.col("key").alias("b_key"),
+            F.lit(True).alias(f"f_{scope}"))
+        lim = lim.join(b, (lim["vhost"] == b["b_vhost"]) & (lim[scope] == b["b_key"]),
+                       "left").drop("b_vhost", "b_key")
+    combos = lim.where(F.col("f_vhost") | F.col("f_user") | F.col("f_remote_host")).select(
+        "combo", "proxy_ix", "vhost_id", "user_id", "remote_host_id", "max_connections",
+        "per_user", "per_host")
+    rows = sweep.changes.select("combo", "conn_id", "t_us", "d").join(
+        F.broadcast(combos), "combo").select(
+        "proxy_ix", "vhost_id", "t_us",
         F.when(F.col("d") > 0, F.lit(1)).otherwise(F.lit(0)).alias("kind"),
-        "conn_id", ch["user"], "remote_host", "max_connections", "per_user", "per_host")
-    ordered = (rows.repartition("proxy", "vhost")
-               .sortWithinPartitions("proxy", "vhost", "t_us", "kind", "conn_id")
+        "conn_id", "user_id", "remote_host_id", "max_connections", "per_user", "per_host")
+    ordered = (rows.repartition("proxy_ix", "vhost_id")
+               .sortWithinPartitions("proxy_ix", "vhost_id", "t_us", "kind", "conn_id")
                .select(*_REPLAY_COLS))
     try:
         import pyarrow  # noqa: F401
 
-        counted = ordered.mapInArrow(_replay_arrow, schema)
+        counted = ordered.mapInArrow(_replay_arrow, _REPLAY_OUT)
     except ImportError:  # pragma: no cover - pyarrow is in the spark extra
-        counted = spark.createDataFrame(ordered.rdd.mapPartitions(_replay_rows), schema)
-    return counted.groupBy("vhost", "scope", "key").agg(
+        counted = spark.createDataFrame(ordered.rdd.mapPartitions(_replay_rows), _REPLAY_OUT)
+    totals = counted.groupBy("key_id", "scope").agg(
         F.sum("would_deny").cast("long").alias("would_deny"))
+    names = scope_keys(k, LIMIT_SCOPES)
+    return totals.join(F.broadcast(names), (totals["key_id"] == names["id"])
+                       & (totals["scope"] == names["scope"])).select(
+        "vhost", names["scope"], "key", "would_deny")
 
 
 # --------------------------------------------------------------------------------------------

