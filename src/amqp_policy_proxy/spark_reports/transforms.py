@@ -221,7 +221,8 @@ def open_at_start(events: DataFrame, window: ReportWindow) -> DataFrame:
     return before.join(closes, keys, "left_anti").select(*keys, *_DIMS, "combo")
 
 
-def connection_changes(events: DataFrame, window: ReportWindow) -> DataFrame:
+def connection_changes(events: DataFrame, window: ReportWindow,
+                       carried: bool = True) -> DataFrame:
     """Turn connection records into the +1/-1 changes of the sweep.
 
     - ``connection_opened`` in the window: +1 at its ``ts`` (the connection counts from its
@@ -237,6 +238,8 @@ def connection_changes(events: DataFrame, window: ReportWindow) -> DataFrame:
     Args:
         events: output of :func:`prepare_events`.
         window: the report window.
+        carried: look for connections open since before the window (:func:`open_at_start`);
+            pass False when the window starts at the first event (nothing precedes it).
 
     Returns:
         ``proxy``, ``conn_id``, ``vhost``, ``group``, ``user``, ``remote_host``, ``combo``,
@@ -254,8 +257,10 @@ def connection_changes(events: DataFrame, window: ReportWindow) -> DataFrame:
         )).alias("c"),
     ).select("proxy", "conn_id", *_DIMS, "combo", "c.t_us", "c.d") \
         .where(F.col("t_us").isNotNull())
-    carried = open_at_start(events, window).select("*", w0.alias("t_us"), F.lit(1).alias("d"))
-    return changes.unionByName(carried)
+    if not carried:
+        return changes
+    return changes.unionByName(
+        open_at_start(events, window).select("*", w0.alias("t_us"), F.lit(1).alias("d")))
 
 
 def _window_records(events: DataFrame, window: ReportWindow) -> DataFrame:
@@ -282,7 +287,8 @@ _PROXY_BITS = 20
 PROXY_COLUMNS = 8
 
 
-def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False) -> DataFrame:
+def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False,
+                    carried: bool = True) -> DataFrame:
     """Number the keys of every scope, for the connections in the window.
 
     Args:
@@ -291,6 +297,7 @@ def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False
         exact: group the key combinations by their five strings and number them, instead of
             grouping by the ``combo`` hash (the fallback after a hash collision, see
             :meth:`Sweep.persist`).
+        carried: as for :func:`connection_changes`.
 
     Returns:
         One row per distinct (``proxy``, ``vhost``, ``group``, ``user``, ``remote_host``)
@@ -305,26 +312,22 @@ def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False
         Small: its size depends on the population, not on the number of events.
     """
     cols = ("proxy", *_DIMS)
-    records = _window_records(events, window).select("combo", *cols).unionByName(
-        open_at_start(events, window).select("combo", *cols))
+    records = _window_records(events, window).select("combo", *cols)
+    if carried:
+        records = records.unionByName(open_at_start(events, window).select("combo", *cols))
     if exact:
         n = F.row_number().over(Window.orderBy(*[F.col(c).asc_nulls_first() for c in cols]))
         combos = records.select(*cols).distinct().select(
             n.cast("long").alias("combo"), *cols, F.lit(False).alias("clash"))
     else:
-        # Grouping by the hash is 3x cheaper than by five strings; min != max (with nulls
-        # marked) reveals two combinations sharing a hash.
-        marked = [F.coalesce(F.col(c), F.lit("\u0000")) for c in cols]
-        agg = records.groupBy("combo").agg(
-            *[F.min(m).alias(c) for m, c in zip(marked, cols, strict=True)],
-            *[F.max(m).alias(f"x_{c}") for m, c in zip(marked, cols, strict=True)])
-        clash = F.lit(False)
-        for c in cols:
-            clash = clash | (F.col(c) != F.col(f"x_{c}"))
-        combos = agg.select(
-            "combo",
-            *[F.when(F.col(c) != "\u0000", F.col(c)).alias(c) for c in cols],
-            clash.alias("clash"))
+        # Grouping by the 64-bit hash is cheaper than by five strings. Two combinations with
+        # the same hash would almost surely differ in a second, independent hash (Spark's
+        # 32-bit murmur3): min != max flags them (a miss needs both hashes to collide).
+        second = F.hash(*[F.coalesce(F.col(c), F.lit("\u0000")) for c in cols])
+        combos = records.groupBy("combo").agg(
+            F.min(second).alias("h_min"), F.max(second).alias("h_max"),
+            *[F.first(c).alias(c) for c in cols],
+        ).select("combo", *cols, (F.col("h_min") != F.col("h_max")).alias("clash"))
     ids = []
     for scope in SCOPES:
         keycols = ["vhost"] if scope == "vhost" else ["vhost", scope]
@@ -682,6 +685,8 @@ class Sweep:
     """Output of :func:`keyed_changes` (narrow; the sweeps use it)."""
     window: ReportWindow
     """The report window."""
+    carried: bool = True
+    """Whether connections open since before the window were looked for."""
 
     def persist(self, events: DataFrame) -> Sweep:
         """Return a copy with ``keys`` and ``keyed`` persisted (call :meth:`unpersist`).
@@ -699,17 +704,18 @@ class Sweep:
         keys = self.keys.persist()
         if keys.where(F.col("clash")).limit(1).count() == 0:
             return Sweep(self.changes, keys, keyed_changes(self.changes, keys).persist(),
-                         self.window)
+                         self.window, self.carried)
         logger.warning("key combination hashes collide: numbering them exactly")
         keys.unpersist()
-        exact = connection_keys(events, self.window, exact=True).persist()
+        exact = connection_keys(events, self.window, exact=True,
+                                carried=self.carried).persist()
         keyed = keyed_changes(self.changes, exact, exact=True).persist()
         changes = self.changes.drop("combo").join(
             F.broadcast(exact.select("combo", *[F.col(c).alias(f"e_{c}")
                                                 for c in ("proxy", *_DIMS)])),
             [self.changes[c].eqNullSafe(F.col(f"e_{c}")) for c in ("proxy", *_DIMS)],
         ).drop(*[f"e_{c}" for c in ("proxy", *_DIMS)])
-        return Sweep(changes, exact, keyed, self.window)
+        return Sweep(changes, exact, keyed, self.window, self.carried)
 
     def unpersist(self) -> None:
         """Release what :meth:`persist` cached."""
@@ -717,21 +723,22 @@ class Sweep:
         self.keys.unpersist()
 
 
-def prepare_sweep(events: DataFrame, window: ReportWindow) -> Sweep:
+def prepare_sweep(events: DataFrame, window: ReportWindow, carried: bool = True) -> Sweep:
     """Build the sweep inputs.
 
     Args:
         events: output of :func:`prepare_events`.
         window: the report window.
+        carried: as for :func:`connection_changes`.
 
     Returns:
         The changes, the key table and the keyed changes (nothing cached: see
         :meth:`Sweep.persist`).
     """
-    changes = connection_changes(events, window)
-    keys = connection_keys(events, window)
+    changes = connection_changes(events, window, carried)
+    keys = connection_keys(events, window, carried=carried)
     return Sweep(changes=changes, keys=keys, keyed=keyed_changes(changes, keys),
-                 window=window)
+                 window=window, carried=carried)
 
 
 def name_ids(df: DataFrame, keys: DataFrame, scopes: Iterable[str] = SCOPES) -> DataFrame:

@@ -68,10 +68,11 @@ RUNTIME_CONF = {
     # Window partitions (one key's changes) up to this many rows stay in memory before the
     # window buffer switches to its spillable form: about 40 MB per task, 2x faster sweeps.
     "spark.sql.windowExec.buffer.in.memory.threshold": "1000000",
-    # Aggregations right after a window get their input sorted by key already: aggregate
-    # while streaming instead of building a hash table (about 15 % off the user/host sweep).
-    "spark.sql.execution.replaceHashWithSortAgg": "true",
 }
+#: Set only while the concurrency table is computed: the aggregation right after the sweep's
+#: window gets its input sorted already, so it streams instead of hashing (about 15 % off the
+#: user/host sweep); elsewhere it made string aggregations slower.
+SWEEP_CONF = {"spark.sql.execution.replaceHashWithSortAgg": "true"}
 
 
 class UsageError(Exception):
@@ -382,7 +383,8 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     summary["window"] = {"start": report.window_start, "end": report.window_end,
                          "buckets": window.buckets}
 
-    sweep = tf.prepare_sweep(events, window).persist(events)
+    # Without --from the window starts at the first event: nothing can be open before it.
+    sweep = tf.prepare_sweep(events, window, carried=opts.start_us is not None).persist(events)
     sweep.keyed.count()
     lap("sweep_inputs")
 
@@ -396,7 +398,17 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
                               tf.DENSE_SCOPES)
     lap("dense_timeline")
     conc_sparse = tf.concurrency(sweep, tf.SPARSE_SCOPES)
-    full = _write_parquet(conc_dense.unionByName(conc_sparse), out, "_work/concurrency")
+    saved = {k: spark.conf.get(k, None) for k in SWEEP_CONF}
+    for key, value in SWEEP_CONF.items():
+        spark.conf.set(key, value)
+    try:
+        full = _write_parquet(conc_dense.unionByName(conc_sparse), out, "_work/concurrency")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
     dense.unpersist()
     lap("sweeps")
     conc = _write_parquet(full.select(*schemas.CONCURRENCY.fieldNames()), out, "concurrency")
