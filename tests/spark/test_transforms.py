@@ -247,10 +247,6 @@ def test_conn_ids_are_paired_per_proxy(spark, fixtures, monkeypatch, columns):
         tf.limit_peaks(conc),
         [Row(scope=s, vhost="v3", key=k, peak=2)
          for s, k in (("vhost", "v3"), ("user", "frank"), ("remote_host", "10.1.0.1"))])
-    if columns == 8:  # both sweep plans keep the same per-proxy sums
-        pts = tf.sweep_points(sweep.keyed, sweep.keys, w, tf.SCOPES)
-        assertDataFrameEqual(tf.bucket_samples(pts, w, dense=True, nprox=2),
-                             tf.bucket_samples(pts, w, dense=False, nprox=2))
 
 
 def test_close_without_open_is_flagged(spark, tmp_path):
@@ -377,7 +373,8 @@ def test_whatif(spark, overlap, tmp_path):
     Limits 3 / 1 per user / 1 per host: 10:00 c1 alice@.1 in; 10:00:30 c2 bob@.1 denied
     (host .1 has c1); 10:01:30 c1 closes, c2's close is ignored, c3 carol@.2 in; 10:02:10
     c4 alice@.2 denied (host .2 has c3); 10:02:20 c5 alice@.1 in (c4 never counted).
-    Limit 2 for the vhost only: c1, c2 in; both close; c3 in; c4 in; c5 denied (c3, c4).
+    Limit 2 for the vhost only: c1, c2 in; both close; c3 in; c4 in; c5 denied (c3, c4)
+    (checked end to end in test_job).
     """
     _, sweep, conc, _ = overlap
     peaks = tf.limit_peaks(conc)
@@ -396,11 +393,9 @@ def test_whatif(spark, overlap, tmp_path):
     # Replaying everything (as if the vhost limit were binding) gives the same answer.
     everything = binding.sparkSession.createDataFrame([("vhost", "v1", "v1")], binding.schema)
     assertDataFrameEqual(tf.whatif(sweep, alt, everything), expected)
-    alt = policy_tables(spark, tmp_path, WHATIF_VHOST)
-    binding = tf.whatif_candidates(peaks, pairs, alt)
+    # Vhost limit 2 binds the whole vhost (the replay itself: test_job's end-to-end run).
+    binding = tf.whatif_candidates(peaks, pairs, policy_tables(spark, tmp_path, WHATIF_VHOST))
     assertDataFrameEqual(binding, [Row(scope="vhost", vhost="v1", key="v1")])
-    assertDataFrameEqual(tf.whatif(sweep, alt, binding),
-                         [Row(vhost="v1", scope="vhost", key="v1", would_deny=1)])
     # The POLICY limits are never exceeded (peaks at most equal them): nothing to replay.
     binding = tf.whatif_candidates(peaks, pairs, policy_tables(spark, tmp_path, POLICY))
     assert binding.count() == 0

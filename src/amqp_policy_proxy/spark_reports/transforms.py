@@ -1,32 +1,35 @@
 """Capacity report transforms: pure DataFrame -> DataFrame functions. Imports pyspark.
 
-No I/O, no SparkSession building, no ``collect`` of anything but what the caller asks for; the
-job (``jobs/capacity.py``) reads, calls these and writes. Everything heavy runs as Spark
+No I/O and no SparkSession building; the only driver-side work is a few one-row queries
+(:func:`proxy_columns`, the collision check in :meth:`Sweep.persist`). The job
+(``jobs/capacity.py``) reads, calls these and writes. Everything heavy runs as Spark
 aggregations and window functions; the one Python step is the what-if replay
 (:func:`whatif`), which streams sorted rows through :func:`replay_admissions` per partition.
 
 Time is carried as ``long`` microseconds since the epoch (``*_us`` columns) and turned back
-into timestamps only in the output tables. The report window is half-open,
-``[start_us, end_us)``.
+into timestamps only in the output tables. The report window is half-open
+``[start_us, end_us)``. docs/spark-reports.md explains the semantics for readers; in short:
 
-Semantics (ARCHITECTURE 4.5, docs/spark-reports.md):
-
-- A connection is one interval ``[opened, closed)``: its ``connection_opened`` ts inclusive,
-  its ``connection_closed`` ts exclusive. Opened and closed records are paired by
-  ``(proxy, conn_id)``, ``proxy`` being ``<host>-<pid>`` from the file name, because conn_ids
-  restart in every proxy process. A close carries ``opened_ts``, so a connection opened before
-  the window (or whose opened record was dropped) is still found; an opened record with no
-  close is open until the window end. Intervals are clipped to the window.
-- The sweep: +1 at each start, -1 at each end, summed per instant. At equal timestamps the
-  closes are applied before the opens (a close and an open at the same instant do not
-  overlap); summing per instant gives exactly that, and the level never shows the transient
-  "opened before the other closed" value.
-- Grid buckets are aligned to the epoch (``floor(t / grid)``); the window's first and last
+- A connection counts from its ``connection_opened`` ts (inclusive) to its
+  ``connection_closed`` ts (exclusive). The sweep turns records into +1/-1 changes
+  (:func:`connection_changes`): +1 per open and -1 per close in the window, +1 at the window
+  start for a close whose ``opened_ts`` is earlier, and +1 at the window start for a
+  connection opened before the window with no close at all (:func:`open_at_start`, the only
+  place records are paired, by ``(proxy, conn_id)``: conn_ids restart in every proxy
+  process, and ``proxy`` is ``<host>-<pid>`` from the file name). A connection still open at
+  the end simply has no -1.
+- Changes of a key are applied in ``(ts, -1 before +1)`` order: a close and an open at the
+  same instant do not overlap. Only values after the last change of an instant are real;
+  values between changes at one instant are never counted.
+- Grid buckets are aligned to the epoch (``floor(ts / grid)``); the window's first and last
   buckets may be partial and count as whole buckets. A bucket's sample is the **maximum**
-  concurrency reached at any instant of the bucket. p50/p95/p99 are nearest-rank percentiles
-  over **every** bucket of the window, zero buckets included, for every key that has at least
-  one connection in the window (rank ``ceil(p * N / 100)`` of the ``N`` sorted samples).
-- ``peak`` is the maximum over the window, ``peak_ts`` the earliest instant it was reached.
+  concurrency held at any instant of it. p50/p95/p99 are nearest-rank percentiles over
+  **every** bucket of the window, zero buckets included, for every key with at least one
+  connection in the window (rank ``ceil(p * N / 100)`` of the ``N`` sorted samples).
+- ``peak`` is the highest sample, ``peak_ts`` the earliest instant it was reached.
+- Limits are enforced by each proxy process on its own connections, so headroom,
+  recommendations and the what-if use the highest concurrency within one proxy
+  (``proxy_peak``), while the concurrency table is fleet-wide.
 """
 
 from __future__ import annotations

@@ -4,16 +4,22 @@ Shell layer: parses argv, loads the policies, builds (or reuses) the SparkSessio
 event log, calls :mod:`..transforms`, writes the tables, CSV files and the HTML report, stops
 the session it built. Never imported by the daemon.
 
-Run locally (``--master`` defaults to ``local[*]``)::
+Run on one machine (``--master`` defaults to ``local[*]``)::
 
     amqp-policy-proxy report capacity --events /var/log/amqp-policy-proxy/events \
         --policy /etc/amqp-policy-proxy/policy.d --out /tmp/capacity
 
-or on a cluster (see docs/spark-reports.md; ``--out`` must be a directory the driver and the
-executors share)::
+or on a cluster, in client mode, straight from a checkout (the file finds its package next
+to it and ships it to the executors itself; the driver's Python needs matplotlib)::
 
-    spark-submit --master yarn --py-files amqp_policy_proxy.zip \
-        src/amqp_policy_proxy/spark_reports/jobs/capacity.py --events hdfs:///... --out /mnt/...
+    PYSPARK_PYTHON=/path/to/venv/bin/python spark-submit --master yarn \
+        src/amqp_policy_proxy/spark_reports/jobs/capacity.py \
+        --events hdfs:///logs/amqp-proxy --out /shared/capacity
+
+``--out`` must be a directory both the driver (CSV, HTML, PNG) and the executors (Parquet)
+can write. In cluster deploy mode the driver runs elsewhere: add
+``--py-files amqp_policy_proxy.zip`` (a zip of ``src/amqp_policy_proxy``). See
+docs/spark-reports.md.
 
 Exit codes (ARCHITECTURE 4.1): 0 ok, 1 runtime failure, 2 bad usage or configuration.
 """
@@ -251,7 +257,8 @@ def _iso(col: Any) -> Any:
     return F.date_format(col, "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
 
 
-def write_csv(df: DataFrame, path: str, order: list[Any]) -> int:
+def write_csv(df: DataFrame, path: str, order: list[Any],
+              keep: list[dict[str, Any]] | None = None) -> int:
     """Write a small DataFrame to one CSV file on the driver, timestamps as RFC 3339.
 
     Only for aggregated tables (at most one row per key): the sorted rows are gathered into
@@ -261,6 +268,7 @@ def write_csv(df: DataFrame, path: str, order: list[Any]) -> int:
         df: the table.
         path: the CSV file to write.
         order: sort columns.
+        keep: if given, also append each row (as a dict) to this list.
 
     Returns:
         The number of data rows written.
@@ -275,6 +283,8 @@ def write_csv(df: DataFrame, path: str, order: list[Any]) -> int:
         w.writerow(df.columns)
         for row in df.orderBy(*order).select(*cols).coalesce(1).toLocalIterator():
             w.writerow(["" if v is None else v for v in row])
+            if keep is not None:
+                keep.append(row.asDict())
             n += 1
     return n
 
@@ -438,8 +448,10 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         hr = _write_parquet(spark.createDataFrame([], schemas.HEADROOM), out, "headroom")
         report.notes.append("No --policy: no headroom; recommendations have no current value.")
     rec = tf.recommendations(peaks, pairs, lt)
+    rec_rows: list[dict[str, Any]] = []
     summary["rows"]["recommendations"] = write_csv(
-        rec, os.path.join(out, "recommendations.csv"), ["vhost", "group", "setting"])
+        rec, os.path.join(out, "recommendations.csv"), ["vhost", "group", "setting"], rec_rows)
+    report.recommendations = rec_rows
     lap("headroom")
 
     wi = None
@@ -474,8 +486,7 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     ch = _write_parquet(tf.churn(events, window), out, "churn")
     lap("denials_traffic")
 
-    _collect_report(report, window, conc, tl, hr, den, td, trf, dur, ch, wi,
-                    spark.read.csv(os.path.join(out, "recommendations.csv"), header=True))
+    _collect_report(report, window, conc, tl, hr, den, td, trf, dur, ch, wi)
     events.unpersist()
     sweep.unpersist()
     peaks.unpersist()
@@ -497,12 +508,26 @@ def _series_bin_us(window: ReportWindow, points: int = 1500) -> int:
     return per * window.grid_us
 
 
+def _top(df: DataFrame, by: str, order: list[Any], n: int) -> list[dict[str, Any]]:
+    """The first ``n`` rows of each ``by`` group in ``order``, in one query."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    rank = F.row_number().over(Window.partitionBy(by).orderBy(*order))
+    rows = df.select("*", rank.alias("_rank")).where(F.col("_rank") <= n) \
+        .orderBy(by, "_rank").drop("_rank").collect()
+    return [r.asDict() for r in rows]
+
+
 def _collect_report(report: Any, window: ReportWindow, conc: DataFrame, tl: DataFrame,
                     hr: DataFrame, den: DataFrame, td: DataFrame, trf: DataFrame,
-                    dur: DataFrame, ch: DataFrame, wi: DataFrame | None,
-                    rec: DataFrame) -> None:
-    """Fill the report with small, chart-sized extracts (nothing proportional to events)."""
+                    dur: DataFrame, ch: DataFrame, wi: DataFrame | None) -> None:
+    """Fill the report with small, chart-sized extracts (nothing proportional to events).
+
+    One query per table: with small inputs Spark's per-query overhead dominates.
+    """
     from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
 
     top_n = 15
     bin_us = _series_bin_us(window)
@@ -511,31 +536,30 @@ def _collect_report(report: Any, window: ReportWindow, conc: DataFrame, tl: Data
         us = F.unix_micros(F.col(col))
         return (us - F.pmod(us, F.lit(bin_us))).alias("x")
 
-    report.concurrency_top = [r.asDict() for r in conc.orderBy(
-        F.col("peak").desc(), "scope", "key").where(F.col("scope") != "group")
-        .limit(200).collect()]
-    report.concurrency_all = {s: conc.where(F.col("scope") == s).count()
-                              for s in ("vhost", "group", "user", "remote_host")}
-    report.vhost_rows = [r.asDict() for r in conc.where(F.col("scope").isin("vhost", "group"))
-                         .orderBy("vhost", F.col("scope").desc(), "key").collect()]
-    vhosts = [r["key"] for r in conc.where(F.col("scope") == "vhost")
-              .orderBy(F.col("peak").desc()).limit(8).collect()]
+    report.concurrency_all = {r["scope"]: r["count"] for r in conc.groupBy("scope").count()
+                              .collect()}
+    dense = [r.asDict() for r in conc.where(F.col("scope").isin("vhost", "group")).collect()]
+    report.vhost_rows = sorted(dense, key=lambda r: (r["vhost"], r["scope"] != "vhost",
+                                                     r["key"]))
+    top = _top(conc.where(F.col("scope").isin("user", "remote_host")), "scope",
+               [F.col("peak").desc(), "vhost", "key"], 30)
+    report.concurrency_top = sorted([r for r in dense if r["scope"] == "vhost"] + top,
+                                    key=lambda r: -r["peak"])
+    vhosts = [r["key"] for r in report.concurrency_top if r["scope"] == "vhost"][:8]
     series = (tl.where((F.col("scope") == "vhost") & F.col("key").isin(*vhosts))
               .groupBy("key", binned("window_start")).agg(F.max("concurrent").alias("y"))
               .orderBy("key", "x").collect())
     report.timeline = _group_series(series, "key")
-    report.headroom_top = {s: [r.asDict() for r in hr.where(F.col("scope") == s)
-                               .orderBy(F.col("utilisation").desc_nulls_last(), "key")
-                               .limit(top_n).collect()]
-                           for s in ("vhost", "user", "remote_host")}
+    report.headroom_top = {}
+    for r in _top(hr, "scope", [F.col("utilisation").desc_nulls_last(), "vhost", "key"], top_n):
+        report.headroom_top.setdefault(r["scope"], []).append(r)
     dser = (den.groupBy("reason", binned("window_start")).agg(F.sum("count").alias("y"))
             .orderBy("reason", "x").collect())
     report.denials = _group_series(dser, "reason")
-    report.denial_totals = {r["reason"]: r["n"] for r in den.groupBy("reason").agg(
-        F.sum("count").alias("n")).collect()}
-    report.top_denied = {s: [r.asDict() for r in td.where(F.col("scope") == s)
-                             .orderBy(F.col("count").desc(), "key").limit(top_n).collect()]
-                         for s in ("user", "remote_host")}
+    report.denial_totals = {k: int(sum(ys)) for k, (_, ys) in report.denials.items()}
+    report.top_denied = {}
+    for r in _top(td, "scope", [F.col("count").desc(), "vhost", "key"], top_n):
+        report.top_denied.setdefault(r["scope"], []).append(r)
     report.traffic = [r.asDict() for r in trf.orderBy("vhost", "group").collect()]
     report.durations = [(r["label"], r["le_seconds"], r["n"]) for r in dur.groupBy(
         "label", "le_seconds").agg(F.sum("count").alias("n")).orderBy("le_seconds").collect()]
@@ -544,11 +568,14 @@ def _collect_report(report: Any, window: ReportWindow, conc: DataFrame, tl: Data
         F.max("opens").alias("max"), F.sum("opens").alias("sum")).orderBy("x").collect())
     minutes_per_bin = max(1, bin_us // 60_000_000)
     report.churn = [(_dt(r["x"]), r["max"], r["sum"] / minutes_per_bin) for r in cser]
-    report.recommendations = [r.asDict() for r in rec.collect()]
     if wi is not None:
-        report.whatif = [r.asDict() for r in wi.orderBy(F.col("would_deny").desc(), "key")
-                         .limit(50).collect()]
-        report.whatif_total = wi.agg(F.sum("would_deny")).collect()[0][0] or 0
+        total = F.sum("would_deny").over(Window.partitionBy(F.lit(1)))
+        rows_w = (wi.select("*", total.alias("_total"))
+                  .orderBy(F.col("would_deny").desc(), "vhost", "scope", "key").limit(50)
+                  .collect())
+        report.whatif = [{k: v for k, v in r.asDict().items() if k != "_total"}
+                         for r in rows_w]
+        report.whatif_total = int(rows_w[0]["_total"]) if rows_w else 0
 
 
 def _dt(us: int) -> dt.datetime:
@@ -608,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per Py4J call
     try:
         opts = parse_options(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as e:  # argparse: usage error (2) or --help (0)
