@@ -39,7 +39,9 @@ from ..amqp.errors import (
     UnattachedHandleError,
 )
 from ..amqp.framing import encode_frame
+from ..amqp.message import cleared_durable_byte, durable_flag_offset
 from ..amqp.performatives import (
+    Accepted,
     Attach,
     Begin,
     Close,
@@ -138,6 +140,8 @@ class ProxyConnection:
         now: float,
         handshake_timeout: float = 10.0,
         container_id: str = "amqp-policy-proxy",
+        tls_subject: str | None = None,
+        wall_offset: float = 0.0,
     ) -> None:
         """Create the state machine for a freshly accepted client transport.
 
@@ -153,6 +157,10 @@ class ProxyConnection:
             now: loop-clock seconds at accept.
             handshake_timeout: seconds from accept to the Open decision.
             container_id: container-id of Opens the proxy synthesizes.
+            tls_subject: RFC 4514 subject of the client's verified TLS certificate (listeners
+                with ``require_client_cert``), else None; DDS permission grants match it.
+            wall_offset: POSIX seconds minus loop-clock seconds, for checks against wall-clock
+                dates (DDS grant validity). The core never reads a clock itself.
         """
         self.conn_id = conn_id
         self.remote_host = remote_host
@@ -160,6 +168,8 @@ class ProxyConnection:
         self.policy = policy
         self.ledger = ledger
         self.container_id = container_id
+        self.tls_subject = tls_subject
+        self.wall_offset = wall_offset
         self.accepted_at = now
         self.phase = Phase.AWAIT_HEADER
         self.user: str | None = None
@@ -210,6 +220,10 @@ class ProxyConnection:
         self._denied_sessions: dict[int, int] = {}
         self._max_message_size: int | None = None
         self._check_user_id = False
+        self._topics: Any = None  # the group's TopicAuthorizer, if any (ARCHITECTURE 4.6)
+        self._principal: Any = None  # policy.topics.Principal of this connection
+        self._qos_of: Any = None
+        self._topic_receivers = False  # some receiver link needs per-delivery topic handling
 
         # figures for the event log
         self.bytes_in = 0
@@ -810,6 +824,14 @@ class ProxyConnection:
         if group is not None:
             self._max_message_size = group.max_message_size
             self._check_user_id = not group.allow_user_id_proxy
+            topics = getattr(group, "topics", None)
+            if topics is not None:
+                from ..policy.topics import Principal, qos_of  # only vhosts with topic models
+
+                self._topics = topics
+                self._qos_of = qos_of
+                self._principal = Principal(user=self.user or "", group=group.name,
+                                            subject=self.tls_subject)
             if group.max_sessions:
                 self._policy_channel_max = max(0, group.max_sessions - 1)
         self._emit(
@@ -975,7 +997,29 @@ class ProxyConnection:
                 self._deny_link(session, perf, handle, is_sender, address,
                                 LinkDenyReason(reason), now, out)
                 return
+        qos = 1
+        verdict = None
+        if self._topics is not None:
+            qos = self._qos_of(_int_or_none(perf.snd_settle_mode), _int_or_none(perf.rcv_settle_mode))
+            if address and not dynamic:
+                check = (self._topics.check_publish if is_sender
+                         else self._topics.check_subscribe)
+                verdict = check(self._principal, address, qos=qos,
+                                wall_now=now + self.wall_offset)
+                if not verdict.allowed:
+                    logger.info("[%s] topic authorization denies %s '%s' for user '%s': %s",
+                                self.conn_id, "publish" if is_sender else "subscribe",
+                                address, self.user, verdict.decided_by)
+                    self._deny_link(session, perf, handle, is_sender, address,
+                                    LinkDenyReason.TOPIC, now, out)
+                    return
         link = LinkRecord(str(perf.name), handle, is_sender, address)
+        link.qos = qos
+        if verdict is not None and not is_sender and (verdict.per_delivery
+                                                      or verdict.strip_durable):
+            link.topic_filter = verdict.per_delivery
+            link.strip_durable = verdict.strip_durable
+            self._topic_receivers = True
         session.links[handle] = link
         if is_sender:
             session.senders += 1
@@ -1204,9 +1248,14 @@ class ProxyConnection:
                 if (self._check_user_id and routing.user_id
                         and routing.user_id != (self.user or "").encode("utf-8")):
                     reason = MessageDenyReason.USER_ID
-                elif link.anonymous and routing.to is not None and not decisions.approve_relay_target(
-                        group, user=self.user or "", to=routing.to):
-                    reason = MessageDenyReason.RELAY_TARGET
+                elif link.anonymous and routing.to is not None:
+                    if not decisions.approve_relay_target(group, user=self.user or "",
+                                                          to=routing.to):
+                        reason = MessageDenyReason.RELAY_TARGET
+                    elif self._topics is not None and not self._topics.check_publish(
+                            self._principal, routing.to, qos=link.qos,
+                            wall_now=now + self.wall_offset).allowed:
+                        reason = MessageDenyReason.TOPIC
             if reason is not None:
                 address = routing.to if routing is not None else None
                 self._deny_delivery(session, link, hdr, reason, address, now, out)
@@ -1249,7 +1298,7 @@ class ProxyConnection:
             self._finish_oversize(session, link, now, out)
             return
         description = (C.USER_ID_VIOLATION if reason == MessageDenyReason.USER_ID
-                       else C.TARGET_VIOLATION)
+                       else C.TARGET_VIOLATION)  # relay target, by address rules or topics
         if not link.delivery_settled and link.delivery_id is not None:
             disp = Disposition(role=True, first=link.delivery_id, settled=True,
                                state=Rejected(error=_error(Condition.UNAUTHORIZED_ACCESS,
@@ -1380,6 +1429,13 @@ class ProxyConnection:
             code = is_transfer_descriptor(buf, body, fend)
             if code == _TRANSFER:
                 self.transfers_out += 1
+                if self._topic_receivers:
+                    replacement = self._broker_transfer(buf, pos, body, fend, channel, now, out)
+                    if replacement is not None:
+                        if pos > run_start:
+                            self._send(Side.CLIENT, bytes(buf[run_start:pos]), out)
+                        self._send(Side.CLIENT, replacement, out)
+                        run_start = fend
                 pos = fend
                 continue
             if code == _DISPOSITION:
@@ -1403,6 +1459,78 @@ class ProxyConnection:
         if pos > run_start and self._broker_mode == "amqp":
             self._send(Side.CLIENT, bytes(buf[run_start:pos]), out)
         return pos
+
+    def _broker_transfer(self, buf: Any, pos: int, body: int, fend: int, channel: int,
+                         now: float, out: list[Command]) -> bytes | None:
+        """A router Transfer on a connection with topic-filtered receivers.
+
+        Returns None to forward the frame's bytes as they are, else the bytes to send to the
+        client instead: a copy with ``durable`` cleared, or a payload-less stand-in for a
+        withheld delivery (docs/decisions/0004-topic-delivery-filtering.md).
+        """
+        session = self._broker_sessions.get(channel)
+        if session is None:
+            return None
+        hdr = read_transfer(buf, body, fend)
+        link = session.broker_links.get(hdr.handle)
+        if link is None or link.is_sender or not (link.topic_filter or link.strip_durable):
+            return None
+        first = not link.in_delivery
+        last = not hdr.more or hdr.aborted
+        if first:
+            link.delivery_id = hdr.delivery_id
+            link.delivery_tag = hdr.delivery_tag
+            link.delivery_settled = hdr.settled
+            link.discarding = False
+            link.rewrite_durable = link.strip_durable
+            if link.topic_filter and not hdr.aborted:
+                routing = read_message_routing(buf, hdr.payload_offset, fend)
+                if not routing.complete and hdr.more:
+                    visible = False  # cannot tell the address from the first frame: withhold
+                    decided = "properties not in the first frame"
+                else:
+                    address = routing.to if routing.to is not None else (link.address or "")
+                    d = self._topics.check_delivery(self._principal, link.address or "",
+                                                    address, wall_now=now + self.wall_offset)
+                    visible, decided = d.visible, d.decided_by
+                    link.rewrite_durable = d.strip_durable
+                if not visible:
+                    link.discarding = True
+                    logger.debug("[%s] delivery %s on '%s' withheld: %s", self.conn_id,
+                                 hdr.delivery_id, link.address, decided)
+                    self._emit(MessageDenied(
+                        **self._ctx(now), address=routing.to, reason=MessageDenyReason.TOPIC_WITHHELD,
+                        size=fend - hdr.payload_offset), out)
+        elif hdr.settled:
+            link.delivery_settled = True
+        link.in_delivery = not last
+        if link.discarding:
+            # One payload-less frame per router frame keeps the session's transfer-ids and the
+            # link's delivery-count in step on both sides; the last one aborts the delivery,
+            # which settles it for the client (Part 2 §2.7.5).
+            if first:
+                t = Transfer(handle=hdr.handle, delivery_id=hdr.delivery_id,
+                             delivery_tag=hdr.delivery_tag or b"", message_format=0,
+                             settled=True if last else None, more=not last,
+                             aborted=True if last else None)
+            else:
+                t = Transfer(handle=hdr.handle, more=not last, settled=True if last else None,
+                             aborted=True if last else None)
+            if last:
+                link.discarding = False
+                if not link.delivery_settled and not hdr.aborted and link.delivery_id is not None:
+                    # settle it toward the router: the subscriber may not see it
+                    self._send(Side.BROKER, _frame(session.channel, Disposition(
+                        role=True, first=link.delivery_id, settled=True, state=Accepted())), out)
+            return _frame(channel, t)
+        if first and link.rewrite_durable:
+            link.rewrite_durable = False
+            offset = durable_flag_offset(buf, hdr.payload_offset, fend)
+            if offset is not None:
+                frame = bytearray(buf[pos:fend])
+                frame[offset - pos] = cleared_durable_byte(buf, offset)
+                return bytes(frame)
+        return None
 
     def _broker_frame(self, perf: Any, raw: bytes, channel: int, now: float,
                       out: list[Command]) -> bytes | None:
@@ -1527,6 +1655,10 @@ ProxyConnection._CLIENT_HANDLERS = {
     Disposition: ProxyConnection._on_client_disposition,
     Transfer: ProxyConnection._on_client_transfer_decoded,
 }
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _replace(perf: Any, **changes: Any) -> Any:

@@ -38,6 +38,8 @@ class LinkDenyReason(StrEnum):
     ANONYMOUS_SENDER = "anonymous_sender"
     DYNAMIC_SOURCE = "dynamic_source"
     NO_SOURCE = "no_source"
+    TOPIC = "topic"
+    """Denied by the vhost's or group's topic authorization (ARCHITECTURE 4.6)."""
 
 
 class MessageDenyReason(StrEnum):
@@ -46,6 +48,10 @@ class MessageDenyReason(StrEnum):
     MESSAGE_SIZE = "message_size"
     RELAY_TARGET = "relay_target"
     USER_ID = "user_id"
+    TOPIC = "topic"
+    """An anonymous-relay message's ``to`` denied publish by topic authorization."""
+    TOPIC_WITHHELD = "topic_withheld"
+    """A delivery to a wildcard subscriber withheld: no subscribe authority on its address."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

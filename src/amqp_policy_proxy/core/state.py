@@ -50,6 +50,10 @@ class LinkRecord:
         "in_delivery",
         "discarding",
         "discard_reason",
+        "qos",
+        "topic_filter",
+        "strip_durable",
+        "rewrite_durable",
     )
 
     def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
@@ -76,6 +80,15 @@ class LinkRecord:
         self.in_delivery = False
         self.discarding = False
         self.discard_reason: str | None = None
+        # topic authorization (docs/decisions/0004-topic-delivery-filtering.md)
+        self.qos = 1
+        """QoS the link's settle modes map to (ARCHITECTURE 4.6), for relay publish checks."""
+        self.topic_filter = False
+        """Receiver with a wildcard subscription under ``nearestAcl``: check every delivery."""
+        self.strip_durable = False
+        """Receiver whose principal lacks the persistent authority: durable delivered as false."""
+        self.rewrite_durable = False
+        """The router-to-client delivery in progress gets its ``durable`` flag cleared."""
 
 
 class SessionRecord:

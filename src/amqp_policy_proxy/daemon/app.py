@@ -80,6 +80,11 @@ class Daemon:
 
     # ------------------------------------------------------------------ plumbing
 
+    @property
+    def wall_offset(self) -> float:
+        """POSIX seconds minus loop-clock seconds, fixed at start (for the core's date checks)."""
+        return self._wall_offset
+
     def next_conn_id(self) -> str:
         """Return a new process-unique connection id."""
         return f"{self._prefix}-{next(self._ids)}"

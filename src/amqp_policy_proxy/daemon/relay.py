@@ -21,6 +21,7 @@ from ..core.connection import ProxyConnection
 from ..core.events import ConnectionDenied, ConnectionDenyReason, UpstreamConnectFailed
 from ..core.state import Phase
 from ..ingress.peer import normalise_peer
+from .tls import peer_subject
 
 if TYPE_CHECKING:
     from .app import Daemon
@@ -80,6 +81,7 @@ class ClientProtocol(asyncio.Protocol):
             self.conn_id, remote_host=host, listener=self.listener,
             policy=daemon.policy, ledger=daemon.ledger, now=now,
             handshake_timeout=daemon.config.handshake_seconds,
+            tls_subject=peer_subject(transport), wall_offset=daemon.wall_offset,
         )
         daemon.connections[self.conn_id] = self
         self._arm_timer()

@@ -1,0 +1,36 @@
+"""TLS facts about an accepted client transport (the daemon shell's side of decision 2)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from cryptography import x509
+
+logger = logging.getLogger(__name__)
+
+
+def peer_subject(transport: Any) -> str | None:
+    """The RFC 4514 subject of the client certificate the TLS handshake verified.
+
+    Args:
+        transport: an asyncio transport (``get_extra_info("ssl_object")`` is read; asyncio calls
+            ``connection_made`` only after the handshake, so the certificate is known then).
+
+    Returns:
+        e.g. ``"CN=alice,O=Example"`` (RFC 4514 order: most specific first, as
+        ``cryptography``'s ``Name.rfc4514_string`` writes it), or None for a plain TCP
+        transport or a TLS client that presented no certificate. DDS permission grants
+        (ARCHITECTURE 4.6) match against it.
+    """
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    try:
+        der = ssl_object.getpeercert(binary_form=True)
+        if not der:
+            return None
+        return x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    except (ValueError, OSError) as exc:  # an unparsable certificate: no subject, logged
+        logger.warning("cannot read the client certificate's subject: %s", exc)
+        return None
