@@ -498,3 +498,23 @@ class TestLifecycle:
             raw.settimeout(2)
             while raw.recv(4096):  # whatever the broker wrote, then EOF: closed by the broker
                 pass
+
+
+# -- topic subscriptions ---------------------------------------------------------------------
+
+
+def test_wildcard_subscription_gets_a_copy_of_each_matching_message(broker, client):
+    one, deep = client.create_receiver("T/+"), client.create_receiver("T/#")
+    plain = client.create_receiver("T/P")
+    sender = client.create_sender(None)  # anonymous relay: routed by each message's "to"
+    for address in ("T/P", "T/K", "T/B/C", "U/P"):
+        sender.send(Message(address=address, body=address))
+    got_one = [one.receive(timeout=5) for _ in range(2)]
+    assert [m.address for m in got_one] == ["T/P", "T/K"]  # the "to" is kept
+    got_deep = [deep.receive(timeout=5) for _ in range(3)]
+    assert [m.body for m in got_deep] == ["T/P", "T/K", "T/B/C"]
+    assert plain.receive(timeout=5).body == "T/P"  # the address's own queue keeps its copy
+    for r in (one, deep, plain):
+        r.accept()
+        with pytest.raises(Timeout):
+            r.receive(timeout=0.3)

@@ -7,6 +7,10 @@ What it does:
   with the other receivers of the address (round robin among links with credit).
 - Anonymous relay: a client sender without a target address routes each message by its ``to``
   property; the broker offers the ``ANONYMOUS-RELAY`` connection capability.
+- Topic subscriptions: a receiver whose source address has a wildcard token (MQTT style over
+  ``/``-separated addresses: ``+`` one token, ``#`` the rest, e.g. ``A/+`` or ``A/#``) gets its
+  own queue and a copy of every message later sent to a matching address (the address's own
+  queue keeps its copy too). Messages keep their ``to``, so a subscriber can tell them apart.
 - Dynamic nodes: a receiver asking for a dynamic source (or a sender for a dynamic target) gets
   a fresh ``dynamic/<hex>`` address in the broker's Attach; the node goes when the link does.
 - Messages are forwarded as the exact bytes received (never decoded and re-encoded; only relayed
@@ -396,6 +400,7 @@ class _BrokerHandler(MessagingHandler):
         self.handlers = [h for h in self.handlers if isinstance(h, EndpointStateHandler)]
         self.broker = broker
         self.queues: dict[str, _Queue] = {}
+        self.topic_subs: dict[_LinkState, re.Pattern[str]] = {}
         self.conns: dict[int, _ConnState] = {}
         self.links: dict[Link, _LinkState] = {}
         self.acceptor: Any = None
@@ -619,7 +624,12 @@ class _BrokerHandler(MessagingHandler):
                 link.source.type = Terminus.UNSPECIFIED
             else:
                 state.address = address
-                state.queue = self._queue(address)
+                pattern = _topic_pattern(address)
+                if pattern is not None:
+                    state.queue = _Queue(address)  # private: one copy per subscription
+                    self.topic_subs[state] = pattern
+                else:
+                    state.queue = self._queue(address)
                 with self.broker._lock:
                     state.queue.consumers.append(state)
         else:
@@ -692,6 +702,7 @@ class _BrokerHandler(MessagingHandler):
             return
         state.closed = True
         self.links.pop(state.link, None)
+        self.topic_subs.pop(state, None)
         conn_state = self.conns.get(state.conn_id)
         if conn_state is not None and state in conn_state.links:
             conn_state.links.remove(state)
@@ -773,14 +784,21 @@ class _BrokerHandler(MessagingHandler):
                 self._replenish(link)
                 return
         queue = self._queue(address)
+        copies = [sub.queue for sub, pattern in self.topic_subs.items()
+                  if sub.queue is not None and pattern.fullmatch(address)]
         with self.broker._lock:
             queue.messages.append(body)
             queue.received += 1
+            for copy in copies:
+                copy.messages.append(body)
+                copy.received += 1
         if not dlv.settled:
             dlv.update(Delivery.ACCEPTED)
         dlv.settle()
         self._replenish(link)
         self._pump(queue)
+        for copy in copies:
+            self._pump(copy)
 
     @staticmethod
     def _reject(dlv: Delivery, name: str, description: str) -> None:
@@ -856,6 +874,20 @@ class _BrokerHandler(MessagingHandler):
             dlv.settle()
         else:
             state.unsettled[dlv.tag] = (dlv, body)  # keyed as proton reports the tag
+
+
+def _topic_pattern(address: str) -> re.Pattern[str] | None:
+    """A regex for an MQTT-style subscription (``+`` one token, ``#`` the rest), else None."""
+    tokens = address.split("/")
+    if "+" not in tokens and "#" not in tokens:
+        return None
+    parts: list[str] = []
+    for i, token in enumerate(tokens):
+        if token == "#" and i == len(tokens) - 1:
+            # "#" also matches the parent itself ("A/#" matches "A")
+            return re.compile("/".join(parts) + ("(?:/.*)?" if parts else ".*"))
+        parts.append("[^/]+" if token == "+" else re.escape(token))
+    return re.compile("/".join(parts))
 
 
 # -- the public broker -----------------------------------------------------------------------
