@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -28,6 +28,7 @@ from amqp_policy_proxy.limits.addresses import (
 )
 from amqp_policy_proxy.policy.errors import ERROR, WARNING, ConfigIssue, PolicyError
 from amqp_policy_proxy.policy.keys import (
+    ANY_USER,
     DEFAULT_GROUP,
     GROUP_KEYS,
     LIST_SEPARATOR,
@@ -40,12 +41,26 @@ from amqp_policy_proxy.policy.keys import (
 )
 from amqp_policy_proxy.policy.lookup import HostnamePatterns
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, PolicySettings, VhostPolicy
+from amqp_policy_proxy.policy.topics.authorizer import TopicAuthorizer
+from amqp_policy_proxy.policy.topics.config import (
+    DdsLoadError,
+    compile_permissions,
+    compile_topic_tree,
+    syntax_of,
+)
 
 Resolver = Callable[[str], list[str]]
 """Host name -> IP address strings; raises LookupError when the name does not resolve."""
 
 Document = tuple[str | None, Any]
 """``(file name or None, parsed content)``."""
+
+DdsLoader = Callable[[str | None, str, str], tuple[Any, str]]
+"""``(policy file or None, permissionsDocument, permissionsCa)`` -> ``(permissions,
+fingerprint)``: loads and verifies a vhost's DDS permissions document (paths as written, relative
+to the policy file's directory); the fingerprint (e.g. a SHA-256 of the files) joins the policy
+digest. Raises :class:`~amqp_policy_proxy.policy.topics.config.DdsLoadError`. The real one is
+:func:`amqp_policy_proxy.policy.load.load_dds_permissions` (file I/O)."""
 
 _MISSING: Any = object()
 
@@ -71,6 +86,8 @@ class _RawVhost:
     file: str | None
     label: str
     attrs: dict[str, Any]
+    fingerprint: str = ""
+    """Content fingerprint of files the vhost refers to (DDS documents), for the digest."""
 
 
 @dataclass(slots=True)
@@ -89,6 +106,7 @@ def compile_policy(
     settings: PolicySettings | None = None,
     *,
     resolver: Resolver | None = None,
+    dds_loader: DdsLoader | None = None,
 ) -> Policy:
     """Validate and compile parsed policy documents.
 
@@ -108,6 +126,8 @@ def compile_policy(
         settings: the global policy settings (defaults: :class:`PolicySettings`).
         resolver: resolves host names in ``remoteHosts`` (once per name per call); without one
             every host name is an error.
+        dds_loader: loads DDS ``permissionsDocument`` files (:data:`DdsLoader`); without one a
+            vhost with a ``permissionsDocument`` is an error.
 
     Returns:
         The compiled policy; its ``warnings`` holds the non-fatal issues.
@@ -131,7 +151,7 @@ def compile_policy(
     names: dict[str, _RawVhost] = {}
     named: list[_Named] = []
     for raw in raw_vhosts:
-        hostname, alias_list, vhost = _compile_vhost(raw, settings, cached, issues)
+        hostname, alias_list, vhost = _compile_vhost(raw, settings, cached, issues, dds_loader)
         if hostname is None:
             continue
         first = names.get(hostname)
@@ -152,7 +172,8 @@ def compile_policy(
         raise PolicyError(issues.items)
 
     canonical = json.dumps(
-        sorted(([v.hostname, raw.attrs] for raw, v in compiled), key=lambda x: x[0]),
+        sorted(([v.hostname, raw.attrs, *([raw.fingerprint] if raw.fingerprint else [])]
+                for raw, v in compiled), key=lambda x: x[0]),
         sort_keys=True, separators=(",", ":"), default=str,
     )
     return Policy(
@@ -235,7 +256,11 @@ def _raw_vhost(file: str | None, position: str, attrs: Mapping[Any, Any]) -> _Ra
 
 
 def _compile_vhost(
-    raw: _RawVhost, settings: PolicySettings, resolver: Resolver | None, issues: _Issues
+    raw: _RawVhost,
+    settings: PolicySettings,
+    resolver: Resolver | None,
+    issues: _Issues,
+    dds_loader: DdsLoader | None = None,
 ) -> tuple[str | None, list[tuple[int, str]], VhostPolicy | None]:
     """Returns ``(hostname, aliases, vhost)``; vhost is None when the vhost has errors."""
     file, label, attrs = raw.file, raw.label, raw.attrs
@@ -266,6 +291,8 @@ def _compile_vhost(
                                                           f"Policy vhost '{v}'"))
             continue
         present.add(spec.camel)
+        if spec.kind is Kind.TOPICS:
+            continue  # compiled with the groups, below
         if not spec.enforced:
             if spec.camel == "id":
                 issues.warning(file, path, "'id' is a deprecated synonym of 'hostname'")
@@ -305,6 +332,7 @@ def _compile_vhost(
                 groups[gname] = group
 
     user_groups = _user_groups(v, label, raw_groups, groups, file, issues)
+    groups = _compile_topics(raw, v, raw_groups, groups, dds_loader, issues)
 
     allow_unknown = values.get("allow_unknown_user")
     if allow_unknown and DEFAULT_GROUP not in (raw_groups or {}):
@@ -420,6 +448,8 @@ def _compile_group(
                                                           prefix))
             continue
         option = f"{prefix} option '{key}'"
+        if spec.kind is Kind.TOPICS:
+            continue  # compiled by _compile_topics, which needs the whole vhost
         if not spec.enforced:
             issues.warning(file, path, f"'{key}' is accepted for QDR compatibility but is not "
                                        "enforced by the proxy")
@@ -535,6 +565,95 @@ def _remote_hosts(
                          f"{option} connectionOption '{items[index]}' failed to translate: "
                          f"'{message}'.")
     return RemoteHosts()
+
+
+# ---------------------------------------------------------------------------- topics
+
+
+def _compile_topics(
+    raw: _RawVhost,
+    v: str,
+    raw_groups: Any,
+    groups: dict[str, GroupSettings],
+    dds_loader: DdsLoader | None,
+    issues: _Issues,
+) -> dict[str, GroupSettings]:
+    """Topic authorization (ARCHITECTURE 4.6): ``topicTree``, DDS, per-group ``permissions``.
+
+    Returns the groups, each with ``topics`` set when a model applies to it.
+    """
+    file, label, attrs = raw.file, raw.label, raw.attrs
+    group_maps = raw_groups if isinstance(raw_groups, Mapping) else {}
+    members = {
+        name: (groups[name].users - {ANY_USER}) if name in groups else frozenset()
+        for name in group_maps if isinstance(name, str)
+    }
+
+    def report(found: Iterable[tuple[str, str, str]], base: str) -> None:
+        for severity, path, message in found:
+            if severity == ERROR:
+                issues.error(file, f"{base}{path}", message)
+            else:
+                issues.warning(file, f"{base}{path}", message)
+
+    tree = None
+    raw_tree = attrs.get("topicTree")
+    if "topicTree" in attrs:
+        tree, found = compile_topic_tree(raw_tree, groups=members)
+        report(found, f"{label}.topicTree")
+    syntax = syntax_of(raw_tree)
+
+    dds = _load_dds(raw, dds_loader, issues)
+
+    out = dict(groups)
+    for name, gattrs in group_maps.items():
+        if not isinstance(name, str) or not isinstance(gattrs, Mapping):
+            continue  # reported by the group compiler
+        permissions, found = compile_permissions(
+            gattrs.get("permissions"), gattrs.get("defaultBehaviour"),
+            has_rules="permissions" in gattrs, has_default="defaultBehaviour" in gattrs,
+            syntax=syntax)
+        report(found, f"{label}.groups.{name}")
+        group = groups.get(name)
+        if group is not None and (tree is not None or dds is not None or permissions is not None):
+            out[name] = replace(group, topics=TopicAuthorizer(
+                vhost=v, group=name, tree=tree, permissions=permissions, dds=dds))
+    return out
+
+
+def _load_dds(raw: _RawVhost, dds_loader: DdsLoader | None, issues: _Issues) -> Any:
+    file, label, attrs = raw.file, raw.label, raw.attrs
+    document = attrs.get("permissionsDocument", _MISSING)
+    ca = attrs.get("permissionsCa", _MISSING)
+    doc_path, ca_path = f"{label}.permissionsDocument", f"{label}.permissionsCa"
+    usable = True
+    for value, path, key in ((document, doc_path, "permissionsDocument"),
+                             (ca, ca_path, "permissionsCa")):
+        if value is not _MISSING and (not isinstance(value, str) or not value):
+            issues.error(file, path, f"{key} must be a non-empty file path, not {_show(value)}")
+            usable = False
+    if document is _MISSING:
+        if ca is not _MISSING:
+            issues.error(file, ca_path, "permissionsCa without permissionsDocument has no effect")
+        return None
+    if ca is _MISSING:
+        issues.error(file, doc_path, "permissionsDocument needs permissionsCa: the CA "
+                                     "certificate (PEM) that signed the document")
+        return None
+    if not usable:
+        return None
+    if dds_loader is None:
+        issues.error(file, doc_path, "cannot load DDS permissions documents here (no loader: "
+                                     "load the policy from files)")
+        return None
+    try:
+        permissions, fingerprint = dds_loader(file, document, ca)
+    except DdsLoadError as exc:
+        issues.error(file, doc_path, f"cannot load DDS permissions document '{document}': "
+                                     f"{exc.reason}")
+        return None
+    raw.fingerprint = fingerprint
+    return permissions
 
 
 # ---------------------------------------------------------------------------- values

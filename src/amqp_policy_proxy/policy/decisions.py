@@ -26,6 +26,8 @@ SOURCE = "source"
 ANONYMOUS_SENDER = "anonymous_sender"
 DYNAMIC_SOURCE = "dynamic_source"
 NO_SOURCE = "no_source"
+TOPIC = "topic"
+"""A topic model (``topicTree``, ``permissions``, DDS) denied a link or a relay message."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,9 @@ class Kind(StrEnum):
     """The map of group name to group settings."""
     METADATA = "metadata"
     """Management metadata (``name``, ``identity``, ``type``); any value, ignored."""
+    TOPICS = "topics"
+    """Topic authorization keys (ARCHITECTURE 4.6, an extension over QDR): compiled together
+    into ``GroupSettings.topics`` by :mod:`amqp_policy_proxy.policy.topics.config`."""
 
 
 class Level(StrEnum):
@@ -120,6 +123,12 @@ _VHOST_SPECS: Final = (
     _spec("identity", "identity", _V, Kind.METADATA, enforced=False,
           doc="management entity identity"),
     _spec("type", "type", _V, Kind.METADATA, enforced=False, doc="management entity type"),
+    _spec("topicTree", "topic_tree", _V, Kind.TOPICS, default=None,
+          doc="topic tree ACLs: model anyAncestor (IBM MQ) or nearestAcl (WMB); extension"),
+    _spec("permissionsDocument", "permissions_document", _V, Kind.TOPICS, default=None,
+          doc="S/MIME-signed DDS Security permissions document; relative to the policy file"),
+    _spec("permissionsCa", "permissions_ca", _V, Kind.TOPICS, default=None,
+          doc="CA certificate (PEM) that signed permissionsDocument; relative to the file"),
 )
 
 _GROUP_SPECS: Final = (
@@ -170,6 +179,10 @@ _GROUP_SPECS: Final = (
           doc="address patterns instead of sources"),
     _spec("targetPattern", "target_pattern", _G, Kind.PATTERNS, default=None,
           doc="address patterns instead of targets"),
+    _spec("permissions", "permissions", _G, Kind.TOPICS, default=None,
+          doc="ordered topic rules {topic, activity, qos, type}; first match decides; extension"),
+    _spec("defaultBehaviour", "default_behaviour", _G, Kind.TOPICS, default=None,
+          doc="allow or deny when no permissions rule matches; default allow only when empty"),
 )
 
 VHOST_KEYS: Final = MappingProxyType({s.camel: s for s in _VHOST_SPECS})

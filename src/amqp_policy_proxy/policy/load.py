@@ -11,10 +11,15 @@ The only I/O of the policy package lives here: reading a policy directory or fil
 A directory contributes every ``*.json``, ``*.yaml`` and ``*.yml`` file directly in it (not
 recursive), sorted by name; dotfiles and other names (``*.json.in`` templates, backups) are
 skipped. Host-name resolution is injected (``resolver``), never done here.
+
+A vhost's DDS ``permissionsDocument`` / ``permissionsCa`` (ARCHITECTURE 4.6) are read here too,
+relative to the directory of the policy file that names them, by :func:`load_dds_permissions`,
+which the compiler calls through its ``dds_loader`` argument.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -24,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from amqp_policy_proxy.policy.compile import Document, Resolver, compile_policy
+from amqp_policy_proxy.policy.compile import DdsLoader, Document, Resolver, compile_policy
 from amqp_policy_proxy.policy.errors import (
     ERROR,
     ConfigIssue,
@@ -32,8 +37,10 @@ from amqp_policy_proxy.policy.errors import (
     format_issues,
 )
 from amqp_policy_proxy.policy.model import Policy, PolicySettings
+from amqp_policy_proxy.policy.topics.config import DdsLoadError
 
-__all__ = ["load_policy", "compile_policy", "format_issues", "read_documents", "POLICY_SUFFIXES"]
+__all__ = ["load_policy", "compile_policy", "format_issues", "read_documents", "POLICY_SUFFIXES",
+           "load_dds_permissions"]
 
 POLICY_SUFFIXES = (".json", ".yaml", ".yml")
 """File name endings read from a policy directory."""
@@ -44,6 +51,7 @@ def load_policy(
     settings: PolicySettings | None = None,
     *,
     resolver: Resolver | None = None,
+    dds_loader: DdsLoader | None = None,
 ) -> Policy:
     """Load, validate and compile a policy directory or file.
 
@@ -55,6 +63,7 @@ def load_policy(
         resolver: resolves ``remoteHosts`` host names at load time (e.g.
             :func:`amqp_policy_proxy.daemon.resolver.system_resolver`); without one, host names
             are errors.
+        dds_loader: loads DDS permissions documents; default :func:`load_dds_permissions`.
 
     Returns:
         The compiled policy; ``policy.warnings`` holds the non-fatal issues.
@@ -65,7 +74,8 @@ def load_policy(
     """
     documents, read_issues = read_documents(path)
     try:
-        policy = compile_policy(documents, settings, resolver=resolver)
+        policy = compile_policy(documents, settings, resolver=resolver,
+                                dds_loader=dds_loader or load_dds_permissions)
     except PolicyError as exc:
         raise PolicyError([*read_issues, *exc.issues]) from None
     if any(i.is_error for i in read_issues):
@@ -73,6 +83,46 @@ def load_policy(
     if read_issues:
         policy = replace(policy, warnings=(*read_issues, *policy.warnings))
     return policy
+
+
+def load_dds_permissions(policy_file: str | None, document: str, ca: str) -> tuple[Any, str]:
+    """Load and verify a vhost's DDS permissions document (the compiler's ``dds_loader``).
+
+    Args:
+        policy_file: the policy file naming the document; relative paths are resolved against
+            its directory (against the working directory when None).
+        document: ``permissionsDocument`` as written (S/MIME-signed XML).
+        ca: ``permissionsCa`` as written (PEM).
+
+    Returns:
+        ``(permissions, fingerprint)``: the verified, compiled
+        ``amqp_policy_proxy.policy.topics.dds.DdsPermissions`` and a SHA-256 of both files
+        (so the policy digest changes when a document is replaced).
+
+    Raises:
+        DdsLoadError: the files cannot be read, the signature is missing, not by the CA or
+            broken, or the XML is invalid; ``reason`` is the DDS loader's precise reason.
+    """
+    try:
+        from amqp_policy_proxy.policy.topics import dds
+    except ImportError as exc:  # pragma: no cover - the module ships with the package
+        raise DdsLoadError(f"DDS permissions support is not available: {exc}") from None
+    base = Path(policy_file).parent if policy_file else Path()
+    doc_path, ca_path = base / document, base / ca
+    try:
+        permissions = dds.load_permissions(doc_path, ca_path)
+    except dds.DdsError as exc:
+        detail = f" ({exc.detail})" if exc.detail else ""
+        raise DdsLoadError(f"{exc.reason}{detail}") from None
+    except OSError as exc:
+        raise DdsLoadError(f"cannot read: {exc.strerror or exc}") from None
+    digest = hashlib.sha256()
+    try:
+        for path in (doc_path, ca_path):
+            digest.update(path.read_bytes())
+    except OSError as exc:  # replaced between the load and now
+        raise DdsLoadError(f"cannot read: {exc.strerror or exc}") from None
+    return permissions, digest.hexdigest()[:16]
 
 
 def read_documents(path: str | os.PathLike[str]) -> tuple[list[Document], list[ConfigIssue]]:

@@ -23,6 +23,7 @@ from amqp_policy_proxy.limits.addresses import AddressRules
 if TYPE_CHECKING:
     from amqp_policy_proxy.policy.errors import ConfigIssue
     from amqp_policy_proxy.policy.lookup import HostnamePatterns
+    from amqp_policy_proxy.policy.topics import TopicAuthorizer
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -91,6 +92,10 @@ class GroupSettings:
     """Accepted for QDR compatibility, not enforced (router management plane)."""
     allow_admin_status_update: bool = True
     """Accepted for QDR compatibility, not enforced (router management plane)."""
+    topics: TopicAuthorizer | None = None
+    """Topic authorization (ARCHITECTURE 4.6): the vhost's ``topicTree`` and DDS
+    ``permissionsDocument`` and this group's ``permissions``, combined. None when none of
+    them applies, so links and messages pay nothing."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,14 +23,17 @@ def test_every_group_key_is_a_group_settings_field() -> None:
     for spec in keys.GROUP_KEYS.values():
         if spec.kind in (keys.Kind.PATTERNS,):
             continue  # sourcePattern/targetPattern compile into sources/targets
+        if spec.kind is keys.Kind.TOPICS:
+            assert "topics" in fields  # permissions/defaultBehaviour compile into topics
+            continue
         assert spec.snake in fields, spec.camel
 
 
 def test_every_vhost_key_is_a_vhost_policy_field() -> None:
     fields = {f.name for f in dataclasses.fields(VhostPolicy)}
     for spec in keys.VHOST_KEYS.values():
-        if spec.kind is keys.Kind.METADATA:
-            continue
+        if spec.kind in (keys.Kind.METADATA, keys.Kind.TOPICS):
+            continue  # topic keys compile into each group's topics
         assert spec.snake in fields, spec.camel
 
 
@@ -54,6 +57,14 @@ def test_hyphen_to_camel_and_suggest() -> None:
     assert keys.hyphen_to_camel("hostname") == "hostname"
     assert keys.suggest("maxSender", keys.GROUP_KEYS) == "maxSenders"
     assert keys.suggest("colour", keys.GROUP_KEYS) is None
+
+
+def test_topic_keys_are_the_architecture_4_6_keys() -> None:
+    topics = keys.Kind.TOPICS
+    assert {k for k, s in keys.VHOST_KEYS.items() if s.kind is topics} == {
+        "topicTree", "permissionsDocument", "permissionsCa"}
+    assert {k for k, s in keys.GROUP_KEYS.items() if s.kind is topics} == {
+        "permissions", "defaultBehaviour"}
 
 
 def test_limit_names_are_qdr_keys() -> None:
