@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from .. import __version__
 from .config import (
@@ -58,6 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--vhost")
     explain.add_argument("--address")
     explain.add_argument("--role", choices=["sender", "receiver"])
+    explain.add_argument("--qos", type=int, choices=[0, 1, 2], default=1,
+                         help="link QoS for topic permissions (0 settled, 1 at least once, "
+                              "2 rcv-settle-mode second); default 1")
+    explain.add_argument("--subject", metavar="DN",
+                         help="TLS client certificate subject (RFC 4514) for DDS grants")
+    explain.add_argument("--at", metavar="ISO8601",
+                         help="time of the check for DDS validity windows (default now; "
+                              "without a UTC offset: UTC)")
+    explain.add_argument("--delivery-address", metavar="ADDRESS",
+                         help="with --role receiver: a message's address, to show the "
+                              "per-delivery decision and durable rewrite")
     explain.add_argument("--enable-vhost-name-patterns", action="store_true")
     explain.add_argument("--default-vhost", default="$default")
 
@@ -201,8 +214,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if (args.address is None) != (args.role is None):
         print("error: --address and --role go together")
         return EXIT_CONFIG
+    if args.delivery_address is not None and args.role != "receiver":
+        print("error: --delivery-address needs --address and --role receiver")
+        return EXIT_CONFIG
+    if args.at is None:
+        wall_now = time.time()
+    else:
+        try:
+            when = datetime.fromisoformat(args.at)
+        except ValueError:
+            print(f"error: --at {args.at!r} is not an ISO 8601 time (e.g. 2025-06-01T12:00:00Z)")
+            return EXIT_CONFIG
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        wall_now = when.timestamp()
     result = explain(policy, user=args.user, host=args.host, vhost=args.vhost,
-                     address=args.address, role=args.role)
+                     address=args.address, role=args.role, qos=args.qos, subject=args.subject,
+                     wall_now=wall_now, delivery_address=args.delivery_address)
     print(result.render())
     return EXIT_OK
 

@@ -3,7 +3,9 @@
 It follows the same order and uses the same lookups as the live decisions
 (:mod:`amqp_policy_proxy.policy.decisions`) and names the rule that decided each step: how the
 vhost was found, why the user got its group, which ``remoteHosts`` item matched, and, with an
-address and a role, which ``sources``/``targets`` item or pattern allowed the link.
+address and a role, which ``sources``/``targets`` item or pattern allowed the link, then each
+topic model of the group (ARCHITECTURE 4.6: ``topicTree`` node, ``permissions`` rule, DDS grant
+and rule) and, for a per-delivery subscription, the decision for one message's address.
 Live counts (connections, sessions, links) are not considered; the output says so.
 """
 
@@ -16,6 +18,7 @@ from amqp_policy_proxy.limits.addresses import USER_TOKEN, AddressRules
 from amqp_policy_proxy.policy import decisions as d
 from amqp_policy_proxy.policy.lookup import resolve_group, resolve_vhost
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
+from amqp_policy_proxy.policy.topics import PUBLISH, SUBSCRIBE, Principal
 
 ROLES = ("sender", "receiver")
 """The client's side of the link: ``sender`` checks targets, ``receiver`` checks sources."""
@@ -44,6 +47,10 @@ def explain(
     vhost: str | None = None,
     address: str | None = None,
     role: str | None = None,
+    qos: int = 1,
+    subject: str | None = None,
+    wall_now: float | None = None,
+    delivery_address: str | None = None,
 ) -> Explanation:
     """Explain whether ``user`` connecting from ``host`` to ``vhost`` is allowed.
 
@@ -56,18 +63,30 @@ def explain(
             or a receiver without source).
         role: ``"sender"`` (client sends: targets) or ``"receiver"`` (client receives:
             sources); required with ``address``.
+        qos: the link's QoS for ``permissions`` rules (0, 1 or 2; see
+            :func:`amqp_policy_proxy.policy.topics.qos_of`).
+        subject: the TLS client certificate subject (RFC 4514) for DDS grants, else None.
+        wall_now: POSIX seconds at which DDS validity windows are evaluated; required when
+            the group's topic checks include a DDS document.
+        delivery_address: with a receiver, the concrete address of one message (its ``to``)
+            to show the per-delivery decision and the durable rewrite.
 
     Returns:
         The explanation. Counts are not considered.
 
     Raises:
-        ValueError: ``role`` is not ``sender``/``receiver``, or ``address`` is given without
-            a role.
+        ValueError: ``role`` is not ``sender``/``receiver``, ``address`` is given without
+            a role, ``delivery_address`` without the receiver role, ``qos`` is not 0, 1 or 2,
+            or a DDS check is needed and ``wall_now`` is None.
     """
     if role is not None and role not in ROLES:
         raise ValueError(f"role must be 'sender' or 'receiver', not {role!r}")
     if address is not None and role is None:
         raise ValueError("an address needs a role ('sender' or 'receiver')")
+    if delivery_address is not None and role != "receiver":
+        raise ValueError("a delivery address needs the 'receiver' role")
+    if qos not in (0, 1, 2):
+        raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
     rhost = normalise_peer(host)
     lines: list[str] = []
     requested = vhost or ""
@@ -112,6 +131,10 @@ def explain(
 
     if role is not None:
         reason = _link_step(group, user, address or "", role, lines)
+        if reason is None:
+            principal = Principal(user=user, group=group.name, subject=subject)
+            reason = _topic_step(group, principal, address or "", role, qos, wall_now,
+                                 delivery_address, lines)
         if reason is not None:
             return done(False, reason)
     return done(True)
@@ -217,3 +240,49 @@ def _address_step(rules: AddressRules, pattern_key: str, list_key: str, user: st
         lines.append(f"link: {what} '{address}' is denied: no {key} item matches "
                      f"{list(rules.items)} for user '{user}'")
     return reason
+
+
+def _topic_step(group: GroupSettings, principal: Principal, address: str, role: str, qos: int,
+                wall_now: float | None, delivery_address: str | None,
+                lines: list[str]) -> str | None:
+    """The topic models' lines (ARCHITECTURE 4.6); the denial reason or None."""
+    topics = group.topics
+    if topics is None:
+        if delivery_address is not None:
+            lines.append("delivery: no topic model: every delivery is visible and keeps its "
+                         "durability")
+        return None
+    models = ", ".join(topics.models)
+    if not address:
+        if role == "sender":
+            lines.append(f"topic: each relay message's 'to' is also checked by the topic models "
+                         f"({models})")
+        return None
+    if topics.dds is not None and wall_now is None:
+        raise ValueError("the topic check includes a DDS permissions document: give wall_now")
+    activity = PUBLISH if role == "sender" else SUBSCRIBE
+    who = f"user '{principal.user}' (group '{principal.group}'"
+    who += f", subject '{principal.subject}')" if principal.subject else ")"
+    lines.append(f"topic: {activity} '{address}' at qos {qos} by {who}; models: {models}")
+    decision, steps = topics.explain_check(principal, activity, address, qos=qos,
+                                           wall_now=wall_now if wall_now is not None else 0.0)
+    lines.extend(f"topic: {text}" for _, _, text in steps)
+    if not decision.allowed:
+        return d.TOPIC
+    if delivery_address is not None:
+        if decision.per_delivery:
+            delivery = topics.check_delivery(principal, address, delivery_address,
+                                             wall_now=wall_now if wall_now is not None else 0.0)
+            if not delivery.visible:
+                outcome = "withheld from the client (settled toward the router)"
+            elif delivery.strip_durable:
+                outcome = "delivered, durable rewritten to false"
+            else:
+                outcome = "delivered unchanged"
+            lines.append(f"delivery: message to '{delivery_address}' is {outcome}: "
+                         f"{delivery.decided_by}")
+        else:
+            durable = ("durable messages are delivered as non-durable" if decision.strip_durable
+                       else "durable messages stay durable")
+            lines.append(f"delivery: not checked per delivery (decided at attach); {durable}")
+    return None

@@ -129,3 +129,119 @@ def test_bad_arguments() -> None:
         explain(POLICY, user="u", host="1.2.3.4", role="both")
     with pytest.raises(ValueError, match="needs a role"):
         explain(POLICY, user="u", host="1.2.3.4", address="q")
+    with pytest.raises(ValueError, match="delivery address needs"):
+        explain(POLICY, user="u", host="1.2.3.4", address="q", role="sender",
+                delivery_address="q")
+    with pytest.raises(ValueError, match="qos must be"):
+        explain(POLICY, user="u", host="1.2.3.4", qos=3)
+
+
+# ---------------------------------------------------------------------------- topic models
+
+OPEN = {"users": "*", "remoteHosts": "*", "sources": "*", "targets": "*"}
+TOPICS = compile_policy([("topics.json", [["vhost", {
+    "hostname": "broker",
+    "topicTree": {"model": "nearestAcl", "nodes": {
+        "A": {"publish": ["joe"], "subscribe": ["*"], "persistent": []},
+        "A/K/M/N": {"publish": ["mary", "joe"], "persistent": ["*", "!nat"]},
+        "A/B": {"publish": ["allen", "joe"], "subscribe": ["@HR"]}}},
+    "groups": {
+        "HR": {**OPEN, "users": "hank"},
+        "staff": {**OPEN, "allowAnonymousSender": True, "permissions": [
+            {"topic": "A/K/#", "activity": "publish", "qos": [0], "type": "deny"},
+            {"topic": "#", "activity": "all", "type": "allow"}]},
+    },
+}]])])
+
+
+def topic_lines(**kw: object) -> tuple[str, ...]:
+    result = explain(TOPICS, host="10.0.0.1", vhost="broker", **kw)  # type: ignore[arg-type]
+    return tuple(line for line in result.lines if line.startswith(("topic:", "delivery:",
+                                                                   "RESULT:")))
+
+
+def test_topic_tree_node_that_denied_is_named() -> None:
+    assert topic_lines(user="mary", address="A/K", role="sender") == (
+        "topic: publish 'A/K' at qos 1 by user 'mary' (group 'staff'); models: topicTree, "
+        "permissions",
+        "topic: topicTree(nearestAcl) node 'A' defines publish as ['joe']: not granted to mary",
+        "RESULT: DENY (topic)",
+    )
+
+
+def test_permission_rule_that_decided_is_named_with_the_qos() -> None:
+    assert topic_lines(user="joe", address="A/K/x", role="sender", qos=0) == (
+        "topic: publish 'A/K/x' at qos 0 by user 'joe' (group 'staff'); models: topicTree, "
+        "permissions",
+        "topic: topicTree(nearestAcl) node 'A' defines publish: granted to joe",
+        "topic: permissions permissions[0] (topic 'A/K/#', activity publish, qos [0], deny) "
+        "denies publish 'A/K/x' at qos 0",
+        "RESULT: DENY (topic)",
+    )
+    assert topic_lines(user="joe", address="A/K/x", role="sender")[-1] == "RESULT: ALLOW"
+
+
+def test_wildcard_subscription_and_one_delivery() -> None:
+    assert topic_lines(user="bob", address="A/+", role="receiver",
+                       delivery_address="A/B") == (
+        "topic: subscribe 'A/+' at qos 1 by user 'bob' (group 'staff'); models: topicTree, "
+        "permissions",
+        "topic: topicTree(nearestAcl): wildcard subscription 'A/+' is accepted; each delivery "
+        "is checked against the message's address",
+        "topic: permissions permissions[1] (topic '#', activity all, qos [0, 1, 2], allow) "
+        "allows subscribe 'A/+' at qos 1",
+        "delivery: message to 'A/B' is withheld from the client (settled toward the router): "
+        "topicTree(nearestAcl) node 'A/B' defines subscribe as ['@HR']: not granted to bob",
+        "RESULT: ALLOW",
+    )
+    assert topic_lines(user="bob", address="A/+", role="receiver",
+                       delivery_address="A/P")[-2] == (
+        "delivery: message to 'A/P' is delivered, durable rewritten to false: "
+        "topicTree(nearestAcl) node 'A' defines subscribe: granted to bob via '*'; "
+        "topicTree(nearestAcl) node 'A' defines persistent as []: not granted to bob -> "
+        "durable messages on 'A/P' are delivered as non-durable")
+    assert topic_lines(user="hank", address="A/+", role="receiver",
+                       delivery_address="Q")[-2] == (
+        "delivery: message to 'Q' is delivered unchanged: topicTree(nearestAcl) node '' (root) "
+        "defines subscribe: granted to hank via '*'; topicTree(nearestAcl) node '' (root) "
+        "defines persistent: granted to hank via '*'")
+
+
+def test_plain_subscription_durable_rewrite_and_anonymous_relay() -> None:
+    lines = topic_lines(user="nat", address="A/K/M/N", role="receiver", delivery_address="x")
+    assert lines[-2] == ("delivery: not checked per delivery (decided at attach); durable "
+                         "messages are delivered as non-durable")
+    assert "nat is denied by '!nat'" in lines[1]
+    assert topic_lines(user="bob", address="", role="sender") == (
+        "topic: each relay message's 'to' is also checked by the topic models (topicTree, "
+        "permissions)",
+        "RESULT: ALLOW",
+    )
+    # Without topic models nothing changes, except a delivery question gets an answer.
+    assert explain(POLICY, user="alice", host="10.48.0.1", vhost="photoserver",
+                   address="public.x", role="receiver", delivery_address="x").lines[-2] == (
+        "delivery: no topic model: every delivery is visible and keeps its durability")
+
+
+def test_dds_needs_a_time() -> None:
+    class Dds:
+        def check(self, subject: object, user: str, activity: str, topic: str,
+                  wall_now: float) -> object:
+            return type("V", (), {"allowed": wall_now < 10,
+                                  "decided_by": f"dds grant 'g' at {wall_now:g}"})()
+
+    policy = compile_policy([("t.json", [["vhost", {
+        "hostname": "v", "permissionsDocument": "d.p7s", "permissionsCa": "ca.pem",
+        "groups": {"g": OPEN}}]])], dds_loader=lambda *a: (Dds(), "x"))
+    with pytest.raises(ValueError, match="wall_now"):
+        explain(policy, user="u", host="10.0.0.1", vhost="v", address="t", role="sender")
+    early = explain(policy, user="u", host="10.0.0.1", vhost="v", address="t", role="sender",
+                    subject="CN=u", wall_now=5)
+    assert early.lines[-3:] == (
+        "topic: publish 't' at qos 1 by user 'u' (group 'g', subject 'CN=u'); models: dds",
+        "topic: dds grant 'g' at 5",
+        "RESULT: ALLOW",
+    )
+    late = explain(policy, user="u", host="10.0.0.1", vhost="v", address="t", role="sender",
+                   wall_now=50)
+    assert late.reason == "topic"
