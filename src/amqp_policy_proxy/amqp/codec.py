@@ -97,11 +97,13 @@ def _materialize(value: Any) -> Any:
     if isinstance(value, list):
         return [_materialize(v) for v in value]
     if isinstance(value, Described):
-        return Described(value.descriptor, _materialize(value.value))
+        # a descriptor may be any type, binary included: copy it too
+        return Described(_materialize(value.descriptor), _materialize(value.value))
     if isinstance(value, dict):
         return {_materialize(k): _materialize(v) for k, v in value.items()}
     if isinstance(value, Array):
-        return Array(value.descriptor, value.type, *[_materialize(v) for v in value.elements])
+        return Array(_materialize(value.descriptor), value.type,
+                     *[_materialize(v) for v in value.elements])
     return value
 
 
