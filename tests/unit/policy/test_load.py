@@ -273,8 +273,14 @@ def test_resolver_is_passed_through(tmp_path: Path) -> None:
     assert "cannot resolve host names without a resolver" in info.value.errors[0].message
 
 
-@pytest.mark.parametrize("name", ["policy/demo.json", "policy-yaml/markets.yaml"])
+@pytest.mark.parametrize("name", ["policy/demo.json", "policy-yaml/markets.yaml",
+                                  "policy-topics/markets.json", "policy-topics/plant.yaml",
+                                  "policy-topics"])
 def test_repository_examples_load(name: str) -> None:
     policy = load_policy(ROOT / "examples" / name)
     assert policy.vhosts
     assert all(not w.is_error for w in policy.warnings)
+    if name.startswith("policy-topics"):
+        assert not policy.warnings  # the topic examples are clean, not just valid
+        assert all(g.topics is not None for v in policy.vhosts.values()
+                   for g in v.groups.values())
