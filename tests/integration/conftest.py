@@ -12,7 +12,9 @@ from tests.support.forward import SourceBoundForwarder
 from tests.support.proxy import ProxyThread
 
 POLICIES = Path(__file__).parent / "policies"
-USERS = {u: "secret" for u in ("alice", "bob", "carol", "dave", "mallory")}
+USERS = {u: "secret" for u in ("alice", "bob", "carol", "dave", "mallory",
+                                # topic authorization examples (test_topics_e2e)
+                                "usr1", "usr2", "joe", "mary", "allen", "nat", "hank")}
 
 
 @pytest.fixture(scope="session")

@@ -251,15 +251,16 @@ class TestLinks:
 class _OneShot(MessagingHandler):
     """Send one message and record the outcome's condition as the client sees it."""
 
-    def __init__(self, url, user, target, message):
+    def __init__(self, url, user, target, message, vhost="e2e"):
         super().__init__()
         self.url, self.user, self.target, self.message = url, user, target, message
+        self.vhost = vhost
         self.outcome = None
 
     def on_start(self, event):
         conn = event.container.connect(self.url, user=self.user, password="secret",
                                        allowed_mechs="PLAIN", allow_insecure_mechs=True,
-                                       virtual_host="e2e")
+                                       virtual_host=self.vhost)
         event.container.create_sender(conn, self.target)
 
     def on_sendable(self, event):
@@ -277,8 +278,8 @@ class _OneShot(MessagingHandler):
         event.connection.close()
 
 
-def outcome(port, user, target, message):
-    h = _OneShot(f"127.0.0.1:{port}", user, target, message)
+def outcome(port, user, target, message, vhost="e2e"):
+    h = _OneShot(f"127.0.0.1:{port}", user, target, message, vhost)
     c = Container(h)
     c.timeout = 10
     c.run()
