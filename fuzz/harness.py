@@ -60,6 +60,7 @@ from amqp_policy_proxy.limits.connections import ConnectionLedger
 from amqp_policy_proxy.policy import decisions
 from amqp_policy_proxy.policy.compile import compile_policy
 from amqp_policy_proxy.policy.model import PolicySettings
+from amqp_policy_proxy.policy.topics import Principal, qos_of
 
 # The core logs every denial; at thousands of inputs a second that is pure overhead.
 logging.getLogger("amqp_policy_proxy").setLevel(logging.CRITICAL)
@@ -90,6 +91,12 @@ _PATTERNS = {
     "sourcePattern": "public.#, ${user}.#", "targetPattern": "public.*, queue.${user}",
     "allowAnonymousSender": True,
 }
+_TOPICS = {
+    "model": "nearestAcl", "separator": ".", "wildcards": "amqp",
+    "nodes": {"": {"publish": ["*"], "subscribe": ["*"], "persistent": []},
+              "public": {"publish": ["alice"], "subscribe": ["*"]},
+              "public.hidden": {"subscribe": ["bob"], "persistent": ["*"]}},
+}
 POLICY_NAMES = ("limited", "patterns", "passthrough", "nolimits")
 
 
@@ -107,9 +114,14 @@ def policy(index: int) -> Any:
         groups = {"limited": _LIMITED}
         settings = PolicySettings(enable_vhost_policy=False)
     else:
-        groups = {"all": {"users": "*", "remoteHosts": "*", "sources": "*", "targets": "*"}}
+        groups = {"all": {"users": "*", "remoteHosts": "*", "sources": "*", "targets": "*",
+                          "allowAnonymousSender": True}}
         settings = PolicySettings()
-    attrs = {"hostname": "test", "groups": groups, "allowUnknownUser": False}
+    attrs: dict[str, Any] = {"hostname": "test", "groups": groups, "allowUnknownUser": False}
+    if name == "nolimits":
+        # topic authorization with per-delivery filtering and durable rewrites (ARCHITECTURE
+        # 4.6): the router->client transfer path the other policies never take
+        attrs["topicTree"] = _TOPICS
     return compile_policy([(None, [["vhost", attrs]])], settings)
 
 
@@ -331,6 +343,14 @@ class _Observer:
             reason = decisions.approve_receiver(
                 group, user=user, source_address=address or None,
                 dynamic=bool(getattr(terminus, "dynamic", False)), open_receivers=0)
+        topics = getattr(group, "topics", None)
+        if reason is None and topics is not None and address and not bool(
+                getattr(terminus, "dynamic", False)):
+            qos = qos_of(None if perf.snd_settle_mode is None else int(perf.snd_settle_mode),
+                         None if perf.rcv_settle_mode is None else int(perf.rcv_settle_mode))
+            check = topics.check_publish if is_sender else topics.check_subscribe
+            if not check(Principal(user, group.name), address, qos=qos, wall_now=0.0).allowed:
+                reason = "topic"
         if reason is not None and reason not in ("sender_limit", "receiver_limit"):
             raise Finding(f"the router received a {'sender' if is_sender else 'receiver'} "
                           f"Attach to {address!r} for user {user!r} that policy denies "
