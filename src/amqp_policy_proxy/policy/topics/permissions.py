@@ -45,6 +45,8 @@ DENY: Final = "deny"
 TYPES: Final = (ALLOW, DENY)
 QOS_LEVELS: Final = (0, 1, 2)
 MODEL_NAME: Final = "permissions"
+USER_MEMO_SIZE: Final = 1024
+"""User names whose substituted rules are kept per permission list."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +87,7 @@ class PermissionRule:
 class PermissionList:
     """A group's compiled permission list; immutable, safe to share between threads."""
 
-    __slots__ = ("rules", "default_allow", "default_explicit", "syntax")
+    __slots__ = ("rules", "default_allow", "default_explicit", "syntax", "_per_user")
 
     def __init__(self, rules: tuple[PermissionRule, ...], syntax: TopicSyntax,
                  default_behaviour: str | None = None) -> None:
@@ -102,6 +104,27 @@ class PermissionList:
         self.default_explicit = default_behaviour is not None
         self.default_allow = (not rules) if default_behaviour is None else (
             default_behaviour == ALLOW)
+        self._per_user: dict[str, tuple[tuple[PermissionRule, Filter, str], ...]] = {}
+
+    def for_user(self, user: str) -> tuple[tuple[PermissionRule, Filter, str], ...]:
+        """The rules that can match for ``user``: ``(rule, instantiated filter, description)``.
+
+        Computed once per user name (bounded memo, cleared when full): ``${user}`` substituted,
+        allow rules that can never match this user dropped.
+        """
+        found = self._per_user.get(user)
+        if found is None:
+            out = []
+            for rule in self.rules:
+                flt = instantiate(rule.filter, user, self.syntax.separator,
+                                  fail_closed_as=None if rule.allow else MANY)
+                if flt is not None:
+                    out.append((rule, flt, rule.describe(user, self.syntax)))
+            found = tuple(out)
+            if len(self._per_user) >= USER_MEMO_SIZE:
+                self._per_user.clear()
+            self._per_user[user] = found
+        return found
 
     def check(self, principal: Principal, activity: str, address: str, qos: int
               ) -> tuple[bool, str]:
@@ -125,17 +148,13 @@ class PermissionList:
             if has_wildcard(pattern):
                 wild = pattern
         tokens = syntax.split(address) if wild is None else ()
-        for rule in self.rules:
+        for rule, flt, description in self.for_user(user):
             if not rule.applies_to(activity, qos):
-                continue
-            flt = instantiate(rule.filter, user, syntax.separator,
-                              fail_closed_as=None if rule.allow else MANY)
-            if flt is None:
                 continue
             hit = matches(flt, tokens) if wild is None else covers(flt, wild)
             if hit:
                 verb = "allows" if rule.allow else "denies"
-                return rule.allow, (f"{MODEL_NAME} {rule.describe(user, syntax)} {verb} "
+                return rule.allow, (f"{MODEL_NAME} {description} {verb} "
                                     f"{activity} '{address}' at qos {qos}")
         verdict = ALLOW if self.default_allow else DENY
         if self.default_explicit:
