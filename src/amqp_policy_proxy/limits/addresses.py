@@ -36,6 +36,11 @@ ANY_TOKENS: Final = "#"
 
 _SEP_TRANS: Final = str.maketrans("/", ".")
 
+MEMO_SIZE: Final = 4096
+"""Decisions remembered per rule set (``(user, address)`` pairs) before the memo starts over."""
+MEMO_MAX_ADDRESS: Final = 512
+"""Longer addresses (or user names) are matched every time, not remembered (bounds the memo)."""
+
 
 def split_tokens(text: str) -> tuple[str, ...]:
     """Split an address or pattern into tokens the way QDR's parse tree does.
@@ -186,7 +191,7 @@ class AddressRules:
 
     __slots__ = (
         "_items", "_pattern_mode", "_allow_all", "_exact", "_prefixes", "_list_user",
-        "_exact_tokens", "_wild", "_user_prefix", "_user_suffix", "_entries",
+        "_exact_tokens", "_wild", "_user_prefix", "_user_suffix", "_entries", "_memo",
     )
 
     _items: tuple[str, ...]
@@ -200,6 +205,7 @@ class AddressRules:
     _user_prefix: tuple[tuple[str, ...], ...]
     _user_suffix: tuple[tuple[str, ...], ...]
     _entries: tuple[tuple[str, str, object], ...]
+    _memo: dict[tuple[str, str], bool]
 
     def __init__(self) -> None:
         """Create the empty rule set (denies everything); use the class methods instead."""
@@ -214,6 +220,11 @@ class AddressRules:
         self._set("_user_prefix", ())
         self._set("_user_suffix", ())
         self._set("_entries", ())
+        # (user, address) -> decision. A cache, not state: the rules never change, so a
+        # remembered decision is the decision. It makes the per-message check of an
+        # anonymous-relay sender (one ``to`` after another, usually the same few) a dict
+        # lookup instead of tokenising and matching every time.
+        self._set("_memo", {})
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)
@@ -354,6 +365,10 @@ class AddressRules:
     def allows(self, address: str, user: str) -> bool:
         """Whether ``user`` may use ``address`` under these rules.
 
+        Decisions are remembered per ``(user, address)`` (at most :data:`MEMO_SIZE` of them
+        per rule set, addresses and users up to :data:`MEMO_MAX_ADDRESS` characters), since the rules
+        are immutable and an anonymous-relay sender asks again for every message.
+
         Args:
             address: the terminus address or message ``to``, raw (no ``amqp://`` stripping).
             user: the authenticated user name substituted for ``${user}``.
@@ -363,9 +378,25 @@ class AddressRules:
         """
         if not address:
             return False
+        if self._allow_all:
+            return True
+        key = (user, address)
+        known = self._memo.get(key)
+        if known is not None:
+            return known
         if self._pattern_mode:
-            return self._allows_pattern(address, user)
-        if self._allow_all or address in self._exact:
+            result = self._allows_pattern(address, user)
+        else:
+            result = self._allows_list(address, user)
+        if len(address) <= MEMO_MAX_ADDRESS and len(user) <= MEMO_MAX_ADDRESS:
+            memo = self._memo
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()  # start over: churn costs speed, never memory or correctness
+            memo[key] = result
+        return result
+
+    def _allows_list(self, address: str, user: str) -> bool:
+        if address in self._exact:
             return True
         if self._prefixes and address.startswith(self._prefixes):
             return True

@@ -253,3 +253,41 @@ def test_own_namespace_is_allowed(user: str, tail: str) -> None:
     assert LIST_RULES.allows(f"queue.{user}", user)
     assert LIST_RULES.allows(f"pre-{user}{tail}", user)
     assert not LIST_RULES.allows(f"tmp-{user}{tail}", user)
+
+
+# ----------------------------------------------------------------- the decision memo
+
+_MEMO_ITEMS = (["${user}.#", "audit.*.in", "tenant.*.orders.#", "a"],
+               ["queue.${user}", "tmp-*", "exact"])
+_SHARED = [AddressRules.from_patterns(_MEMO_ITEMS[0]), AddressRules.from_list(_MEMO_ITEMS[1])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(address=st.text(alphabet="ab.*#/${}user-", max_size=12),
+       user=st.sampled_from(["", "alice", "bob", "a", "${user}"]))
+def test_remembered_decision_is_the_fresh_decision(address: str, user: str) -> None:
+    fresh = [AddressRules.from_patterns(_MEMO_ITEMS[0]), AddressRules.from_list(_MEMO_ITEMS[1])]
+    for shared, new in zip(_SHARED, fresh, strict=True):
+        first = shared.allows(address, user)
+        assert first == new.allows(address, user)
+        assert shared.allows(address, user) == first  # now from the memo
+
+
+def test_memo_is_per_user() -> None:
+    rules = AddressRules.from_patterns(["${user}.#"])
+    assert rules.allows("alice.x", "alice")
+    assert not rules.allows("alice.x", "bob")
+    assert rules.allows("alice.x", "alice")
+
+
+def test_memo_is_bounded() -> None:
+    from amqp_policy_proxy.limits import addresses
+
+    rules = AddressRules.from_patterns(["q.*"])
+    for i in range(addresses.MEMO_SIZE + 10):
+        assert rules.allows(f"q.{i}", "u")
+    assert len(rules._memo) <= addresses.MEMO_SIZE
+    long = "q." + "x" * addresses.MEMO_MAX_ADDRESS
+    before = len(rules._memo)
+    assert rules.allows(long, "u") and len(rules._memo) == before
+    assert rules == AddressRules.from_patterns(["q.*"])  # the memo is not part of equality
