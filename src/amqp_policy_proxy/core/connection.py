@@ -61,7 +61,14 @@ from ..amqp.performatives import (
     decode_performative,
 )
 from ..amqp.sasl import ANONYMOUS_USER, user_from_sasl_init
-from ..amqp.transfer import is_transfer_descriptor, read_message_routing, read_transfer
+from ..amqp.transfer import (
+    delivery_tag_at,
+    is_transfer_descriptor,
+    read_message_routing,
+    read_routing,
+    read_transfer,
+    read_transfer_fields,
+)
 from ..policy import decisions
 from ..policy.lookup import lookup_vhost
 from .commands import CloseTransport, Command, ConnectBroker, Emit, SendData, Side
@@ -83,6 +90,7 @@ from .state import LinkRecord, Phase, SessionRecord
 logger = logging.getLogger(__name__)
 
 _HDR = Struct(">IBBH")
+_U32 = Struct(">I")
 _UINT_MAX = 0xFFFFFFFF
 #: Largest frame accepted from the client before the proxy has advertised a max-frame-size
 #: (the spec says 512 for SASL frames and an Open; we are lenient but bounded).
@@ -220,6 +228,7 @@ class ProxyConnection:
         self._denied_sessions: dict[int, int] = {}
         self._max_message_size: int | None = None
         self._check_user_id = False
+        self._user_id_bytes = b""  # the authenticated user, as a message user-id must be
         self._topics: Any = None  # the group's TopicAuthorizer, if any (ARCHITECTURE 4.6)
         self._principal: Any = None  # policy.topics.Principal of this connection
         self._qos_of: Any = None
@@ -552,18 +561,43 @@ class ProxyConnection:
     def _client_data(self, data: bytes, now: float, out: list[Command]) -> None:
         buf = self._cbuf
         if buf:
-            buf += data
-            view: Any = buf
+            size = self._pending_frame_size(buf, self._client_mode, self._client_frame_limit)
+            need = size - len(buf)
+            if 0 < need < len(data):
+                # Complete the frame that straddled the previous read with just the bytes it
+                # lacks, then read the new bytes in place: each byte is copied once (into
+                # the run sent on), not appended to the buffer and copied out again.
+                buf += memoryview(data)[:need]
+                pos = self._client_process(buf, 0, size, now, out)
+                if pos < size:  # not consumed (the connection closed meanwhile)
+                    del buf[:pos]
+                    return
+                buf.clear()
+                start = need
+            else:
+                buf += data
+                pos = self._client_process(buf, 0, len(buf), now, out)
+                del buf[:pos]
+                return
         else:
-            view = data
-        pos = self._client_process(view, len(view), now, out)
-        if buf:
-            del buf[:pos]
-        elif pos < len(data):
-            self._cbuf += data[pos:]
+            start = 0
+        pos = self._client_process(data, start, len(data), now, out)
+        if pos < len(data):
+            self._cbuf += memoryview(data)[pos:]
 
-    def _client_process(self, buf: Any, end: int, now: float, out: list[Command]) -> int:
-        """Consume whole units (protocol headers, frames) from ``buf``; return bytes used.
+    @staticmethod
+    def _pending_frame_size(buf: bytearray, mode: str, limit: int) -> int:
+        """Size of the AMQP/SASL frame whose first bytes are buffered, or 0 if not known yet
+        or not plainly valid (then the general path reads it, and raises what is wrong)."""
+        if len(buf) < 8 or mode not in ("amqp", "sasl") or buf[0] == 0x41:
+            return 0
+        size = _U32.unpack_from(buf, 0)[0]
+        return size if 8 <= size <= limit else 0
+
+    def _client_process(self, buf: Any, start: int, end: int, now: float,
+                        out: list[Command]) -> int:
+        """Consume whole units (protocol headers, frames) from ``buf[start:end]``; return the
+        offset reached.
 
         Admitted frames forwarded unchanged accumulate into one run of original bytes that
         is written as a single ``SendData`` (flushed before anything else is sent, so the
@@ -572,7 +606,7 @@ class ProxyConnection:
         saved = (self._run_buf, self._run_start, self._run_end)
         self._run_buf, self._run_start, self._run_end = buf, -1, 0
         try:
-            return self._client_frames(buf, end, now, out)
+            return self._client_frames(buf, start, end, now, out)
         finally:
             self._flush_run(out)
             self._run_buf, self._run_start, self._run_end = saved
@@ -584,14 +618,24 @@ class ProxyConnection:
         self._run_start = -1
         buf = self._run_buf
         end = self._run_end
-        data = buf if (start == 0 and end == len(buf) and type(buf) is bytes) else bytes(
-            buf[start:end])
+        if type(buf) is bytes:
+            data = buf if (start == 0 and end == len(buf)) else buf[start:end]
+        else:
+            with memoryview(buf) as view:
+                data = view[start:end].tobytes()  # one copy (a bytearray slice would be two)
         self._send(Side.BROKER, data, out)
 
-    def _client_frames(self, buf: Any, end: int, now: float, out: list[Command]) -> int:
-        pos = 0
+    def _client_frames(self, buf: Any, pos: int, end: int, now: float, out: list[Command]) -> int:
         while pos < end and self._client_mode != "closed":
             mode = self._client_mode
+            if mode == "amqp" and self.phase is Phase.OPENED:
+                # The admitted steady state. It returns at a partial frame, at a frame it
+                # leaves to the general code below, or once the phase has changed; the code
+                # below then handles that one unit (or waits for more bytes).
+                pos = self._client_relay(buf, pos, end, now, out)
+                if pos >= end or self._client_mode == "closed":
+                    break
+                mode = self._client_mode
             if mode == "header":
                 if end - pos < 8:
                     if bytes(buf[pos:end]) != C.AMQP_HEADER[: end - pos][: end - pos] and not (
@@ -824,6 +868,7 @@ class ProxyConnection:
         if group is not None:
             self._max_message_size = group.max_message_size
             self._check_user_id = not group.allow_user_id_proxy
+            self._user_id_bytes = (self.user or "").encode("utf-8")
             topics = getattr(group, "topics", None)
             if topics is not None:
                 from ..policy.topics import Principal, qos_of  # only vhosts with topic models
@@ -860,9 +905,126 @@ class ProxyConnection:
         held = bytes(self._held_client)
         self._held_client.clear()
         if held:
-            self._client_process(held, len(held), now, out)
+            self._client_process(held, 0, len(held), now, out)
 
     # ------------------------------------------------------------------ admitted client frames
+
+    def _client_relay(self, buf: Any, pos: int, end: int, now: float, out: list[Command]) -> int:
+        """Relay admitted client frames from ``buf[pos:end]`` while the phase is OPENED.
+
+        The proxy's hot path. A Transfer on an attached sender link whose delivery needs no
+        decision (within maxMessageSize, its ``to``/``user-id`` allowed, not aborted, not
+        being discarded) and a heartbeat only extend the run of original bytes; every other
+        frame goes through :meth:`_client_amqp_frame` / :meth:`_client_transfer`, the handlers
+        the general loop uses, so behaviour is the same either way.
+
+        Returns:
+            The offset of the first unconsumed byte: a partial frame, a frame whose header
+            the general loop must look at (it raises what is wrong with it, or reads a
+            protocol header), or the frame after one that changed the phase.
+        """
+        sessions = self._sessions
+        # a size from 0x41000000 up may be a protocol header ("AMQP"): the general loop decides
+        limit = min(self._client_frame_limit, 0x40FFFFFF)
+        max_size = self._max_message_size
+        governed = self.group is not None
+        check_uid = governed and self._check_user_id
+        unpack = _HDR.unpack_from
+        read_fields = read_transfer_fields
+        run_start = self._run_start
+        run_end = self._run_end
+        transfers = 0
+        try:
+            while end - pos >= 8:
+                size, doff, ftype, channel = unpack(buf, pos)
+                if size > limit or size < 8 or doff < 2 or ftype or doff * 4 > size:
+                    break
+                fend = pos + size
+                if fend > end:
+                    break
+                body = pos + doff * 4
+                if body == fend:  # heartbeat
+                    if run_start < 0:
+                        run_start = pos
+                    run_end = pos = fend
+                    continue
+                f = None
+                if (fend - body > 3 and buf[body] == 0x00 and buf[body + 1] == 0x53
+                        and buf[body + 2] == 0x14):
+                    transfers += 1
+                    session = sessions.get(channel)
+                    if session is not None:
+                        f = read_fields(buf, body, fend)
+                        link = session.links.get(f[0])
+                        if (link is not None and link.is_sender and not f[4]
+                                and not link.discarding and not link.client_detached):
+                            payload = fend - f[5]
+                            if not link.in_delivery:
+                                if (max_size is None or payload <= max_size) and not (
+                                    governed and (link.anonymous or check_uid)
+                                    and self._message_denial(link, buf, f[5], fend, f[3], now)
+                                ):
+                                    if f[3]:  # more frames of this delivery follow
+                                        link.in_delivery = True
+                                        link.delivery_bytes = payload
+                                        link.delivery_id = f[1]
+                                        link.delivery_settled = f[2]
+                                    if run_start < 0:
+                                        run_start = pos
+                                    run_end = pos = fend
+                                    continue
+                            else:
+                                total = link.delivery_bytes + payload
+                                if max_size is None or total <= max_size:
+                                    link.delivery_bytes = total
+                                    if f[2]:
+                                        link.delivery_settled = True
+                                    if not f[3]:
+                                        link.in_delivery = False
+                                    if run_start < 0:
+                                        run_start = pos
+                                    run_end = pos = fend
+                                    continue
+                    # a decision, a denial or an error: the general transfer handler
+                    self._run_start, self._run_end = run_start, run_end
+                    forward = self._client_transfer(buf, pos, body, channel, fend, now, out, f)
+                else:
+                    self._run_start, self._run_end = run_start, run_end
+                    forward = self._client_amqp_frame(buf, pos, doff, ftype, channel, fend, now,
+                                                      out)
+                run_start, run_end = self._run_start, self._run_end
+                if forward:
+                    if run_start < 0:
+                        run_start = pos
+                    run_end = fend
+                pos = fend
+                if self.phase is not Phase.OPENED or self._client_mode != "amqp":
+                    break
+        finally:
+            self._run_start, self._run_end = run_start, run_end
+            self.transfers_in += transfers
+        return pos
+
+    def _message_denial(self, link: LinkRecord, buf: Any, payload: int, fend: int, more: bool,
+                        now: float) -> tuple[MessageDenyReason, str | None] | None:
+        """Per-message checks on the first frame of a delivery (QDR-POLICY 3.6.1): the
+        anonymous-relay ``to`` (address rules, then topics) and ``user-id`` when
+        allowUserIdProxy is false. Returns ``(reason, to)`` for a denial, else None.
+        """
+        user_id, to, complete = read_routing(buf, payload, fend)
+        if not complete and more:
+            # cannot decide within the first frame: refuse rather than let it pass
+            return (MessageDenyReason.RELAY_TARGET if link.anonymous
+                    else MessageDenyReason.USER_ID), to
+        if self._check_user_id and user_id and user_id != self._user_id_bytes:
+            return MessageDenyReason.USER_ID, to
+        if link.anonymous and to is not None:
+            if not decisions.approve_relay_target(self.group, user=self.user or "", to=to):
+                return MessageDenyReason.RELAY_TARGET, to
+            if self._topics is not None and not self._topics.check_publish(
+                    self._principal, to, qos=link.qos, wall_now=now + self.wall_offset).allowed:
+                return MessageDenyReason.TOPIC, to
+        return None
 
     def _client_amqp_frame(
         self, buf: Any, pos: int, doff: int, ftype: int, channel: int, fend: int, now: float,
@@ -1198,19 +1360,26 @@ class ProxyConnection:
     # ------------------------------------------------------------------ client transfers
 
     def _client_transfer(self, buf: Any, pos: int, body: int, channel: int, fend: int,
-                         now: float, out: list[Command]) -> bool | None:
+                         now: float, out: list[Command],
+                         fields: tuple[Any, ...] | None = None) -> bool | None:
+        """Handle one client Transfer; True means "forward its original bytes".
+
+        ``fields`` is the :func:`read_transfer_fields` tuple when the caller read it already.
+        """
         session = self._sessions.get(channel)
         if session is None:
             if channel in self._denied_sessions:
                 return
             raise NotAllowedError(f"transfer on channel {channel} that was never begun")
-        hdr = read_transfer(buf, body, fend)
-        link = session.links.get(hdr.handle)
+        if fields is None:
+            fields = read_transfer_fields(buf, body, fend)
+        handle, delivery_id, settled, more, aborted, payload_offset, tag = fields
+        link = session.links.get(handle)
         if link is None:
-            if hdr.handle in session.denied_handles:
+            if handle in session.denied_handles:
                 session.dropped_transfers += 1
                 return
-            raise UnattachedHandleError(f"transfer on handle {hdr.handle} that is not attached")
+            raise UnattachedHandleError(f"transfer on handle {handle} that is not attached")
         if not link.is_sender:
             raise NotAllowedError("transfer on a link where the client is the receiver")
         if link.client_detached:
@@ -1219,54 +1388,35 @@ class ProxyConnection:
         if first:
             link.in_delivery = True
             link.delivery_bytes = 0
-            link.delivery_id = hdr.delivery_id
-            link.delivery_tag = hdr.delivery_tag
-            link.delivery_settled = hdr.settled
+            link.delivery_id = delivery_id
+            link.delivery_settled = settled
             link.discarding = False
-        elif hdr.settled:
+        elif settled:
             link.delivery_settled = True
-        if not hdr.more or hdr.aborted:
+        if not more or aborted:
             link.in_delivery = False
         if link.discarding:
             session.dropped_transfers += 1
             if not link.in_delivery:
                 self._finish_denied_delivery(session, link, now, out)
             return
-        payload = fend - hdr.payload_offset
-        link.delivery_bytes += payload
-        group = self.group
-        if group is not None and first and not hdr.aborted:
-            reason = None
-            routing = None
-            if link.anonymous or self._check_user_id:
-                routing = read_message_routing(buf, hdr.payload_offset, fend)
-                if not routing.complete and hdr.more:
-                    # cannot decide within the first frame: refuse rather than let it pass
-                    reason = (MessageDenyReason.RELAY_TARGET if link.anonymous
-                              else MessageDenyReason.USER_ID)
-            if routing is not None and reason is None:
-                if (self._check_user_id and routing.user_id
-                        and routing.user_id != (self.user or "").encode("utf-8")):
-                    reason = MessageDenyReason.USER_ID
-                elif link.anonymous and routing.to is not None:
-                    if not decisions.approve_relay_target(group, user=self.user or "",
-                                                          to=routing.to):
-                        reason = MessageDenyReason.RELAY_TARGET
-                    elif self._topics is not None and not self._topics.check_publish(
-                            self._principal, routing.to, qos=link.qos,
-                            wall_now=now + self.wall_offset).allowed:
-                        reason = MessageDenyReason.TOPIC
-            if reason is not None:
-                address = routing.to if routing is not None else None
-                self._deny_delivery(session, link, hdr, reason, address, now, out)
+        link.delivery_bytes += fend - payload_offset
+        if (first and not aborted and self.group is not None
+                and (link.anonymous or self._check_user_id)):
+            denial = self._message_denial(link, buf, payload_offset, fend, more, now)
+            if denial is not None:
+                reason, address = denial
+                self._deny_delivery(session, link, delivery_tag_at(buf, tag), reason, address,
+                                    now, out)
                 return
         limit = self._max_message_size
-        if limit is not None and link.delivery_bytes > limit and not hdr.aborted:
-            self._oversize(session, link, hdr, first, now, out)
+        if limit is not None and link.delivery_bytes > limit and not aborted:
+            self._oversize(session, link, delivery_tag_at(buf, tag) if first else None, first,
+                           now, out)
             return
         return True
 
-    def _deny_delivery(self, session: SessionRecord, link: LinkRecord, hdr: Any,
+    def _deny_delivery(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
                        reason: MessageDenyReason, address: str | None, now: float,
                        out: list[Command]) -> None:
         # The router gets an aborted, settled transfer in place of the first frame, so the
@@ -1274,17 +1424,17 @@ class ProxyConnection:
         # counted (docs/decisions/0002-withheld-transfers.md).
         link.discarding = True
         link.discard_reason = reason
-        self._send_aborted(session, link, hdr, True, out)
+        self._send_aborted(session, link, tag, True, out)
         self._emit(MessageDenied(**self._ctx(now), address=address, reason=reason,
                                  size=link.delivery_bytes), out)
         if not link.in_delivery:
             self._finish_denied_delivery(session, link, now, out)
 
-    def _send_aborted(self, session: SessionRecord, link: LinkRecord, hdr: Any, first: bool,
-                      out: list[Command]) -> None:
+    def _send_aborted(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
+                      first: bool, out: list[Command]) -> None:
         if first:
             t = Transfer(handle=link.handle, delivery_id=link.delivery_id,
-                         delivery_tag=link.delivery_tag or b"", message_format=0, settled=True,
+                         delivery_tag=tag or b"", message_format=0, settled=True,
                          more=False, aborted=True)
         else:
             t = Transfer(handle=link.handle, more=False, aborted=True, settled=True)
@@ -1305,12 +1455,12 @@ class ProxyConnection:
                                                            description)))
             self._reply_on_session(session, _frame(0, disp), out=out)
 
-    def _oversize(self, session: SessionRecord, link: LinkRecord, hdr: Any, first: bool,
-                  now: float, out: list[Command]) -> None:
+    def _oversize(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
+                  first: bool, now: float, out: list[Command]) -> None:
         logger.warning("[%s] DENY AMQP Transfer maxMessageSize exceeded", self.conn_id)
         link.discarding = True
         link.discard_reason = MessageDenyReason.MESSAGE_SIZE
-        self._send_aborted(session, link, hdr, first, out)
+        self._send_aborted(session, link, tag, first, out)
         self._emit(MessageDenied(**self._ctx(now), address=link.address,
                                  reason=MessageDenyReason.MESSAGE_SIZE,
                                  size=link.delivery_bytes), out)

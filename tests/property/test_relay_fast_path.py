@@ -1,0 +1,155 @@
+"""Property: the steady-state fast path of ``ProxyConnection`` (``_client_relay``) behaves
+exactly like the general per-frame handlers it short-cuts.
+
+The same client byte stream, cut into the same reads, is fed to two connections: one as it
+is, one with the fast path switched off (every admitted frame through ``_client_amqp_frame``).
+The commands both produce (bytes to each side, events, transport closes, in order) and the
+connection figures must be identical. The traffic mixes everything the fast path has to hand
+back: multi-frame deliveries, messages over maxMessageSize (alone and across frames),
+anonymous-relay messages with allowed and denied ``to``, ``user-id`` checks, aborted and
+pre-settled deliveries, heartbeats, Flows and Dispositions, transfers on a denied link and,
+optionally, a protocol error at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from proton import Message
+
+from amqp_policy_proxy.amqp.performatives import Disposition
+from amqp_policy_proxy.core.commands import SendData, Side
+from amqp_policy_proxy.core.connection import ProxyConnection
+
+from ..unit.core.helpers import (
+    Attach,
+    Detach,
+    Flow,
+    Script,
+    Source,
+    Target,
+    Transfer,
+    frame,
+    make_policy,
+)
+
+POLICY = make_policy({"all": {
+    "users": "*", "remoteHosts": "*", "sources": "*", "targetPattern": "q.#, ${user}.#",
+    "allowAnonymousSender": True, "allowUserIdProxy": False, "maxMessageSize": 700,
+}})
+HEARTBEAT = bytes.fromhex("0000000802000000")
+
+messages = st.tuples(
+    st.sampled_from([0, 1, 1, 2]),  # handle: named q.a, anonymous relay, denied link
+    st.one_of(st.binary(max_size=60),  # body; around 700 bytes with the sections: oversize
+              st.integers(640, 720).map(lambda n: b"b" * n)),
+    st.sampled_from([None, "q.x", "alice.in", "bad.y"]),  # to
+    st.sampled_from([None, b"alice", b"mallory"]),  # user-id
+    st.sampled_from([2000, 2000, 150, 40]),  # frame payload size (multi-frame when small)
+    st.booleans(),  # pre-settled
+    st.sampled_from([False, False, False, True]),  # abort after the first frame
+    st.sampled_from(["", "", "hb", "flow", "disp"]),  # something between messages
+)
+
+
+def _stream(msgs: list[tuple[Any, ...]], tail: str) -> bytes:
+    out = bytearray()
+    out += frame(0, Attach(name="qa", handle=0, role=False, target=Target(address="q.a")))
+    out += frame(0, Attach(name="relay", handle=1, role=False, target=Target()))
+    out += frame(0, Attach(name="nope", handle=2, role=False, target=Target(address="z.z")))
+    out += frame(0, Attach(name="rx", handle=3, role=True, source=Source(address="q.a")))
+    did = 0
+    for handle, body, to, user_id, chunk, settled, abort, extra in msgs:
+        msg = Message(body=body, address=to)
+        if user_id is not None:
+            msg.user_id = user_id
+        payload = msg.encode()
+        parts = [payload[j:j + chunk] for j in range(0, len(payload), chunk)] or [b""]
+        for k, part in enumerate(parts):
+            last = k == len(parts) - 1
+            if k == 0:
+                t = Transfer(handle=handle, delivery_id=did, delivery_tag=b"t%d" % did,
+                             message_format=0, settled=settled or None, more=not last)
+            else:
+                t = Transfer(handle=handle, more=not last)
+            if abort and k == 1:
+                out += frame(0, Transfer(handle=handle, more=False, aborted=True))
+                break
+            out += frame(0, t, part)
+        did += 1
+        if extra == "hb":
+            out += HEARTBEAT
+        elif extra == "flow":
+            out += frame(0, Flow(next_incoming_id=0, incoming_window=100, next_outgoing_id=did,
+                                 outgoing_window=100, handle=3, delivery_count=0,
+                                 link_credit=10))
+        elif extra == "disp":
+            out += frame(0, Disposition(role=False, first=0, settled=True))
+    if tail == "detach":
+        out += frame(0, Detach(handle=0, closed=True))
+        out += frame(0, Transfer(handle=0, delivery_id=did, delivery_tag=b"x", more=False))
+    elif tail == "bad-handle":
+        out += frame(0, Transfer(handle=9, delivery_id=did, delivery_tag=b"x"))
+    elif tail == "garbage":
+        out += bytes.fromhex("0000000c02000000005314c0")
+    return bytes(out)
+
+
+def _general_only(conn: ProxyConnection) -> None:
+    conn._client_relay = lambda buf, pos, end, now, out: pos  # type: ignore[method-assign]
+
+
+def _run(stream: bytes, cuts: list[int], fast: bool) -> tuple[Any, ...]:
+    s = Script(POLICY)
+    if not fast:
+        _general_only(s.conn)
+    s.open(user="alice")
+    s.begin(0, router_channel=0)
+    s.broker(frame(0, Attach(name="qa", handle=0, role=True, target=Target(address="q.a"))))
+    commands: list[Any] = []
+    prev = 0
+    for cut in [*cuts, len(stream)]:
+        if cut > prev:
+            commands += s.client(stream[prev:cut])
+        prev = cut
+    merged: list[Any] = []
+    for cmd in commands:
+        if (type(cmd) is SendData and merged and type(merged[-1]) is list
+                and merged[-1][0] is cmd.side):
+            merged[-1][1] += bytes(cmd.data)
+        elif type(cmd) is SendData:
+            merged.append([cmd.side, bytearray(cmd.data)])
+        else:
+            merged.append(repr(cmd))
+    c = s.conn
+    figures = (c.transfers_in, c.bytes_in, c.phase, c.close_reason, c.active_senders)
+    return [m if isinstance(m, str) else (m[0], bytes(m[1])) for m in merged], figures
+
+
+@given(st.lists(messages, min_size=1, max_size=8),
+       st.sampled_from(["", "", "detach", "bad-handle", "garbage"]), st.data())
+@settings(max_examples=150, deadline=None)
+def test_fast_path_matches_the_general_handlers(msgs, tail, data):
+    stream = _stream(msgs, tail)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+    assert _run(stream, cuts, fast=True) == _run(stream, cuts, fast=False)
+
+
+def test_fast_path_is_taken():
+    """The comparison above is only meaningful if the fast path runs at all."""
+    calls = []
+    original = ProxyConnection._client_relay
+
+    def spy(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    ProxyConnection._client_relay = spy  # type: ignore[method-assign]
+    try:
+        stream = _stream([(0, b"x", None, None, 2000, True, False, "")] * 3, "")
+        fast = _run(stream, [], fast=True)
+    finally:
+        ProxyConnection._client_relay = original  # type: ignore[method-assign]
+    assert calls and fast[0][-1][0] is Side.BROKER
