@@ -153,3 +153,46 @@ def test_fast_path_is_taken():
     finally:
         ProxyConnection._client_relay = original  # type: ignore[method-assign]
     assert calls and fast[0][-1][0] is Side.BROKER
+
+
+@given(st.lists(st.tuples(st.binary(max_size=3000), st.sampled_from([3000, 500, 60])),
+                min_size=1, max_size=6),
+       st.lists(st.integers(1, 4000), min_size=1, max_size=12))
+@settings(max_examples=100, deadline=None)
+def test_router_bytes_reach_the_client_unchanged_in_any_reads(deliveries, reads):
+    """Router to client: Transfers (single and multi-frame), Flows, Dispositions and
+    heartbeats cut into arbitrary reads arrive byte for byte (frames that straddle reads are
+    completed without re-buffering the read)."""
+    s = Script(POLICY)
+    s.open(user="alice")
+    s.begin(0, router_channel=0)
+    s.client(frame(0, Attach(name="rx", handle=3, role=True, source=Source(address="q.a"))))
+    s.broker(frame(0, Attach(name="rx", handle=7, role=False, source=Source(address="q.a"),
+                             initial_delivery_count=0)))
+    s.take(Side.CLIENT)
+    stream = bytearray()
+    for i, (body, chunk) in enumerate(deliveries):
+        payload = Message(body=body).encode()
+        parts = [payload[j:j + chunk] for j in range(0, len(payload), chunk)]
+        for k, part in enumerate(parts):
+            t = (Transfer(handle=7, delivery_id=i, delivery_tag=b"%d" % i, message_format=0,
+                          more=k < len(parts) - 1) if k == 0
+                 else Transfer(handle=7, more=k < len(parts) - 1))
+            stream += frame(0, t, part)
+        stream += HEARTBEAT
+        stream += frame(0, Disposition(role=False, first=i, settled=True))
+        stream += frame(0, Flow(next_incoming_id=i, incoming_window=100, next_outgoing_id=i + 1,
+                                outgoing_window=100, handle=7, delivery_count=i + 1,
+                                link_credit=10))
+    data = bytes(stream)
+    pos = 0
+    for n in reads * (len(data) // max(1, sum(reads)) + 1):
+        if pos >= len(data):
+            break
+        s.broker(data[pos:pos + n])
+        pos += n
+    if pos < len(data):
+        s.broker(data[pos:])
+    assert bytes(s.sent[Side.CLIENT]) == data
+    assert s.conn.transfers_out == sum(
+        len(range(0, len(Message(body=b).encode()), c)) or 1 for b, c in deliveries)

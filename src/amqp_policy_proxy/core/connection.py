@@ -393,8 +393,10 @@ class ProxyConnection:
 
     def get_timer(self) -> float | None:
         """Return the next deadline (loop-clock seconds), or None."""
-        deadlines = [d for d in (self._handshake_deadline, self._linger_deadline) if d is not None]
-        return min(deadlines) if deadlines else None
+        handshake, linger = self._handshake_deadline, self._linger_deadline
+        if handshake is None:
+            return linger  # the steady state: both None, asked after every read
+        return handshake if linger is None else min(handshake, linger)
 
     def begin_shutdown(self, now: float, grace: float | None = None) -> list[Command]:
         """Start a graceful drain: Close(``amqp:connection:forced``, ``proxy shutting down``).
@@ -560,27 +562,26 @@ class ProxyConnection:
 
     def _client_data(self, data: bytes, now: float, out: list[Command]) -> None:
         buf = self._cbuf
+        start = 0
         if buf:
+            # A unit straddled the previous read. When it is a frame of known size, complete
+            # it with just the bytes it lacks and read the rest of the new bytes in place:
+            # each byte is then copied once (into the run sent on), not appended to the
+            # buffer and copied out again. Otherwise buffer everything, as before.
             size = self._pending_frame_size(buf, self._client_mode, self._client_frame_limit)
-            need = size - len(buf)
-            if 0 < need < len(data):
-                # Complete the frame that straddled the previous read with just the bytes it
-                # lacks, then read the new bytes in place: each byte is copied once (into
-                # the run sent on), not appended to the buffer and copied out again.
-                buf += memoryview(data)[:need]
-                pos = self._client_process(buf, 0, size, now, out)
-                if pos < size:  # not consumed (the connection closed meanwhile)
-                    del buf[:pos]
-                    return
-                buf.clear()
-                start = need
+            start = size - len(buf)
+            if 0 < start < len(data):
+                buf += memoryview(data)[:start]
             else:
+                start = len(data)
                 buf += data
-                pos = self._client_process(buf, 0, len(buf), now, out)
-                del buf[:pos]
+            pos = self._client_process(buf, 0, len(buf), now, out)
+            del buf[:pos]
+            if start == len(data):
                 return
-        else:
-            start = 0
+            if buf:  # not consumed (the connection closed meanwhile): keep the bytes
+                buf += memoryview(data)[start:]
+                return
         pos = self._client_process(data, start, len(data), now, out)
         if pos < len(data):
             self._cbuf += memoryview(data)[pos:]
@@ -1491,10 +1492,31 @@ class ProxyConnection:
 
     def _broker_data(self, data: bytes, now: float, out: list[Command]) -> None:
         mode = self._broker_mode
-        if mode == "amqp" and self.phase in _RELAYING and not self._bbuf:
-            pos = self._broker_amqp_process(data, len(data), now, out)
+        if mode == "amqp" and self.phase in _RELAYING:
+            bbuf = self._bbuf
+            start = 0
+            if bbuf:
+                # A frame straddled the previous read: complete it with just the bytes it
+                # lacks (all of them if its size is not known yet), then read the rest of
+                # the new bytes in place instead of appending them to the buffer.
+                size = self._pending_frame_size(bbuf, mode, self._broker_frame_limit)
+                start = size - len(bbuf)
+                if 0 < start < len(data):
+                    bbuf += memoryview(data)[:start]
+                else:
+                    start = len(data)
+                    bbuf += data
+                with memoryview(bbuf) as view:
+                    pos = self._broker_amqp_process(view, len(bbuf), now, out)
+                del bbuf[:pos]
+                if start == len(data):
+                    return
+                if bbuf:  # not consumed (the upstream leg closed meanwhile): keep the bytes
+                    bbuf += memoryview(data)[start:]
+                    return
+            pos = self._broker_amqp_process(data, len(data), now, out, start)
             if pos < len(data):
-                self._bbuf += data[pos:]
+                self._bbuf += memoryview(data)[pos:]
             return
         self._bbuf += data
         buf = self._bbuf
@@ -1560,13 +1582,15 @@ class ProxyConnection:
         if pos < len(data):
             self._bbuf[:0] = data[pos:]
 
-    def _broker_amqp_process(self, buf: Any, end: int, now: float, out: list[Command]) -> int:
-        """Relay admitted broker frames; forward runs of untouched frames as one write."""
-        pos = 0
-        run_start = 0
+    def _broker_amqp_process(self, buf: Any, end: int, now: float, out: list[Command],
+                             start: int = 0) -> int:
+        """Relay admitted broker frames in ``buf[start:end]``; forward runs of untouched
+        frames as one write. Returns the offset of the first unconsumed byte."""
+        pos = run_start = start
         limit = self._broker_frame_limit
+        unpack = _HDR.unpack_from
         while end - pos >= 8 and self._broker_mode == "amqp":
-            size, doff, ftype, channel = _HDR.unpack_from(buf, pos)
+            size, doff, ftype, channel = unpack(buf, pos)
             if size < 8 or size > limit or doff < 2 or doff * 4 > size or ftype != 0:
                 raise FramingError("malformed frame")
             if end - pos < size:
@@ -1576,7 +1600,10 @@ class ProxyConnection:
             if body == fend:
                 pos = fend
                 continue
-            code = is_transfer_descriptor(buf, body, fend)
+            if fend - body >= 3 and buf[body] == 0x00 and buf[body + 1] == 0x53:
+                code = buf[body + 2]  # is_transfer_descriptor's common case, inline
+            else:
+                code = is_transfer_descriptor(buf, body, fend)
             if code == _TRANSFER:
                 self.transfers_out += 1
                 if self._topic_receivers:

@@ -93,11 +93,11 @@ class ClientProtocol(asyncio.Protocol):
             return
         if conn.opened_at is None and conn.phase is not Phase.DENIED:
             started = time.perf_counter()
-            self._run(lambda now: conn.receive_data(Side.CLIENT, data, now))
+            self._feed(conn, Side.CLIENT, data)
             if conn.opened_at is not None or conn.phase is Phase.DENIED:
                 self.daemon.observe_open_decision(time.perf_counter() - started)
             return
-        self._run(lambda now: conn.receive_data(Side.CLIENT, data, now))
+        self._feed(conn, Side.CLIENT, data)
 
     def eof_received(self) -> bool | None:
         """Client half-closed.
@@ -163,17 +163,49 @@ class ClientProtocol(asyncio.Protocol):
             return
         self._arm_timer()
 
+    def _feed(self, conn: ProxyConnection, side: Side, data: bytes) -> None:
+        """``_run`` for ``receive_data``, the per-read path (no closure per call)."""
+        try:
+            self._execute(conn.receive_data(side, data, self.daemon.loop.time()))
+        except Exception:  # a proxy bug: contain it to this connection
+            logger.exception("[%s] internal error; closing this connection", self.conn_id)
+            self.daemon.internal_errors += 1
+            if conn.close_reason is None:
+                conn.close_reason = "internal_error"
+            self._abort()
+            return
+        self._arm_timer()
+
+    def _write(self, side: Side, chunks: list[bytes]) -> None:
+        if side is Side.CLIENT:
+            transport = self.transport if not self.closed else None
+        else:
+            broker = self.broker
+            transport = broker.transport if broker is not None else None
+        if transport is None:
+            return
+        if len(chunks) == 1:
+            transport.write(chunks[0])
+        else:
+            transport.writelines(chunks)  # one writev under uvloop
+
     def _execute(self, commands: list[Any]) -> None:
+        # Consecutive SendData for the same side go out in one write call.
+        side: Side | None = None
+        chunks: list[bytes] = []
         for cmd in commands:
             if type(cmd) is SendData:
-                if cmd.side is Side.CLIENT:
-                    if self.transport is not None and not self.closed:
-                        self.transport.write(cmd.data)
-                else:
-                    broker = self.broker
-                    if broker is not None and broker.transport is not None:
-                        broker.transport.write(cmd.data)
-            elif type(cmd) is Emit:
+                if cmd.side is side:
+                    chunks.append(cmd.data)
+                    continue
+                if chunks:
+                    self._write(side, chunks)  # type: ignore[arg-type]
+                side, chunks = cmd.side, [cmd.data]
+                continue
+            if chunks:
+                self._write(side, chunks)  # type: ignore[arg-type]
+                side, chunks = None, []
+            if type(cmd) is Emit:
                 self.daemon.emit(cmd.event)
             elif type(cmd) is CloseTransport:
                 if cmd.side is Side.CLIENT:
@@ -191,6 +223,8 @@ class ClientProtocol(asyncio.Protocol):
                 if self.transport is not None:
                     self.transport.pause_reading()
                 self._connect_task = self.daemon.loop.create_task(self._connect_upstream())
+        if chunks:
+            self._write(side, chunks)  # type: ignore[arg-type]
 
     def _abort(self) -> None:
         if self.transport is not None:
@@ -283,7 +317,7 @@ class BrokerProtocol(asyncio.Protocol):
         conn = client.conn
         if conn is None or client.closed:
             return
-        client._run(lambda now: conn.receive_data(Side.BROKER, data, now))
+        client._feed(conn, Side.BROKER, data)
 
     def eof_received(self) -> bool | None:
         """Broker half-closed: after its Close, pass the half-close on; else it is gone.
