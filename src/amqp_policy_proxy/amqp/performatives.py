@@ -55,7 +55,12 @@ def _unwrap(value: Any) -> Any:
     if isinstance(value, codec.Described):
         code = codec.descriptor_code(value.descriptor)
         cls = _REGISTRY.get(code) if code is not None else None
-        if cls is not None and isinstance(value.value, list | type(None)):
+        if cls is not None:
+            if not isinstance(value.value, list | type(None)):
+                # composite types are described lists (Part 1 §1.4); anything else (a
+                # described value inside, say) has no stable encoding through the codec
+                raise DecodeError(f"{cls.__name__}: expected a list body, "
+                                  f"got {type(value.value).__name__}")
             return cls.from_fields(value.value or [])
     return value
 

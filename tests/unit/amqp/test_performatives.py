@@ -17,3 +17,18 @@ def test_begin_and_attach_round_trip_bytes():
                  Attach(name="x", handle=0, role=True)):
         data = perf.encode()
         assert decode_performative(data)[0].encode() == data
+
+
+def test_composite_with_a_non_list_body_is_a_decode_error():
+    # Found by fuzz_framing (regression framing/source-described-body-f54066d1): an Attach
+    # whose source (0x28) held a described target instead of a list decoded, and re-encoding
+    # it through proton did not give the same fields back.
+    import pytest
+
+    from amqp_policy_proxy.amqp.errors import DecodeError
+    from amqp_policy_proxy.amqp.performatives import decode_performative
+
+    attach = bytes.fromhex(
+        "005312d00000001900000007a1016e43425002500000532800532945")  # source = 0x28(0x29(list0))
+    with pytest.raises(DecodeError, match="expected a list body"):
+        decode_performative(attach)
