@@ -29,6 +29,6 @@ def test_composite_with_a_non_list_body_is_a_decode_error():
     from amqp_policy_proxy.amqp.performatives import decode_performative
 
     attach = bytes.fromhex(
-        "005312d00000001400000007a1016e43425002500000532800532945")  # source = 0x28(0x29(list0))
+        "005312d00000001400000006a1016e43425002500000532800532945")  # source = 0x28(0x29(list0))
     with pytest.raises(DecodeError, match="expected a list body"):
         decode_performative(attach)
