@@ -196,3 +196,33 @@ def test_router_bytes_reach_the_client_unchanged_in_any_reads(deliveries, reads)
     assert bytes(s.sent[Side.CLIENT]) == data
     assert s.conn.transfers_out == sum(
         len(range(0, len(Message(body=b).encode()), c)) or 1 for b, c in deliveries)
+
+
+def _close_exchange(body: bytes, client_first: bool) -> list[Any]:
+    s = Script(POLICY)
+    s.open(user="alice")
+    s.begin(0, router_channel=0)
+    frame_ = len(body).__add__(8).to_bytes(4, "big") + b"\x02\x00\x00\x00" + body
+    steps = [("client", frame_), ("broker", frame_)]
+    if not client_first:
+        steps.reverse()
+    seen = []
+    for side, data in steps:
+        cmds = s.client(data) if side == "client" else s.broker(data)
+        seen.append([(type(c).__name__, getattr(c, "side", None), bytes(getattr(c, "data", b"")))
+                     for c in cmds])
+    seen.append((s.conn.phase, s.conn.close_reason, s.conn.close_received_from(Side.CLIENT),
+                 s.conn.close_received_from(Side.BROKER)))
+    return seen
+
+
+def test_empty_close_recognised_from_its_bytes_behaves_as_decoded(monkeypatch):
+    import amqp_policy_proxy.core.connection as core
+
+    bodies = sorted(core._EMPTY_CLOSE_BODIES) + [bytes.fromhex("005318c0020140")]
+    for client_first in (True, False):
+        fast = [_close_exchange(b, client_first) for b in bodies]
+        monkeypatch.setattr(core, "_EMPTY_CLOSE_BODIES", frozenset())
+        decoded = [_close_exchange(b, client_first) for b in bodies]
+        monkeypatch.undo()
+        assert fast == decoded

@@ -109,8 +109,18 @@ UPSTREAM_LOST = "upstream connection lost"
 #: Phases in which admitted frames are relayed (decoded as policy needs).
 _RELAYING = (Phase.OPENED, Phase.CLOSING)
 _TRANSFER = Descriptor.TRANSFER
+_CLOSE = Descriptor.CLOSE
+#: The encodings of an error-less Close (list0, list8, list32 with no fields). Such a frame
+#: is recognised from its bytes; proton's decoder gives exactly ``Close()`` for each.
+_EMPTY_CLOSE_BODIES = frozenset({
+    bytes.fromhex("00531845"), bytes.fromhex("005318c00100"),
+    bytes.fromhex("005318d00000000400000000"),
+})
 _FLOW = Descriptor.FLOW
 _DISPOSITION = Descriptor.DISPOSITION
+
+
+_EMPTY_CLOSE = Close()
 
 
 def _frame(channel: int, perf: Any, payload: bytes = b"", ftype: int = FrameType.AMQP) -> bytes:
@@ -619,12 +629,7 @@ class ProxyConnection:
         self._run_start = -1
         buf = self._run_buf
         end = self._run_end
-        if type(buf) is bytes:
-            data = buf if (start == 0 and end == len(buf)) else buf[start:end]
-        else:
-            with memoryview(buf) as view:
-                data = view[start:end].tobytes()  # one copy (a bytearray slice would be two)
-        self._send(Side.BROKER, data, out)
+        self._send(Side.BROKER, _run_data(buf, start, end), out)
 
     def _client_frames(self, buf: Any, pos: int, end: int, now: float, out: list[Command]) -> int:
         while pos < end and self._client_mode != "closed":
@@ -1055,7 +1060,10 @@ class ProxyConnection:
                 raise NotAllowedError(f"flow on channel {channel} that was never begun")
             if not session.denied_handles and not session.dropped_transfers:
                 return True
-        perf, consumed = decode_performative(memoryview(buf)[body:fend])
+        if code == _CLOSE and bytes(buf[body:fend]) in _EMPTY_CLOSE_BODIES:
+            perf: Any = _EMPTY_CLOSE
+        else:
+            perf, _ = decode_performative(memoryview(buf)[body:fend])
         handler = self._CLIENT_HANDLERS.get(type(perf))
         if handler is None:
             raise IllegalStateError(f"unexpected {type(perf).__name__} from client")
@@ -1610,7 +1618,7 @@ class ProxyConnection:
                     replacement = self._broker_transfer(buf, pos, body, fend, channel, now, out)
                     if replacement is not None:
                         if pos > run_start:
-                            self._send(Side.CLIENT, bytes(buf[run_start:pos]), out)
+                            self._send(Side.CLIENT, _run_data(buf, run_start, pos), out)
                         self._send(Side.CLIENT, replacement, out)
                         run_start = fend
                 pos = fend
@@ -1626,15 +1634,18 @@ class ProxyConnection:
                     continue
             # a frame we need to look at: flush the run before it
             if pos > run_start:
-                self._send(Side.CLIENT, bytes(buf[run_start:pos]), out)
-            perf, _ = decode_performative(memoryview(buf)[body:fend])
+                self._send(Side.CLIENT, _run_data(buf, run_start, pos), out)
+            if code == _CLOSE and bytes(buf[body:fend]) in _EMPTY_CLOSE_BODIES:
+                perf: Any = _EMPTY_CLOSE
+            else:
+                perf, _ = decode_performative(memoryview(buf)[body:fend])
             replacement = self._broker_frame(perf, bytes(buf[pos:fend]), channel, now, out)
             if replacement:
                 self._send(Side.CLIENT, replacement, out)
             pos = fend
             run_start = pos
         if pos > run_start and self._broker_mode == "amqp":
-            self._send(Side.CLIENT, bytes(buf[run_start:pos]), out)
+            self._send(Side.CLIENT, _run_data(buf, run_start, pos), out)
         return pos
 
     def _broker_transfer(self, buf: Any, pos: int, body: int, fend: int, channel: int,
@@ -1832,6 +1843,19 @@ ProxyConnection._CLIENT_HANDLERS = {
     Disposition: ProxyConnection._on_client_disposition,
     Transfer: ProxyConnection._on_client_transfer_decoded,
 }
+
+
+def _run_data(buf: Any, start: int, end: int) -> bytes | memoryview:
+    """``buf[start:end]``, a run of frames forwarded as they came, to hand to ``SendData``.
+
+    A read the transport delivered is an immutable ``bytes``: the run is a view of it (no
+    copy; the shell writes it, or its transport keeps the view until it is sent). Anything
+    else (the proxy's own buffers, which change after this call) is copied once.
+    """
+    if type(buf) is bytes:
+        return buf if (start == 0 and end == len(buf)) else memoryview(buf)[start:end]
+    with memoryview(buf) as view:
+        return view[start:end].tobytes()
 
 
 def _int_or_none(value: Any) -> int | None:

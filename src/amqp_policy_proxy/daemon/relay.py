@@ -259,15 +259,14 @@ class ClientProtocol(asyncio.Protocol):
                 return
             ctx: ssl.SSLContext | None = daemon.upstream_ssl_context(upstream)
             try:
-                _, proto = await asyncio.wait_for(
-                    loop.create_connection(
+                # asyncio.timeout rather than wait_for: no extra task per connection attempt
+                async with asyncio.timeout(daemon.config.connect_timeout_seconds):
+                    _, proto = await loop.create_connection(
                         lambda: BrokerProtocol(self), upstream.address.host,
                         upstream.address.port, ssl=ctx,
                         server_hostname=(upstream.tls_server_name or upstream.address.host)
                         if ctx else None,
-                    ),
-                    timeout=daemon.config.connect_timeout_seconds,
-                )
+                    )
             except asyncio.CancelledError:
                 raise
             except (TimeoutError, OSError, ssl.SSLError) as exc:
