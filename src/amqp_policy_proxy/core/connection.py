@@ -239,6 +239,7 @@ class ProxyConnection:
         self._max_message_size: int | None = None
         self._check_user_id = False
         self._user_id_bytes = b""  # the authenticated user, as a message user-id must be
+        self._relay_allowed: str | None = None  # the last relay 'to' the address rules allowed
         self._topics: Any = None  # the group's TopicAuthorizer, if any (ARCHITECTURE 4.6)
         self._principal: Any = None  # policy.topics.Principal of this connection
         self._qos_of: Any = None
@@ -1025,8 +1026,10 @@ class ProxyConnection:
         if self._check_user_id and user_id and user_id != self._user_id_bytes:
             return MessageDenyReason.USER_ID, to
         if link.anonymous and to is not None:
-            if not decisions.approve_relay_target(self.group, user=self.user or "", to=to):
-                return MessageDenyReason.RELAY_TARGET, to
+            if to != self._relay_allowed:  # a relay sender usually repeats its destination
+                if not decisions.approve_relay_target(self.group, user=self.user or "", to=to):
+                    return MessageDenyReason.RELAY_TARGET, to
+                self._relay_allowed = to
             if self._topics is not None and not self._topics.check_publish(
                     self._principal, to, qos=link.qos, wall_now=now + self.wall_offset).allowed:
                 return MessageDenyReason.TOPIC, to
