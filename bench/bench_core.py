@@ -29,6 +29,7 @@ Usage::
     .venv/bin/python bench/bench_core.py                  # every case, allow-all, 5 rounds
     .venv/bin/python bench/bench_core.py --cases named-100,relay-100 --policy limits
     .venv/bin/python bench/bench_core.py --profile named-100   # cProfile of one case
+    AMQP_PROXY_NO_ACCEL=1 .venv/bin/python bench/bench_core.py  # without the C relay scanner
 
 Each round replays every case once; the table shows the median (and the best) over rounds
 of ``time.process_time`` per frame. Every forwarded stream is checked to be byte-identical to
@@ -52,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen  # noqa: E402  (bench/ is not a package)
 from peer import MAX_FRAME, WINDOW, encode_transfer, flow_frame  # noqa: E402
 
+from amqp_policy_proxy.amqp import accel  # noqa: E402
 from amqp_policy_proxy.amqp.codec import symbol_array  # noqa: E402
 from amqp_policy_proxy.amqp.constants import AMQP_HEADER, SASL_HEADER, FrameType  # noqa: E402
 from amqp_policy_proxy.amqp.framing import encode_frame  # noqa: E402
@@ -275,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for case in cases:
             samples[case].append(run_case(case, policy, frames_for(case), args.read_size))
-    print(f"policy {args.policy}, {args.rounds} rounds, reads of {args.read_size} bytes")
+    scanner = "C" if accel.scan is not None else f"none (built: {accel.scan_c is not None})"
+    print(f"policy {args.policy}, {args.rounds} rounds, reads of {args.read_size} bytes, "
+          f"relay scanner {scanner}")
     print("| case | unit | median | best |")
     print("|---|---|---:|---:|")
     for case in cases:

@@ -4,7 +4,10 @@
 set -euo pipefail
 BIN="$1"
 stamp="$BIN/../.deps-stamp"
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+# up to date unless the project's metadata or the C extension's source changed since
+ext=src/amqp_policy_proxy/amqp/_relayscan.c
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt setup.py ] && \
+   [ "$stamp" -nt "$ext" ]; then
     exit 0
 fi
 if "$BIN/python" -c 'import proton' 2>/dev/null && \
@@ -13,5 +16,9 @@ if "$BIN/python" -c 'import proton' 2>/dev/null && \
     "$BIN/pip" uninstall -q -y python-qpid-proton
     "$BIN/pip" install -q --no-cache-dir --no-binary python-qpid-proton python-qpid-proton
 fi
-"$BIN/pip" install -q -e ".[test,spark]"
+"$BIN/pip" install -q -e ".[test,spark]"   # also builds the optional C extension (setup.py)
+if ! "$BIN/python" -c 'import amqp_policy_proxy.amqp._relayscan' 2>/dev/null; then
+    echo "note: the C relay scanner was not built (no C compiler or Python headers?);" \
+         "the proxy runs its pure-Python relay loop" >&2
+fi
 touch "$stamp"

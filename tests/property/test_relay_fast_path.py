@@ -9,16 +9,25 @@ back: multi-frame deliveries, messages over maxMessageSize (alone and across fra
 anonymous-relay messages with allowed and denied ``to``, ``user-id`` checks, aborted and
 pre-settled deliveries, heartbeats, Flows and Dispositions, transfers on a denied link and,
 optionally, a protocol error at the end.
+
+Every comparison runs twice: with the C scanner of ``amqp.accel`` (runs of plain Transfers
+on one link skipped in C) and with the pure-Python loop alone; and under two policies, one
+that checks ``user-id`` on every message (no run can be skipped) and one that does not.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import Message
 
+import amqp_policy_proxy.core.connection as core
+from amqp_policy_proxy.amqp import accel
 from amqp_policy_proxy.amqp.performatives import Disposition
 from amqp_policy_proxy.core.commands import SendData, Side
 from amqp_policy_proxy.core.connection import ProxyConnection
@@ -39,10 +48,29 @@ POLICY = make_policy({"all": {
     "users": "*", "remoteHosts": "*", "sources": "*", "targetPattern": "q.#, ${user}.#",
     "allowAnonymousSender": True, "allowUserIdProxy": False, "maxMessageSize": 700,
 }})
+#: The same groups, trusting the user-id: the steady state of named links needs no decision.
+POLICY_TRUSTED = make_policy({"all": {
+    "users": "*", "remoteHosts": "*", "sources": "*", "targetPattern": "q.#, ${user}.#",
+    "allowAnonymousSender": True, "allowUserIdProxy": True, "maxMessageSize": 700,
+}})
+POLICIES = {"uid-checked": POLICY, "uid-trusted": POLICY_TRUSTED}
 HEARTBEAT = bytes.fromhex("0000000802000000")
+ACCEL = [pytest.param("c", marks=pytest.mark.skipif(
+    accel.scan_c is None, reason="C extension not built")), "python"]
+
+
+@contextmanager
+def _scanner(which: str) -> Iterator[None]:
+    """Run the core with the C scanner ("c") or with the pure-Python loop alone."""
+    saved = core._scan_transfers
+    core._scan_transfers = accel.scan_c if which == "c" else None
+    try:
+        yield
+    finally:
+        core._scan_transfers = saved
 
 messages = st.tuples(
-    st.sampled_from([0, 1, 1, 2]),  # handle: named q.a, anonymous relay, denied link
+    st.sampled_from([0, 0, 0, 1, 1, 2]),  # handle: named q.a, anonymous relay, denied link
     st.one_of(st.binary(max_size=60),  # body; around 700 bytes with the sections: oversize
               st.integers(640, 720).map(lambda n: b"b" * n)),
     st.sampled_from([None, "q.x", "alice.in", "bad.y"]),  # to
@@ -101,8 +129,8 @@ def _general_only(conn: ProxyConnection) -> None:
     conn._client_relay = lambda buf, pos, end, now, out: pos  # type: ignore[method-assign]
 
 
-def _run(stream: bytes, cuts: list[int], fast: bool) -> tuple[Any, ...]:
-    s = Script(POLICY)
+def _run(stream: bytes, cuts: list[int], fast: bool, policy: Any = POLICY) -> tuple[Any, ...]:
+    s = Script(policy)
     if not fast:
         _general_only(s.conn)
     s.open(user="alice")
@@ -128,31 +156,75 @@ def _run(stream: bytes, cuts: list[int], fast: bool) -> tuple[Any, ...]:
     return [m if isinstance(m, str) else (m[0], bytes(m[1])) for m in merged], figures
 
 
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("scanner", ACCEL)
 @given(st.lists(messages, min_size=1, max_size=8),
        st.sampled_from(["", "", "detach", "bad-handle", "garbage"]), st.data())
 @settings(max_examples=150, deadline=None)
-def test_fast_path_matches_the_general_handlers(msgs, tail, data):
+def test_fast_path_matches_the_general_handlers(scanner, policy, msgs, tail, data):
     stream = _stream(msgs, tail)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
-    assert _run(stream, cuts, fast=True) == _run(stream, cuts, fast=False)
+    with _scanner(scanner):
+        fast = _run(stream, cuts, fast=True, policy=POLICIES[policy])
+    assert fast == _run(stream, cuts, fast=False, policy=POLICIES[policy])
 
 
-def test_fast_path_is_taken():
-    """The comparison above is only meaningful if the fast path runs at all."""
+one_link = st.tuples(
+    st.just(0),  # the named link only: the runs the C scanner skips
+    st.one_of(st.binary(max_size=60), st.integers(690, 760).map(lambda n: b"b" * n)),
+    st.sampled_from([None, "q.x"]),
+    st.sampled_from([None, b"alice", b"mallory"]),
+    st.sampled_from([2000, 2000, 2000, 150]),
+    st.booleans(),
+    st.sampled_from([False, False, False, False, True]),
+    st.sampled_from(["", "", "", "hb", "flow", "disp"]),
+)
+
+
+@pytest.mark.parametrize("scanner", ACCEL)
+@given(st.lists(one_link, min_size=2, max_size=10), st.sampled_from(["", "detach", "garbage"]),
+       st.data())
+@settings(max_examples=150, deadline=None)
+def test_runs_on_one_link_match_the_general_handlers(scanner, msgs, tail, data):
+    """Long runs on one link, where the scanner does most of the work, broken by every kind
+    of frame it must hand back (oversize, multi-frame, aborted, Flow, Disposition)."""
+    stream = _stream(msgs, tail)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
+    with _scanner(scanner):
+        fast = _run(stream, cuts, fast=True, policy=POLICY_TRUSTED)
+    assert fast == _run(stream, cuts, fast=False, policy=POLICY_TRUSTED)
+
+
+@pytest.mark.parametrize("scanner", ACCEL)
+def test_fast_path_is_taken(scanner):
+    """The comparison above is only meaningful if the fast path (and, with the C build,
+    the scanner) runs at all."""
     calls = []
+    scanned = []
     original = ProxyConnection._client_relay
 
     def spy(self, *args):
         calls.append(1)
         return original(self, *args)
 
+    def scan_spy(*args):
+        result = accel.scan_c(*args)
+        scanned.append(result[1])
+        return result
+
     ProxyConnection._client_relay = spy  # type: ignore[method-assign]
     try:
-        stream = _stream([(0, b"x", None, None, 2000, True, False, "")] * 3, "")
-        fast = _run(stream, [], fast=True)
+        with _scanner(scanner):
+            if scanner == "c":
+                core._scan_transfers = scan_spy
+            stream = _stream([(0, b"x", None, None, 2000, True, False, "")] * 5, "")
+            fast = _run(stream, [], fast=True, policy=POLICY_TRUSTED)
     finally:
         ProxyConnection._client_relay = original  # type: ignore[method-assign]
     assert calls and fast[0][-1][0] is Side.BROKER
+    assert fast == _run(stream, [], fast=False, policy=POLICY_TRUSTED)
+    if scanner == "c":
+        assert sum(scanned) == 4  # the first Transfer in Python, the next four in C
 
 
 @given(st.lists(st.tuples(st.binary(max_size=3000), st.sampled_from([3000, 500, 60])),

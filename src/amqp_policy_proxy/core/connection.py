@@ -26,6 +26,7 @@ from collections.abc import Callable
 from struct import Struct
 from typing import Any
 
+from ..amqp import accel
 from ..amqp import constants as C
 from ..amqp.constants import Condition, Descriptor, FrameType
 from ..amqp.errors import (
@@ -118,6 +119,8 @@ _EMPTY_CLOSE_BODIES = frozenset({
 })
 _FLOW = Descriptor.FLOW
 _DISPOSITION = Descriptor.DISPOSITION
+#: The C scanner of runs of plain Transfers (``amqp.accel``), or None: every frame in Python.
+_scan_transfers = accel.scan
 
 
 _EMPTY_CLOSE = Close()
@@ -941,6 +944,8 @@ class ProxyConnection:
         run_start = self._run_start
         run_end = self._run_end
         transfers = 0
+        scan = _scan_transfers
+        scan_max = -1 if max_size is None else min(max_size, 1 << 62)
         try:
             while end - pos >= 8:
                 size, doff, ftype, channel = unpack(buf, pos)
@@ -979,6 +984,16 @@ class ProxyConnection:
                                     if run_start < 0:
                                         run_start = pos
                                     run_end = pos = fend
+                                    if scan is not None and not f[3] and not (
+                                            governed and (link.anonymous or check_uid)):
+                                        # the frames after this one on the same link are
+                                        # most often more of the same: the C scanner passes
+                                        # them (and heartbeats) without a decision, and
+                                        # stops at the first frame that may need one
+                                        pos, n = scan(buf, pos, end, limit, channel, f[0],
+                                                      scan_max)
+                                        transfers += n
+                                        run_end = pos
                                     continue
                             else:
                                 total = link.delivery_bytes + payload

@@ -1,0 +1,207 @@
+/* Sans-IO. Optional C accelerator for the proxy's client relay loop
+ * (amqp_policy_proxy.core.connection.ProxyConnection._client_relay).
+ *
+ * scan(buf, pos, end, limit, channel, handle, max_size) -> (pos, transfers)
+ *
+ * Walks the consecutive frames of buf[pos:end] while each one is either
+ *   - an empty AMQP frame (heartbeat, any channel), or
+ *   - a Transfer (descriptor 0x00 0x53 0x14) on `channel` for link `handle` that completes a
+ *     delivery in one frame (more false), is not aborted, and carries at most `max_size`
+ *     payload bytes (max_size < 0: no limit), encoded in the forms
+ *     amqp_policy_proxy.amqp.transfer.read_transfer_fields reads inline: list8/list32 with
+ *     1 to 6 fields, uint as 0x43/0x52/0x70 (delivery-id and message-format may be null),
+ *     delivery-tag as binary8 or null, booleans as 0x41/0x42/null.
+ * It stops at the first frame that is anything else, including every frame header the
+ * Python loop would look at twice (size above `limit`, below 8, doff < 2, doff*4 > size,
+ * a non-AMQP frame type) and a frame not wholly inside buf[:end]. The Python loop then
+ * handles that frame with its general handlers, so every decision (denial, maxMessageSize,
+ * multi-frame state, protocol errors, other links and sessions) stays in Python.
+ *
+ * Returns the offset reached (the first frame not consumed; `pos` itself when nothing was)
+ * and the number of Transfers passed. The caller guarantees that (channel, handle) is an
+ * attached sender link that needs no per-message decision and that is between deliveries;
+ * a passed frame changes none of that state, which is why the run can be skipped here.
+ *
+ * Safety: every read is bounds-checked against the frame end, itself checked against `end`,
+ * itself clamped to the buffer's length; no size from the wire is added before it has been
+ * compared with the room left, so nothing can overflow or read past `end`.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+/* A uint at b[p] (p < lend is checked here): 0x43, 0x52 or 0x70, or 0x40 when nullable.
+ * Returns the offset past it, or -1 (stop: the Python loop decides). */
+static inline Py_ssize_t read_uint(const unsigned char *b, Py_ssize_t p, Py_ssize_t lend,
+                                   int nullable, int64_t *out) {
+    if (p >= lend) return -1;
+    switch (b[p]) {
+    case 0x43:
+        *out = 0;
+        return p + 1;
+    case 0x52:
+        if (lend - p < 2) return -1;
+        *out = b[p + 1];
+        return p + 2;
+    case 0x70:
+        if (lend - p < 5) return -1;
+        *out = be32(b + p + 1);
+        return p + 5;
+    case 0x40:
+        if (!nullable) return -1;
+        *out = -1;
+        return p + 1;
+    default:
+        return -1;
+    }
+}
+
+/* A boolean at b[p]: 0x41 true, 0x42 or null false. -1 = stop. */
+static inline Py_ssize_t read_bool(const unsigned char *b, Py_ssize_t p, Py_ssize_t lend,
+                                   int *out) {
+    if (p >= lend) return -1;
+    switch (b[p]) {
+    case 0x41:
+        *out = 1;
+        return p + 1;
+    case 0x42:
+    case 0x40:
+        *out = 0;
+        return p + 1;
+    default:
+        return -1;
+    }
+}
+
+/* The Transfer whose body (descriptor) starts at b[body], frame ending at fend (body + 3 <
+ * fend is checked by the caller). Returns 1 when it is a single-frame Transfer on `want`
+ * within max_size, else 0. */
+static int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fend,
+                          int64_t want, long long max_size) {
+    Py_ssize_t p = body + 3, lend;
+    uint32_t count;
+    if (b[p] == 0xC0) {                                   /* list8: size, count */
+        if (fend - p < 3) return 0;
+        uint32_t lsize = b[p + 1];
+        if (lsize < 1 || (Py_ssize_t)lsize > fend - (p + 2)) return 0;
+        lend = p + 2 + (Py_ssize_t)lsize;
+        count = b[p + 2];
+        p += 3;
+    } else if (b[p] == 0xD0) {                            /* list32: size, count */
+        if (fend - p < 9) return 0;
+        uint32_t lsize = be32(b + p + 1);
+        if (lsize < 4 || (uint64_t)lsize > (uint64_t)(fend - (p + 5))) return 0;
+        lend = p + 5 + (Py_ssize_t)lsize;
+        count = be32(b + p + 5);
+        p += 9;
+    } else {
+        return 0;
+    }
+    if (count < 1 || count > 6) return 0;                 /* > 6: rcv-settle-mode.. aborted */
+    int64_t handle, ignored;
+    int settled = 0, more = 0;
+    p = read_uint(b, p, lend, 0, &handle);
+    if (p < 0 || handle != want) return 0;
+    if (count > 1) {                                      /* delivery-id */
+        p = read_uint(b, p, lend, 1, &ignored);
+        if (p < 0) return 0;
+    }
+    if (count > 2) {                                      /* delivery-tag */
+        if (p >= lend) return 0;
+        if (b[p] == 0xA0) {
+            if (lend - p < 2) return 0;
+            Py_ssize_t n = b[p + 1];
+            if (n > lend - (p + 2)) return 0;
+            p += 2 + n;
+        } else if (b[p] == 0x40) {
+            p += 1;
+        } else {
+            return 0;
+        }
+    }
+    if (count > 3) {                                      /* message-format */
+        p = read_uint(b, p, lend, 1, &ignored);
+        if (p < 0) return 0;
+    }
+    if (count > 4) {
+        p = read_bool(b, p, lend, &settled);
+        if (p < 0) return 0;
+    }
+    if (count > 5) {
+        p = read_bool(b, p, lend, &more);
+        if (p < 0) return 0;
+    }
+    if (more) return 0;                                   /* multi-frame delivery: Python */
+    if (max_size >= 0 && (long long)(fend - lend) > max_size) return 0;
+    return 1;
+}
+
+static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "scan(buf, pos, end, limit, channel, handle, max_size) takes 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    long long limit = PyLong_AsLongLong(args[3]);
+    long long channel = PyLong_AsLongLong(args[4]);
+    long long want = PyLong_AsLongLong(args[5]);
+    long long max_size = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (pos < 0 || pos > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
+        return NULL;
+    }
+    if (end > view.len) end = view.len;
+    if (end < pos) end = pos;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    Py_ssize_t transfers = 0;
+    int usable = channel >= 0 && channel <= 0xFFFF && want >= 0 && want <= 0xFFFFFFFFLL;
+    while (end - pos >= 8) {
+        const unsigned char *h = b + pos;
+        uint32_t size = be32(h);
+        uint32_t doff = h[4];
+        if (size < 8 || (long long)size > limit || doff < 2 || h[5] != 0 || doff * 4 > size)
+            break;
+        if ((uint64_t)size > (uint64_t)(end - pos)) break;      /* partial frame */
+        Py_ssize_t fend = pos + (Py_ssize_t)size;
+        Py_ssize_t body = pos + (Py_ssize_t)(doff * 4);
+        if (body == fend) {                                      /* heartbeat */
+            pos = fend;
+            continue;
+        }
+        if (!usable || (((uint32_t)h[6] << 8) | h[7]) != (uint32_t)channel) break;
+        if (fend - body <= 3 || b[body] != 0x00 || b[body + 1] != 0x53 || b[body + 2] != 0x14)
+            break;
+        if (!plain_transfer(b, body, fend, (int64_t)want, max_size)) break;
+        transfers++;
+        pos = fend;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nn)", pos, transfers);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
+     "scan(buf, pos, end, limit, channel, handle, max_size) -> (pos, transfers)\n\n"
+     "Skip heartbeats and single-frame Transfers on one sender link; see\n"
+     "amqp_policy_proxy.amqp.accel for the contract."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_relayscan",
+    "C fast path of the client relay loop (see amqp_policy_proxy.amqp.accel).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__relayscan(void) { return PyModule_Create(&module); }

@@ -1,0 +1,125 @@
+"""Sans-IO. The optional C accelerator of the client relay loop, with its pure-Python twin.
+
+What it does: :func:`scan_py` (and its C build, ``_relayscan.scan``) walks a run of client
+frames that need no decision — heartbeats and single-frame Transfers on one sender link —
+and returns how far the run goes, so that ``ProxyConnection._client_relay`` forwards the run
+as one slice of the original bytes without looking at each frame in Python. Anything else
+(another link or session, a multi-frame delivery, an aborted Transfer, a payload over
+maxMessageSize, a frame header the general loop must judge, an encoding the inline reader
+of :func:`~amqp_policy_proxy.amqp.transfer.read_transfer_fields` does not cover) ends the
+run, and the Python loop handles that frame with its general handlers.
+
+Why C: with small messages the proxy spends its time in the per-frame Python code (about
+1.6 µs per Transfer against 0.03 µs in C, ``bench/bench_core.py``), which is what keeps it
+behind a byte-level TCP proxy such as HAProxy on 100-byte messages.
+
+The fallback: the extension is built by ``setup.py`` as an optional extension; where it
+was not built (no compiler) or when the environment variable ``AMQP_PROXY_NO_ACCEL`` is set
+to a non-empty value other than ``0``, :data:`scan` is None and the relay loop does every
+frame in Python (the reference implementation; the property tests run both ways). Read at
+import time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from .errors import DecodeError
+from .transfer import read_transfer_fields
+
+#: Environment variable that forces the pure-Python relay loop when set (not "" or "0").
+DISABLE_ENV = "AMQP_PROXY_NO_ACCEL"
+
+ScanFunction = Callable[[object, int, int, int, int, int, int], tuple[int, int]]
+
+try:
+    from ._relayscan import scan as scan_c
+except ImportError:  # not built: no compiler at install time, or a source checkout
+    scan_c = None
+
+_disabled = os.environ.get(DISABLE_ENV, "") not in ("", "0")
+
+#: The C scanner when it is built and not disabled, else None (the relay loop then does
+#: every frame in Python).
+scan: ScanFunction | None = None if _disabled else scan_c
+
+
+def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
+            channel: int, handle: int, max_size: int) -> tuple[int, int]:
+    """Pure-Python statement of the scanner's contract (the C code does the same).
+
+    Args:
+        buf: the client bytes; only ``buf[pos:end]`` is read (``end`` is clamped to
+            ``len(buf)``).
+        pos: offset of the first frame to look at.
+        end: one past the last readable byte.
+        limit: the largest frame size to pass (the connection's max-frame-size, at most
+            0x40FFFFFF so that a protocol header is never taken for a frame).
+        channel: the session's channel; handle: the sender link's handle.
+        max_size: the largest payload of a passed Transfer in bytes (maxMessageSize), or
+            ``-1`` for no limit.
+
+    Returns:
+        ``(offset reached, Transfers passed)``: the offset is that of the first frame not
+        passed (``pos`` when none was). A frame is passed when it is an empty AMQP frame
+        (heartbeat) or a Transfer on ``channel``/``handle`` whose fields the inline reader of
+        :func:`read_transfer_fields` reads (list8/list32 with 1 to 6 fields), with ``more``
+        false and a payload within ``max_size``. The C build may stop earlier, at a Transfer
+        whose fields use an encoding only the general reader takes (a binary32 delivery-tag,
+        a ``0x56`` boolean): it never passes a frame this function would not pass.
+
+    Raises:
+        Nothing for any bytes: a malformed frame simply ends the run.
+    """
+    end = min(end, len(buf))
+    transfers = 0
+    while end - pos >= 8:
+        size = int.from_bytes(buf[pos:pos + 4], "big")
+        doff, ftype = buf[pos + 4], buf[pos + 5]
+        if size > limit or size < 8 or doff < 2 or ftype or doff * 4 > size:
+            break
+        fend = pos + size
+        if fend > end:
+            break
+        body = pos + doff * 4
+        if body == fend:
+            pos = fend
+            continue
+        if int.from_bytes(buf[pos + 6:pos + 8], "big") != channel:
+            break
+        if not (fend - body > 3 and buf[body] == 0x00 and buf[body + 1] == 0x53
+                and buf[body + 2] == 0x14):
+            break
+        if not _inline_fields(buf, body, fend):
+            break
+        try:
+            f = read_transfer_fields(buf, body, fend)
+        except DecodeError:
+            break
+        if f[0] != handle or f[3] or f[4] or (max_size >= 0 and fend - f[5] > max_size):
+            break
+        transfers += 1
+        pos = fend
+    return pos, transfers
+
+
+def _inline_fields(buf: bytes | bytearray | memoryview, body: int, fend: int) -> bool:
+    """True when the Transfer's list is one the scanner reads itself: list8 (size >= 1) or
+    list32 (size >= 4) within the frame, 1 to 6 fields. Others go to the general handlers."""
+    p = body + 3
+    code = buf[p]
+    if code == 0xC0:
+        if fend - p < 3:
+            return False
+        size, count = buf[p + 1], buf[p + 2]
+        ok = size >= 1 and p + 2 + size <= fend
+    elif code == 0xD0:
+        if fend - p < 9:
+            return False
+        size = int.from_bytes(buf[p + 1:p + 5], "big")
+        count = int.from_bytes(buf[p + 5:p + 9], "big")
+        ok = size >= 4 and p + 5 + size <= fend
+    else:
+        return False
+    return ok and 1 <= count <= 6

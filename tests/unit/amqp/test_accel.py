@@ -1,0 +1,244 @@
+"""The relay scanner (``amqp.accel``): the C build against the pure-Python statement of its
+contract, on well-formed runs, on crafted frames and on random bytes.
+
+The C scanner must never crash, never read outside ``buf[pos:end]`` (checked by changing
+every byte outside that window and by handing it a copy that ends at ``end``), never pass a
+frame the Python statement would not pass, and pass exactly the same frames on the
+encodings real clients use.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amqp_policy_proxy.amqp import accel
+from amqp_policy_proxy.amqp.framing import encode_frame
+from amqp_policy_proxy.amqp.performatives import Disposition, Transfer
+
+scan_c = accel.scan_c
+needs_c = pytest.mark.skipif(scan_c is None, reason="C extension not built (no compiler?)")
+
+LIMIT = 65536
+HEARTBEAT = bytes.fromhex("0000000802000000")
+
+
+def _frame(channel: int, body: bytes, doff: int = 2, ftype: int = 0) -> bytes:
+    return ((8 + (doff - 2) * 4 + len(body)).to_bytes(4, "big") + bytes([doff, ftype])
+            + channel.to_bytes(2, "big") + b"\0" * ((doff - 2) * 4) + body)
+
+
+def _u(n: int | None, kind: str) -> bytes:
+    if n is None:
+        return b"\x40"
+    if kind == "small" and n < 256:
+        return b"\x43" if n == 0 else b"\x52" + bytes([n])
+    return b"\x70" + n.to_bytes(4, "big")
+
+
+def _transfer(handle: int, did: int | None, tag: bytes | None, *, count: int = 5,
+              settled: bool | None = True, more: bool | None = False, kind: str = "small",
+              list32: bool = False, payload: bytes = b"m") -> bytes:
+    """A Transfer body in the encodings real clients use (written by hand, not by proton)."""
+    fields = [
+        _u(handle, kind),
+        _u(did, kind),
+        b"\x40" if tag is None else b"\xa0" + bytes([len(tag)]) + tag,
+        _u(0, kind),
+        b"\x40" if settled is None else (b"\x41" if settled else b"\x42"),
+        b"\x40" if more is None else (b"\x41" if more else b"\x42"),
+    ][:count]
+    items = b"".join(fields)
+    if list32:
+        lst = b"\xd0" + (len(items) + 4).to_bytes(4, "big") + count.to_bytes(4, "big") + items
+    else:
+        lst = b"\xc0" + bytes([len(items) + 1, count]) + items
+    return b"\x00\x53\x14" + lst + payload
+
+
+def _both(buf: bytes, pos: int, end: int, limit: int = LIMIT, channel: int = 0,
+          handle: int = 0, max_size: int = -1) -> tuple[tuple[int, int], tuple[int, int]]:
+    return (scan_c(buf, pos, end, limit, channel, handle, max_size),
+            accel.scan_py(buf, pos, end, limit, channel, handle, max_size))
+
+
+@needs_c
+def test_a_run_of_plain_transfers_and_heartbeats_is_passed_whole():
+    run = b"".join(_frame(0, _transfer(0, i, b"t%d" % i)) + HEARTBEAT for i in range(50))
+    stop = _frame(0, Disposition(role=False, first=0, settled=True).encode())
+    buf = run + stop
+    assert _both(buf, 0, len(buf)) == ((len(run), 50), (len(run), 50))
+
+
+@needs_c
+@pytest.mark.parametrize("stop, why", [
+    (_frame(1, _transfer(0, 1, b"x")), "another channel"),
+    (_frame(0, _transfer(1, 1, b"x")), "another link"),
+    (_frame(0, _transfer(0, 1, b"x", count=6, more=True)), "first frame of a multi-frame delivery"),
+    (_frame(0, _transfer(0, 1, b"x", payload=b"y" * 101)), "over max_size"),
+    (_frame(0, _transfer(0, 1, b"x", payload=b"y" * 100) + b"\x00", doff=3), "over max_size"),
+    (_frame(0, b"\x00\x53\x14\xc0\x0b\x0a" + b"\x43\x43\x40\x43\x42\x42\x40\x40\x40\x41"),
+     "aborted (10 fields)"),
+    (_frame(0, b"\x00\x53\x14\xc0\x02\x01\x40"), "null handle"),
+    (_frame(0, b"\x00\x53\x14\xc0\x01\x00"), "no fields"),
+    (_frame(0, b"\x00\x53\x14\x45"), "list0"),
+    (_frame(0, b"\x00\x53\x14\xc0\x05\x01\x43"), "list runs past the frame"),
+    (_frame(0, b"\x00\x53\x14\xd0\x00\x00\x00\x02\x00\x00\x00\x01\x43"), "list32 size < 4"),
+    (_frame(0, b"\x00\x53\x14\xc0\x03\x03\x43\x43\xa0\x05ab"), "tag runs past the list"),
+    (_frame(0, b"\x00\x53\x14\xc0\x04\x03\x43\x43\xb0"), "binary32 tag (general reader)"),
+    (_frame(0, b"\x00\x80" + (0x14).to_bytes(8, "big") + b"\xc0\x02\x01\x43"), "ulong descr."),
+    (_frame(0, b"\x00\x53\x13\xc0\x01\x00"), "a Flow"),
+    (_frame(0, b"\x00\x53\x14"), "descriptor only"),
+    (_frame(0, b"", ftype=1), "SASL frame type (empty)"),
+    (_frame(0, _transfer(0, 1, b"x"), ftype=1), "SASL frame type"),
+    (bytes.fromhex("0000000701000000"), "size below 8"),
+    (bytes.fromhex("0000000c01000000") + b"abcd", "doff below 2"),
+    (bytes.fromhex("0000000c04000000") + b"abcd", "doff*4 above size"),
+    (b"AMQP\x00\x01\x00\x00", "a protocol header"),
+    ((LIMIT + 1).to_bytes(4, "big") + b"\x02\x00\x00\x00" + b"\0" * (LIMIT - 7), "over limit"),
+])
+def test_stops_at_any_frame_that_may_need_a_decision(stop, why):
+    head = _frame(0, _transfer(0, 0, b"a")) + HEARTBEAT
+    buf = head + stop
+    c, py = _both(buf, 0, len(buf), max_size=100)
+    assert c == py == (len(head), 1), why
+
+
+@needs_c
+def test_partial_frame_is_left_for_the_next_read():
+    one = _frame(0, _transfer(0, 0, b"a"))
+    buf = one + one
+    for end in range(len(one), len(buf)):
+        assert _both(buf, 0, end) == ((len(one), 1), (len(one), 1))
+
+
+@needs_c
+def test_arguments_are_checked():
+    with pytest.raises(ValueError):
+        scan_c(b"x" * 8, 9, 8, LIMIT, 0, 0, -1)
+    with pytest.raises(ValueError):
+        scan_c(b"x" * 8, -1, 8, LIMIT, 0, 0, -1)
+    with pytest.raises(TypeError):
+        scan_c("not bytes", 0, 8, LIMIT, 0, 0, -1)
+    with pytest.raises(TypeError):
+        scan_c(b"", 0, 0)
+    buf = _frame(0, _transfer(0, 0, b"a"))
+    assert scan_c(buf, 0, 10**6, LIMIT, 0, 0, -1) == (len(buf), 1)  # end clamped
+    assert scan_c(buf, 5, 2, LIMIT, 0, 0, -1) == (5, 0)  # end before pos
+    assert scan_c(buf, 0, len(buf), LIMIT, 70000, 0, -1) == (0, 0)  # no such channel
+    assert scan_c(buf, 0, len(buf), LIMIT, 0, -1, -1) == (0, 0)  # no such handle
+    assert scan_c(bytearray(buf), 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 1)
+    assert scan_c(memoryview(buf), 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 1)
+
+
+plain = st.builds(
+    lambda handle, did, tag, count, settled, kind, list32, payload, doff, hb: (
+        _frame(0, _transfer(handle, did, tag, count=count, settled=settled, more=False,
+                            kind=kind, list32=list32, payload=payload), doff=doff)
+        + (HEARTBEAT if hb else b"")),
+    st.sampled_from([0, 0, 0, 7, 300]),
+    st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+    st.one_of(st.none(), st.binary(max_size=40)),
+    st.integers(1, 6),
+    st.one_of(st.none(), st.booleans()),
+    st.sampled_from(["small", "wide"]),
+    st.booleans(),
+    st.binary(max_size=120),
+    st.sampled_from([2, 2, 3, 5]),
+    st.booleans(),
+)
+other = st.one_of(
+    st.builds(lambda b, ch: _frame(ch, b), st.binary(max_size=30), st.sampled_from([0, 1])),
+    st.builds(lambda m: _frame(0, _transfer(0, 1, b"x", count=6, more=m)), st.booleans()),
+    st.just(_frame(0, Transfer(handle=0, delivery_id=1, delivery_tag=b"p", settled=True,
+                               more=False).encode() + b"proton")),
+    st.just(_frame(0, Transfer(handle=0, more=False, aborted=True).encode())),
+)
+
+
+@needs_c
+@given(st.lists(st.one_of(plain, plain, plain, other), max_size=12), st.data())
+@settings(max_examples=400, deadline=None)
+def test_same_decisions_as_python_on_client_encodings(frames, data):
+    buf = b"".join(frames)
+    pos = data.draw(st.integers(0, len(buf)))
+    end = data.draw(st.integers(pos, len(buf) + 3))
+    max_size = data.draw(st.sampled_from([-1, 0, 60, 100, 10**9]))
+    limit = data.draw(st.sampled_from([LIMIT, 100, 0x40FFFFFF]))
+    handle = data.draw(st.sampled_from([0, 7]))
+    c, py = _both(buf, pos, end, limit, 0, handle, max_size)
+    assert c == py
+
+
+def _never_reads_outside(buf: bytes, pos: int, end: int, args: tuple[int, ...]) -> tuple:
+    got = scan_c(buf, pos, end, *args)
+    # the same window with every byte outside it changed, and a buffer that stops at end
+    flipped = bytearray(b ^ 0xFF for b in buf)
+    flipped[pos:end] = buf[pos:end]
+    assert scan_c(bytes(flipped), pos, end, *args) == got
+    if end <= len(buf):
+        cut = buf[:end]
+        assert scan_c(cut, pos, end, *args) == got
+    return got
+
+
+@needs_c
+@given(st.binary(max_size=300), st.data())
+@settings(max_examples=500, deadline=None)
+def test_random_bytes_never_crash_or_pass_more_than_python(raw, data):
+    lead = data.draw(st.sampled_from([b"", _frame(0, _transfer(0, 0, b"a")), HEARTBEAT]))
+    buf = lead + raw
+    pos = data.draw(st.integers(0, len(buf)))
+    end = data.draw(st.integers(pos, len(buf)))
+    args = (data.draw(st.sampled_from([LIMIT, 20, 0x40FFFFFF])), 0, 0,
+            data.draw(st.sampled_from([-1, 0, 50])))
+    c_pos, c_n = _never_reads_outside(buf, pos, end, args)
+    py_pos, py_n = accel.scan_py(buf, pos, end, *args)
+    assert pos <= c_pos <= py_pos and c_n <= py_n
+    # every frame the C scanner passed, Python passes too
+    assert accel.scan_py(buf, pos, c_pos, *args) == (c_pos, c_n)
+
+
+@needs_c
+@given(st.lists(st.one_of(plain, other), min_size=1, max_size=6), st.data())
+@settings(max_examples=400, deadline=None)
+def test_mutated_transfers_never_crash_or_pass_more_than_python(frames, data):
+    """Valid runs with bytes overwritten: sizes, counts and constructors from the wire lie."""
+    buf = bytearray(b"".join(frames))
+    for _ in range(data.draw(st.integers(1, 6))):
+        i = data.draw(st.integers(0, len(buf) - 1))
+        buf[i] = data.draw(st.sampled_from([0x00, 0x01, 0x40, 0x41, 0x43, 0x45, 0x52, 0x70,
+                                            0xA0, 0xB0, 0xC0, 0xD0, 0xFF, 0x7F]))
+    buf = bytes(buf)
+    args = (LIMIT, 0, 0, data.draw(st.sampled_from([-1, 60])))
+    c_pos, c_n = _never_reads_outside(buf, 0, len(buf), args)
+    py_pos, py_n = accel.scan_py(buf, 0, len(buf), *args)
+    assert c_pos <= py_pos and c_n <= py_n
+    assert accel.scan_py(buf, 0, c_pos, *args) == (c_pos, c_n)
+
+
+def test_env_switch_forces_the_python_loop():
+    code = ("import amqp_policy_proxy.amqp.accel as a, amqp_policy_proxy.core.connection as c;"
+            "print(a.scan is None, c._scan_transfers is None)")
+    env = {**os.environ, accel.DISABLE_ENV: "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["True", "True"]
+    env[accel.DISABLE_ENV] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [str(scan_c is None)] * 2
+
+
+def test_proton_encoded_transfer_is_passed_by_both():
+    body = Transfer(handle=0, delivery_id=5, delivery_tag=b"tag", message_format=0,
+                    settled=True, more=False).encode() + b"payload"
+    buf = encode_frame(0, body) * 3
+    assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 3)
+    if scan_c is not None:
+        assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 3)
