@@ -40,6 +40,7 @@ from ..amqp.errors import (
     UnattachedHandleError,
 )
 from ..amqp.framing import encode_frame
+from ..amqp.handshake import open_with_channel_max, sasl_outcome_code
 from ..amqp.message import cleared_durable_byte, durable_flag_offset
 from ..amqp.performatives import (
     Accepted,
@@ -67,7 +68,6 @@ from ..amqp.transfer import (
     is_transfer_descriptor,
     read_message_routing,
     read_routing,
-    read_transfer,
     read_transfer_fields,
 )
 from ..policy import decisions
@@ -221,6 +221,8 @@ class ProxyConnection:
         self._run_end = 0
         self._held_broker: list[bytes] = []  # broker AMQP frames before the decision
         self._client_open: Open | None = None
+        #: The client's Open frame body while its admission is being decided.
+        self._client_open_body: bytes | None = None
         self._broker_open_seen = False
         self._open_sent_to_client = False
         self._amqp_header_sent_to_client = False
@@ -785,7 +787,11 @@ class ProxyConnection:
         if channel != 0:
             raise FramingError("Open on a channel other than 0")
         self._client_open = perf
-        self._decide_open(perf, now, out)
+        self._client_open_body = bytes(buf[body:fend])
+        try:
+            self._decide_open(perf, now, out)
+        finally:
+            self._client_open_body = None
 
     def _client_after_close_frame(
         self, buf: Any, pos: int, doff: int, fend: int, now: float, out: list[Command]
@@ -900,13 +906,22 @@ class ProxyConnection:
         self._client_channel_max = cmax
         reserve = min(RESERVED_CHANNELS, cmax // 2)
         self._free_reserved_channels = list(range(cmax - reserve + 1, cmax + 1))
-        fwd = open_
         if reserve:
-            fwd = _checked_replace(open_, channel_max=cmax - reserve)
+            # the client's own bytes with channel-max patched when it is there to patch;
+            # otherwise re-encoded, refusing fields proton would not re-encode faithfully
+            patched = None
+            if self._client_open_body is not None:
+                patched = open_with_channel_max(self._client_open_body, cmax - reserve)
+            if patched is not None:
+                fwd_frame = encode_frame(0, patched)
+            else:
+                fwd_frame = _frame(0, _checked_replace(open_, channel_max=cmax - reserve))
+        else:
+            fwd_frame = _frame(0, open_)
         # The router may send frames up to the client's max-frame-size.
         cmfs = _UINT_MAX if open_.max_frame_size is None else int(open_.max_frame_size)
         self._broker_frame_limit = max(C.MIN_MAX_FRAME_SIZE, min(cmfs, BROKER_FRAME_LIMIT))
-        self._send(Side.BROKER, _frame(0, fwd), out)
+        self._send(Side.BROKER, fwd_frame, out)
         # Frames the router sent before the decision (its Open, usually).
         held_broker = b"".join(self._held_broker)
         self._held_broker.clear()
@@ -1577,9 +1592,12 @@ class ProxyConnection:
                     raise FramingError("AMQP frame during SASL negotiation")
                 body = pos + doff * 4
                 if body < fend:
-                    perf, _ = decode_performative(memoryview(buf)[body:fend])
-                    if isinstance(perf, SaslOutcome):
-                        code = 0 if perf.code is None else int(perf.code)
+                    code = sasl_outcome_code(buf, body, fend)  # plain encodings, no decode
+                    if code is None:
+                        perf, _ = decode_performative(memoryview(buf)[body:fend])
+                        if isinstance(perf, SaslOutcome):
+                            code = 0 if perf.code is None else int(perf.code)
+                    if code is not None:
                         if code == 0:
                             self._sasl_ok = True
                             self.phase = Phase.AWAIT_AMQP_HEADER
@@ -1677,21 +1695,22 @@ class ProxyConnection:
         session = self._broker_sessions.get(channel)
         if session is None:
             return None
-        hdr = read_transfer(buf, body, fend)
-        link = session.broker_links.get(hdr.handle)
+        handle, delivery_id, settled, more, aborted, payload_offset, tag = read_transfer_fields(
+            buf, body, fend)
+        link = session.broker_links.get(handle)
         if link is None or link.is_sender or not (link.topic_filter or link.strip_durable):
             return None
         first = not link.in_delivery
-        last = not hdr.more or hdr.aborted
+        last = not more or aborted
         if first:
-            link.delivery_id = hdr.delivery_id
-            link.delivery_tag = hdr.delivery_tag
-            link.delivery_settled = hdr.settled
+            link.delivery_id = delivery_id
+            link.delivery_tag = delivery_tag_at(buf, tag)
+            link.delivery_settled = settled
             link.discarding = False
             link.rewrite_durable = link.strip_durable
-            if link.topic_filter and not hdr.aborted:
-                routing = read_message_routing(buf, hdr.payload_offset, fend)
-                if not routing.complete and hdr.more:
+            if link.topic_filter and not aborted:
+                routing = read_message_routing(buf, payload_offset, fend)
+                if not routing.complete and more:
                     visible = False  # cannot tell the address from the first frame: withhold
                     decided = "properties not in the first frame"
                 else:
@@ -1703,11 +1722,11 @@ class ProxyConnection:
                 if not visible:
                     link.discarding = True
                     logger.debug("[%s] delivery %s on '%s' withheld: %s", self.conn_id,
-                                 hdr.delivery_id, link.address, decided)
+                                 delivery_id, link.address, decided)
                     self._emit(MessageDenied(
                         **self._ctx(now), address=routing.to, reason=MessageDenyReason.TOPIC_WITHHELD,
-                        size=fend - hdr.payload_offset), out)
-        elif hdr.settled:
+                        size=fend - payload_offset), out)
+        elif settled:
             link.delivery_settled = True
         link.in_delivery = not last
         if link.discarding:
@@ -1715,23 +1734,23 @@ class ProxyConnection:
             # link's delivery-count in step on both sides; the last one aborts the delivery,
             # which settles it for the client (Part 2 §2.7.5).
             if first:
-                t = Transfer(handle=hdr.handle, delivery_id=hdr.delivery_id,
-                             delivery_tag=hdr.delivery_tag or b"", message_format=0,
+                t = Transfer(handle=handle, delivery_id=delivery_id,
+                             delivery_tag=link.delivery_tag or b"", message_format=0,
                              settled=True if last else None, more=not last,
                              aborted=True if last else None)
             else:
-                t = Transfer(handle=hdr.handle, more=not last, settled=True if last else None,
+                t = Transfer(handle=handle, more=not last, settled=True if last else None,
                              aborted=True if last else None)
             if last:
                 link.discarding = False
-                if not link.delivery_settled and not hdr.aborted and link.delivery_id is not None:
+                if not link.delivery_settled and not aborted and link.delivery_id is not None:
                     # settle it toward the router: the subscriber may not see it
                     self._send(Side.BROKER, _frame(session.channel, Disposition(
                         role=True, first=link.delivery_id, settled=True, state=Accepted())), out)
             return _frame(channel, t)
         if first and link.rewrite_durable:
             link.rewrite_durable = False
-            offset = durable_flag_offset(buf, hdr.payload_offset, fend)
+            offset = durable_flag_offset(buf, payload_offset, fend)
             if offset is not None:
                 frame = bytearray(buf[pos:fend])
                 frame[offset - pos] = cleared_durable_byte(buf, offset)

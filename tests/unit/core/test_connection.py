@@ -6,6 +6,7 @@ import pytest
 from proton import Message
 
 from amqp_policy_proxy.amqp import constants as C
+from amqp_policy_proxy.amqp.framing import encode_frame
 from amqp_policy_proxy.amqp.performatives import Disposition, Rejected
 from amqp_policy_proxy.core.commands import Side
 from amqp_policy_proxy.core.events import (
@@ -130,6 +131,27 @@ class TestAdmission:
         s.open("elsewhere", user="alice")
         assert [str(e.reason) for e in s.events if isinstance(e, ConnectionDenied)] == [
             "no_vhost"]
+
+    def test_open_reaches_the_router_as_the_clients_bytes_with_channel_max_patched(self):
+        # a python-qpid-proton client's Open (list8, null max-frame-size, ushort channel-max)
+        body = bytes.fromhex("005310c01304a106636c69656e74a10474657374406040" + "00")
+        s = Script(POLICY)
+        s.sasl_plain("alice")
+        s.client(C.AMQP_HEADER)
+        s.take(Side.BROKER)
+        s.client(encode_frame(0, body))
+        sent = bytes(s.sent[Side.BROKER])
+        assert sent == encode_frame(0, body[:-2] + (0x4000 - 8).to_bytes(2, "big"))
+
+    def test_open_without_channel_max_is_re_encoded_with_the_reserve(self):
+        s = Script(POLICY)
+        s.sasl_plain("alice")
+        s.client(C.AMQP_HEADER)
+        s.take(Side.BROKER)
+        s.client(frame(0, Open(container_id="x", hostname="test")))
+        opens = [p for _, p, _ in s.take(Side.BROKER) if isinstance(p, Open)]
+        assert [int(o.channel_max) for o in opens] == [0xFFFF - 8]
+        assert [(o.container_id, o.hostname) for o in opens] == [("x", "test")]
 
     def test_frames_pipelined_behind_open_are_held_then_checked(self):
         s = Script(POLICY)
