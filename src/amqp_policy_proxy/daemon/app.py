@@ -94,12 +94,15 @@ class Daemon:
         try:
             if isinstance(event, ConnectionClosed):
                 vhost = event.vhost or ""
-                for key, n in (((vhost, "client_to_broker"), event.bytes_in),
-                               ((vhost, "broker_to_client"), event.bytes_out)):
-                    self._closed_bytes[key] = self._closed_bytes.get(key, 0) + n
-                for key, n in (((vhost, "client_to_broker"), event.transfers_in),
-                               ((vhost, "broker_to_client"), event.transfers_out)):
-                    self._closed_transfers[key] = self._closed_transfers.get(key, 0) + n
+                inbound = (vhost, "client_to_broker")
+                outbound = (vhost, "broker_to_client")
+                closed_bytes = self._closed_bytes
+                closed_bytes[inbound] = closed_bytes.get(inbound, 0) + event.bytes_in
+                closed_bytes[outbound] = closed_bytes.get(outbound, 0) + event.bytes_out
+                closed_transfers = self._closed_transfers
+                closed_transfers[inbound] = closed_transfers.get(inbound, 0) + event.transfers_in
+                closed_transfers[outbound] = (closed_transfers.get(outbound, 0)
+                                              + event.transfers_out)
             if self.observer is not None:
                 self.observer.handle(event)
             if self.writer is not None:

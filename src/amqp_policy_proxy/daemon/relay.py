@@ -32,6 +32,22 @@ logger = logging.getLogger(__name__)
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 
+#: Peer address as the socket reported it -> ``normalise_peer`` of it. Clients reconnect from
+#: few addresses, so the ``ipaddress`` parse runs once per address, not once per connection.
+_PEER_HOSTS: dict[str, str] = {}
+_PEER_HOSTS_MAX = 4096
+
+
+def _peer_host(raw: str) -> str:
+    """``normalise_peer(raw)``, remembered (a bounded dict, started over when full)."""
+    host = _PEER_HOSTS.get(raw)
+    if host is None:
+        host = normalise_peer(raw)
+        if len(_PEER_HOSTS) >= _PEER_HOSTS_MAX:
+            _PEER_HOSTS.clear()
+        _PEER_HOSTS[raw] = host
+    return host
+
 
 class ClientProtocol(asyncio.Protocol):
     """The client leg. Owns the :class:`ProxyConnection` and drives the broker leg."""
@@ -64,7 +80,7 @@ class ClientProtocol(asyncio.Protocol):
         daemon = self.daemon
         self.conn_id = daemon.next_conn_id()
         peer = transport.get_extra_info("peername")
-        host = normalise_peer(peer[0]) if peer else ""
+        host = _peer_host(peer[0]) if peer else ""
         now = daemon.loop.time()
         if daemon.draining or not daemon.ledger.try_accept():
             # the socket is closed without a byte written and no upstream connection made
@@ -131,7 +147,7 @@ class ClientProtocol(asyncio.Protocol):
             self._connect_task.cancel()
         conn = self.conn
         if conn is not None:
-            self._run(lambda now: conn.connection_lost(Side.CLIENT, now))
+            self._run(conn.connection_lost, Side.CLIENT)
             daemon.connection_finished(self)
         if self.broker is not None and self.broker.transport is not None:
             self.broker.transport.close()
@@ -148,11 +164,12 @@ class ClientProtocol(asyncio.Protocol):
 
     # --- command execution -----------------------------------------------------------------
 
-    def _run(self, step: Callable[[float], list[Any]]) -> None:
+    def _run(self, step: Callable[..., list[Any]], *args: Any) -> None:
+        """Call ``step(*args, now)`` on the core and execute its commands (no closure per call)."""
         conn = self.conn
         assert conn is not None
         try:
-            commands = step(self.daemon.loop.time())
+            commands = step(*args, self.daemon.loop.time())
             self._execute(commands)
         except Exception:  # a proxy bug: contain it to this connection
             logger.exception("[%s] internal error; closing this connection", self.conn_id)
@@ -341,7 +358,7 @@ class BrokerProtocol(asyncio.Protocol):
         client = self.client
         conn = client.conn
         if conn is not None and not client.closed:
-            client._run(lambda now: conn.connection_lost(Side.BROKER, now))
+            client._run(conn.connection_lost, Side.BROKER)
 
     def pause_writing(self) -> None:
         """The broker is not reading: stop reading from the client."""

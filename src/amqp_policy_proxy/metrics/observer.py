@@ -235,6 +235,13 @@ class MetricsObserver:
         for reason in _VHOSTLESS_DENY_REASONS:
             self.connections_denied.labels("", reason.value)
 
+        # Labelled children of the per-connection metrics, by the event's raw label values:
+        # ``.labels()`` builds and validates the label tuple under a lock on every call.
+        # Children are never removed from these metrics, so a remembered child stays the one
+        # prometheus exports; the keys are bounded like the series (vhosts x groups).
+        self._approved_children: dict[tuple[object, object], Any] = {}
+        self._duration_children: dict[object, Any] = {}
+
         self._handlers: dict[type, Callable[[Any], None]] = {
             ConnectionApproved: self._on_connection_approved,
             ConnectionDenied: self._on_connection_denied,
@@ -285,15 +292,23 @@ class MetricsObserver:
     # One handler per event type; names follow the event class.
 
     def _on_connection_approved(self, event: ConnectionApproved) -> None:
-        self.connections_approved.labels(_label(event.vhost), _label(event.group)).inc()
+        key = (event.vhost, event.group)
+        child = self._approved_children.get(key)
+        if child is None:
+            child = self.connections_approved.labels(_label(event.vhost), _label(event.group))
+            self._approved_children[key] = child
+        child.inc()
 
     def _on_connection_denied(self, event: ConnectionDenied) -> None:
         self.connections_denied.labels(_label(event.vhost), _label(event.reason)).inc()
 
     def _on_connection_closed(self, event: ConnectionClosed) -> None:
-        self.connection_duration.labels(_label(event.vhost)).observe(
-            max(0.0, event.duration_seconds)
-        )
+        vhost = event.vhost
+        child = self._duration_children.get(vhost)
+        if child is None:
+            child = self.connection_duration.labels(_label(vhost))
+            self._duration_children[vhost] = child
+        child.observe(max(0.0, event.duration_seconds))
 
     def _on_session_denied(self, event: SessionDenied) -> None:
         self.sessions_denied.labels(_label(event.vhost)).inc()

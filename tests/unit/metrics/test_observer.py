@@ -75,6 +75,19 @@ def test_connection_approved_without_group_uses_empty_label(registry, observer):
     assert value(registry, "amqp_proxy_connections_approved_total", vhost="vh", group="") == 1
 
 
+def test_connection_approved_series_stay_apart_across_repeats(registry, observer):
+    # the observer remembers labelled children; each (vhost, group) must keep its own series
+    # and None and "" must land in the same one
+    for vhost, group in [("vh", "g"), ("vh", "h"), ("other", "g"), ("vh", "g"), ("vh", None),
+                         ("vh", "")]:
+        observer.handle(ConnectionApproved(conn_id="c1", at=1.0, vhost=vhost, group=group))
+    name = "amqp_proxy_connections_approved_total"
+    assert value(registry, name, vhost="vh", group="g") == 2
+    assert value(registry, name, vhost="vh", group="h") == 1
+    assert value(registry, name, vhost="other", group="g") == 1
+    assert value(registry, name, vhost="vh", group="") == 2
+
+
 @pytest.mark.parametrize("reason", list(ConnectionDenyReason))
 def test_connection_denied_every_reason(registry, observer, reason):
     observer.handle(ConnectionDenied(conn_id="c1", at=1.0, vhost="vh", reason=reason, **WHO))
@@ -142,6 +155,8 @@ def test_connection_closed_observes_duration_per_vhost(registry, observer):
     assert value(registry, f"{name}_bucket", vhost="vh", le="1.0") == 1
     assert value(registry, f"{name}_bucket", vhost="vh", le="300.0") == 2
     assert value(registry, f"{name}_count", vhost="") == 1
+    observer.handle(closed("", 1.0))  # "" and None are one series
+    assert value(registry, f"{name}_count", vhost="") == 2
 
 
 def test_negative_durations_are_clamped(registry, observer):
