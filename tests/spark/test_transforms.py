@@ -156,7 +156,8 @@ def test_hash_collision_falls_back_to_exact_keys(spark, fixtures, monkeypatch, o
     w = window("10:00", "10:05")
     events = load(spark, fixtures / "overlap.jsonl", w)
     sweep = tf.prepare_sweep(events, w)
-    assert sweep.keys.where("clash").count() == 1  # one group, four different combinations
+    # one row per combination: all four share the hash, so all four are flagged
+    assert sweep.keys.where("clash").count() == 4
     sweep = sweep.persist(events)
     try:
         assert sweep.keys.select("combo").distinct().count() == 4

@@ -63,7 +63,6 @@ DEFAULT_LOOKBACK_HOURS = 24
 #: Refuse grids that would make more buckets than this (use a coarser ``--grid``).
 MAX_BUCKETS = 2_000_000
 _GRID_UNITS = {"s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
-_PROXY_RE = r"^events-(.+)\.jsonl$"
 #: Runtime SQL settings the report sets on its session (measured on 10M events, local[2]).
 RUNTIME_CONF = {
     "spark.sql.session.timeZone": "UTC",
@@ -248,7 +247,28 @@ def read_events(spark: SparkSession, path: str, scan_from_us: int | None = None,
         cond = c if cond is None else cond & c
     if cond is not None:
         df = df.where(dtc.isNull() | cond)
-    return df.withColumn("proxy", F.regexp_extract(F.col("_metadata.file_name"), _PROXY_RE, 1))
+    return df.withColumn("proxy", proxy_from_file_name(F.col("_metadata.file_name")))
+
+
+def proxy_from_file_name(name: Any) -> Any:
+    """Return the Spark expression ``<host>-<pid>`` of ``events-<host>-<pid>.jsonl``, else ``""``.
+
+    The same as ``regexp_extract(name, '^events-(.+)\\.jsonl$', 1)``, with plain string
+    functions: it runs once per record, where a regular expression costs measurably more.
+
+    Args:
+        name: a string column holding a file name (no directory).
+
+    Returns:
+        A string column, never null for a non-null name.
+    """
+    from pyspark.sql import functions as F
+
+    prefix, suffix = "events-", ".jsonl"
+    ok = (name.startswith(prefix) & name.endswith(suffix)
+          & (F.length(name) > len(prefix) + len(suffix)))
+    inner = name.substr(F.lit(len(prefix) + 1), F.length(name) - len(prefix) - len(suffix))
+    return F.when(ok, inner).otherwise(F.lit(""))
 
 
 def _iso(col: Any) -> Any:
@@ -355,7 +375,18 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
                                       str(DEFAULT_LOOKBACK_HOURS)))
     scan_from = None if opts.start_us is None else opts.start_us - int(lookback_h * 3.6e9)
     raw = read_events(spark, opts.events, scan_from, opts.end_us)
-    events = tf.prepare_events(raw).persist()
+    # Parse the JSON once: every later query reads the prepared columns back from Parquet
+    # (columnar, only the columns it needs), not from an in-memory cache that would not fit
+    # in a 2 GB heap and would spill to disk as slow serialised blocks.
+    work = os.path.join(out, "_work")
+    shutil.rmtree(work, ignore_errors=True)
+    prepared = tf.prepare_events(raw, drop_unparsed=False)
+    events_path = os.path.join(work, "events")
+    # Plain encoding, no compression: dictionary-encoding and compressing 10M rows cost more
+    # CPU than reading the bigger file back a few times (it is deleted at the end).
+    (prepared.write.mode("overwrite").option("compression", "none")
+     .option("parquet.enable.dictionary", "false").parquet(events_path))
+    events = spark.read.parquet(events_path).where(F.col("t_us").isNotNull())
 
     start, end = opts.start_us, opts.end_us
     if start is None or end is None:
@@ -371,16 +402,16 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         logger.warning("no connection events in the window: writing an empty report")
         for name, schema in (("concurrency", schemas.CONCURRENCY), ("headroom", schemas.HEADROOM),
                              ("denials", schemas.DENIALS)):
-            _write_parquet(spark.createDataFrame([], schema), out, name)
-        write_csv(spark.createDataFrame([], schemas.CONCURRENCY), os.path.join(
+            _write_parquet(tf.local_table(spark, [], schema), out, name)
+        write_csv(tf.local_table(spark, [], schemas.CONCURRENCY), os.path.join(
             out, "concurrency.csv"), ["scope"])
-        write_csv(spark.createDataFrame([], schemas.RECOMMENDATIONS), os.path.join(
+        write_csv(tf.local_table(spark, [], schemas.RECOMMENDATIONS), os.path.join(
             out, "recommendations.csv"), ["vhost"])
         if opts.whatif is not None:
-            _write_parquet(spark.createDataFrame([], schemas.WHATIF), out, "whatif")
+            _write_parquet(tf.local_table(spark, [], schemas.WHATIF), out, "whatif")
         report.notes.append("No connection events in the window.")
         html.write_report(out, report)
-        events.unpersist()
+        shutil.rmtree(work, ignore_errors=True)
         summary["window"] = None
         return summary
 
@@ -445,7 +476,7 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
             report.notes.append("Vhosts in the log but not in the policy (no headroom): "
                                 + ", ".join(sorted(str(r[0]) for r in missing)))
     else:
-        hr = _write_parquet(spark.createDataFrame([], schemas.HEADROOM), out, "headroom")
+        hr = _write_parquet(tf.local_table(spark, [], schemas.HEADROOM), out, "headroom")
         report.notes.append("No --policy: no headroom; recommendations have no current value.")
     rec = tf.recommendations(peaks, pairs, lt)
     rec_rows: list[dict[str, Any]] = []
@@ -487,11 +518,10 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     lap("denials_traffic")
 
     _collect_report(report, window, conc, tl, hr, den, td, trf, dur, ch, wi)
-    events.unpersist()
     sweep.unpersist()
     peaks.unpersist()
     pairs.unpersist()
-    shutil.rmtree(os.path.join(out, "_work"), ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     html.write_report(out, report)
     lap("html")
     return summary
