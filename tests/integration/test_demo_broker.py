@@ -20,7 +20,10 @@ from amqp_policy_proxy.demo.sasl import SaslConfig, make_sasl_config
 
 pytestmark = pytest.mark.integration
 
-USERS = {"alice": "secret", "bob": "hunter2"}
+# Cyrus keeps one sasldb per process and later configs are merged into it, so these names must
+# not collide with the users of tests/integration/conftest.py (a merge would change their
+# passwords for every later test).
+USERS = {"alice": "secret", "dora": "hunter2"}
 
 
 @pytest.fixture(scope="module")
@@ -407,17 +410,17 @@ class TestSasl:
         with Broker(sasl=sasl_config, allow_anonymous=False) as b:
             with pytest.raises(ConnectionException):
                 connect(b)
-            connect(b, "bob", "hunter2").close()
-            assert b.auth_users == ["bob"]
+            connect(b, "dora", "hunter2").close()
+            assert b.auth_users == ["dora"]
 
     def test_second_config_in_one_process_is_merged(self, tmp_path, broker: Broker) -> None:
         # Cyrus is initialised once per process: the second config's users join the first's.
-        other = make_sasl_config(tmp_path / "other", {"carol": "pw3"}, name="other-broker")
+        other = make_sasl_config(tmp_path / "other", {"erin": "pw3"}, name="other-broker")
         with Broker(sasl=other) as b:
-            connect(b, "carol", "pw3").close()
+            connect(b, "erin", "pw3").close()
             with pytest.raises(ConnectionException):
-                connect(b, "carol", "wrong")
-            assert b.auth_users == ["carol"]
+                connect(b, "erin", "wrong")
+            assert b.auth_users == ["erin"]
         connect(broker, "alice", "secret").close()
 
     def test_config_by_directory_and_name(self, sasl_config: SaslConfig) -> None:
