@@ -34,6 +34,7 @@ into timestamps only in the output tables. The report window is half-open
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -451,11 +452,12 @@ def sweep_points(keyed: DataFrame, keys: DataFrame, window: ReportWindow,
     items = [item(f"{s}_id", F.col(f"{s}_pix") if s in LIMIT_SCOPES else none)
              for s in scopes]
     items += [item(f"{s}_pid", none) for s in scopes if s in LIMIT_SCOPES]
-    ids = keys.select("combo", F.array(*items).alias("ids"))
+    # Null ids are dropped from the (small) key table's arrays, not from the exploded rows.
+    ids = keys.select("combo", F.filter(F.array(*items), lambda k: k["id"].isNotNull())
+                      .alias("ids"))
     pts = (
         keyed.join(F.broadcast(ids), "combo")
         .select(F.explode("ids").alias("k"), "t_us", "d")
-        .where(F.col("k.id").isNotNull())
         .select(F.col("k.id").alias("id"), F.col("k.pix").alias("pix"),
                 _bucket(F.col("t_us"), window.grid_us).alias("bucket"), "t_us", "d")
     )
@@ -1161,23 +1163,28 @@ def replay_admissions(rows: Iterable[tuple]) -> Counter:
 #: Bits of the replay group number in the what-if sort key (then 39 bits: the instant in ms
 #: from the window start, < 2^37, and the kind; the sign bit stays clear).
 _GROUP_BITS = 24
-_REPLAY_COLS = ("proxy_ix", "vhost_id", "t_us", "kind", "conn_id", "user_id", "remote_host_id",
-                "max_connections", "per_user", "per_host")
+_REPLAY_COLS = ("combo", "t_us", "kind", "conn_id")
 _REPLAY_OUT = T.StructType([T.StructField("vhost_id", T.LongType()),
                             T.StructField("scope", T.StringType()),
                             T.StructField("key_id", T.LongType()),
                             T.StructField("would_deny", T.LongType())])
 
 
-def _replay_arrow(batches: Iterator) -> Iterator:
+def _replay_input(info: dict, rows: Iterable[tuple]) -> Iterator[tuple]:
+    # (combo, t_us, kind, conn_id) -> the 10-tuples of replay_admissions.
+    for combo, t, kind, conn in rows:
+        proxy, vhost, user, host, vmax, ulim, hlim = info[combo]
+        yield (proxy, vhost, t, kind, conn, user, host, vmax, ulim, hlim)
+
+
+def _replay_arrow(info: dict, batches: Iterator) -> Iterator:
     import pyarrow as pa
 
     def rows() -> Iterator[tuple]:
         for batch in batches:
-            cols = [batch.column(c).to_pylist() for c in _REPLAY_COLS]
-            yield from zip(*cols, strict=True)
+            yield from zip(*[batch.column(c).to_pylist() for c in _REPLAY_COLS], strict=True)
 
-    counts = replay_admissions(rows())
+    counts = replay_admissions(_replay_input(info, rows()))
     if counts:
         keys = list(counts)
         yield pa.RecordBatch.from_pydict({
@@ -1187,8 +1194,8 @@ def _replay_arrow(batches: Iterator) -> Iterator:
                              ("key_id", pa.int64()), ("would_deny", pa.int64())]))
 
 
-def _replay_rows(it: Iterator) -> Iterator[tuple]:
-    counts = replay_admissions(tuple(r) for r in it)
+def _replay_rows(info: dict, it: Iterator) -> Iterator[tuple]:
+    counts = replay_admissions(_replay_input(info, (tuple(r) for r in it)))
     for (vhost, scope, key), n in counts.items():
         yield (vhost, scope, key, n)
 
@@ -1225,6 +1232,10 @@ def whatif(sweep: Sweep, alt: LimitTables, binding: DataFrame) -> DataFrame:
     and the counts they would add cannot reach any limit either). Vhosts not in the what-if
     policy are not replayed.
 
+    Runs one query at once: it collects the key combinations to replay (one row per
+    combination, with its ids and limits) and ships them to the replay, so the changes that
+    Spark shuffles and sorts carry only (combination, instant, kind, conn_id).
+
     Args:
         sweep: from :func:`prepare_sweep`.
         alt: the what-if policy's limit tables.
@@ -1250,28 +1261,34 @@ def whatif(sweep: Sweep, alt: LimitTables, binding: DataFrame) -> DataFrame:
     g = F.dense_rank().over(Window.orderBy("proxy_ix", "vhost_id")).cast("long")
     combos = lim.where(F.col("f_vhost") | F.col("f_user") | F.col("f_remote_host")).select(
         "combo", "proxy_ix", "vhost_id", "user_id", "remote_host_id", "max_connections",
-        "per_user", "per_host", g.alias("g"))
+        "per_user", "per_host", g.alias("g")).collect()
+    # One row per key combination that binds (small): the replay looks up ids and limits
+    # here, so the shuffled and sorted rows carry 4 columns, not 10.
+    info = {r["combo"]: (r["proxy_ix"], r["vhost_id"], r["user_id"], r["remote_host_id"],
+                         r["max_connections"], r["per_user"], r["per_host"]) for r in combos}
+    groups = max((r["g"] for r in combos), default=0)
+    to_g = local_table(spark, [(r["combo"], r["g"]) for r in combos], T.StructType([
+        T.StructField("combo", T.LongType()), T.StructField("g", T.LongType())]))
     kind = F.when(F.col("d") > 0, F.lit(1)).otherwise(F.lit(0))
     rows = sweep.changes.select("combo", "conn_id", "t_us", "d").join(
-        F.broadcast(combos), "combo").select(
-        "g", "proxy_ix", "vhost_id", "t_us", kind.alias("kind"),
-        "conn_id", "user_id", "remote_host_id", "max_connections", "per_user", "per_host")
-    groups = combos.agg(F.max("g")).collect()[0][0] or 0
+        F.broadcast(to_g), "combo").select("g", "combo", "t_us", kind.alias("kind"), "conn_id")
     if groups < 1 << _GROUP_BITS:
         # One long decides the order but for ties (same group, instant and kind): the sort
-        # compares its 8-byte prefix instead of five columns per comparison.
+        # compares its 8-byte prefix instead of four columns per comparison.
         t_ms = ((F.col("t_us") - F.lit(sweep.window.start_us)) / F.lit(US_PER_MS)).cast("long")
-        order = [F.shiftleft(F.col("g"), 39) + F.shiftleft(t_ms, 1) + F.col("kind"),
-                 "conn_id"]
+        rows = rows.select("*", (F.shiftleft(F.col("g"), 39) + F.shiftleft(t_ms, 1)
+                                 + F.col("kind")).alias("sk"))
+        order = ["sk", "conn_id"]
     else:  # pragma: no cover - more than 16 million (proxy, vhost) pairs
         order = ["g", "t_us", "kind", "conn_id"]
     ordered = rows.repartition("g").sortWithinPartitions(*order).select(*_REPLAY_COLS)
     try:
         import pyarrow  # noqa: F401
 
-        counted = ordered.mapInArrow(_replay_arrow, _REPLAY_OUT)
+        counted = ordered.mapInArrow(functools.partial(_replay_arrow, info), _REPLAY_OUT)
     except ImportError:  # pragma: no cover - pyarrow is in the spark extra
-        counted = spark.createDataFrame(ordered.rdd.mapPartitions(_replay_rows), _REPLAY_OUT)
+        counted = spark.createDataFrame(
+            ordered.rdd.mapPartitions(functools.partial(_replay_rows, info)), _REPLAY_OUT)
     totals = counted.groupBy("key_id", "scope").agg(
         F.sum("would_deny").cast("long").alias("would_deny"))
     names = scope_keys(k, LIMIT_SCOPES)
