@@ -58,3 +58,32 @@ def test_generator_layout_and_records(tmp_path):
     assert a & b  # conn_ids restart in every proxy process
     assert json.loads("\n".join(
         line for line in policy.read_text().splitlines() if not line.startswith("#")))
+
+
+def test_generator_is_fleet_like(tmp_path):
+    """Thousands of users and hosts, a diurnal curve, a reconnect burst, and denials."""
+    gen = _gen()
+    out = tmp_path / "ev"
+    assert gen.main(["--out", str(out), "--events", "60000", "--users", "3000", "--hosts",
+                     "2000", "--days", "1", "--proxies", "2", "--seed", "5"]) == 0
+    users, hosts = set(), set()
+    per_hour: Counter = Counter()
+    per_minute: Counter = Counter()
+    attempts = denied = 0
+    for f in out.rglob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if rec["event"] == ev.CONNECTION_OPENED:
+                users.add(rec["user"])
+                hosts.add(rec["remote_host"])
+                per_hour[int(rec["ts"][11:13])] += 1
+                per_minute[rec["ts"][:16]] += 1
+            if rec["event"] in (ev.CONNECTION_OPENED, ev.CONNECTION_DENIED):
+                attempts += 1
+                denied += rec["event"] == ev.CONNECTION_DENIED
+    assert len(users) >= 1000 and len(hosts) >= 1000
+    quiet = min(range(24), key=lambda h: per_hour[h])
+    assert quiet < 7 and max(per_hour.values()) >= 4 * per_hour[quiet]  # night vs afternoon
+    median = sorted(per_minute.values())[len(per_minute) // 2]
+    assert sum(n > 4 * median for n in per_minute.values()) >= 3  # the 5-minute burst
+    assert 0.01 < denied / attempts < 0.2
