@@ -40,7 +40,14 @@ from ..amqp.errors import (
     UnattachedHandleError,
 )
 from ..amqp.framing import encode_frame
-from ..amqp.handshake import open_with_channel_max, sasl_outcome_code
+from ..amqp.handshake import (
+    OpenHead,
+    is_sasl_mechanisms,
+    patch_open,
+    read_open_head,
+    read_sasl_init,
+    sasl_outcome_code,
+)
 from ..amqp.message import cleared_durable_byte, durable_flag_offset
 from ..amqp.performatives import (
     Accepted,
@@ -111,6 +118,7 @@ UPSTREAM_LOST = "upstream connection lost"
 _RELAYING = (Phase.OPENED, Phase.CLOSING)
 _TRANSFER = Descriptor.TRANSFER
 _CLOSE = Descriptor.CLOSE
+_OPEN = Descriptor.OPEN
 #: The encodings of an error-less Close (list0, list8, list32 with no fields). Such a frame
 #: is recognised from its bytes; proton's decoder gives exactly ``Close()`` for each.
 _EMPTY_CLOSE_BODIES = frozenset({
@@ -406,6 +414,12 @@ class ProxyConnection:
             out.append(CloseTransport(Side.CLIENT))
             out.append(CloseTransport(Side.BROKER))
         return out
+
+    @property
+    def broker_backlog(self) -> int:
+        """Bytes queued for the router while its connection is being made (the shell stops
+        reading the client when this grows, so a slow upstream cannot make it unbounded)."""
+        return sum(map(len, self._to_broker_pending))
 
     def get_timer(self) -> float | None:
         """Return the next deadline (loop-clock seconds), or None."""
@@ -747,20 +761,23 @@ class ProxyConnection:
         body = pos + doff * 4
         if body == fend:
             raise FramingError("empty frame during SASL negotiation")
-        perf, _ = decode_performative(memoryview(buf)[body:fend])
-        if isinstance(perf, SaslInit):
+        init = read_sasl_init(buf, body, fend)  # plain encodings, no decode
+        if init is None:
+            perf, _ = decode_performative(memoryview(buf)[body:fend])
+            if isinstance(perf, SaslInit):
+                init = (str(perf.mechanism or ""), perf.initial_response)
+            elif type(perf).__name__ != "SaslResponse":
+                raise IllegalStateError(f"client sent {type(perf).__name__} during SASL")
+        if init is not None:
             if self._sasl_user is not None or getattr(self, "_sasl_init_seen", False):
                 raise IllegalStateError("second sasl-init")
             self._sasl_init_seen = True
-            mech = str(perf.mechanism or "")
-            self._sasl_user = user_from_sasl_init(mech, perf.initial_response)
+            self._sasl_user = user_from_sasl_init(*init)
             if self._broker_failed:
                 out.append(SendData(Side.CLIENT, _frame(0, SaslOutcome(code=0),
                                                         ftype=FrameType.SASL)))
                 self._sasl_ok = True
                 return
-        elif type(perf).__name__ != "SaslResponse":
-            raise IllegalStateError(f"client sent {type(perf).__name__} during SASL")
         self._send(Side.BROKER, bytes(buf[pos:fend]), out)
 
     def _client_preopen_frame(
@@ -781,13 +798,17 @@ class ProxyConnection:
         body = pos + doff * 4
         if body == fend:
             return  # heartbeat before Open: nothing to relay yet
-        perf, _ = decode_performative(memoryview(buf)[body:fend])
-        if not isinstance(perf, Open):
-            raise IllegalStateError(f"expected Open, got {type(perf).__name__}")
+        raw = bytes(buf[body:fend])
+        # the fields admission needs, read from the plain encoding without a decode
+        perf: Open | OpenHead | None = read_open_head(raw)
+        if perf is None:
+            perf, _ = decode_performative(raw)
+            if not isinstance(perf, Open):
+                raise IllegalStateError(f"expected Open, got {type(perf).__name__}")
         if channel != 0:
             raise FramingError("Open on a channel other than 0")
         self._client_open = perf
-        self._client_open_body = bytes(buf[body:fend])
+        self._client_open_body = raw
         try:
             self._decide_open(perf, now, out)
         finally:
@@ -810,7 +831,7 @@ class ProxyConnection:
 
     # ------------------------------------------------------------------ the Open decision
 
-    def _decide_open(self, open_: Open, now: float, out: list[Command]) -> None:
+    def _decide_open(self, open_: Open | OpenHead, now: float, out: list[Command]) -> None:
         if not self._sasl_ok or self._sasl_user is None and self._used_sasl:
             # SASL did not succeed (the router will close), or the user is unknown
             if not self._sasl_ok:
@@ -875,7 +896,7 @@ class ProxyConnection:
         self._send_open_close(err, out)
         self._linger_deadline = now + LINGER_SECONDS
 
-    def _approve(self, open_: Open, vhost: Any, group: Any, now: float,
+    def _approve(self, open_: Open | OpenHead, vhost: Any, group: Any, now: float,
                  out: list[Command]) -> None:
         self.admitted = vhost is not None
         self.governed = group is not None
@@ -906,16 +927,19 @@ class ProxyConnection:
         self._client_channel_max = cmax
         reserve = min(RESERVED_CHANNELS, cmax // 2)
         self._free_reserved_channels = list(range(cmax - reserve + 1, cmax + 1))
+        body = self._client_open_body
         if reserve:
-            # the client's own bytes with channel-max patched when it is there to patch;
-            # otherwise re-encoded, refusing fields proton would not re-encode faithfully
-            patched = None
-            if self._client_open_body is not None:
-                patched = open_with_channel_max(self._client_open_body, cmax - reserve)
+            # the client's own bytes with channel-max patched (plain encodings); otherwise
+            # re-encoded, refusing fields proton would not re-encode faithfully
+            patched = None if body is None else patch_open(body, channel_max=cmax - reserve)
             if patched is not None:
                 fwd_frame = encode_frame(0, patched)
             else:
+                if not isinstance(open_, Open):  # read from bytes, yet not patchable
+                    open_, _ = decode_performative(body)
                 fwd_frame = _frame(0, _checked_replace(open_, channel_max=cmax - reserve))
+        elif isinstance(open_, OpenHead) and body is not None:
+            fwd_frame = encode_frame(0, body)  # read from its bytes: relayed as it came
         else:
             fwd_frame = _frame(0, open_)
         # The router may send frames up to the client's max-frame-size.
@@ -1593,7 +1617,7 @@ class ProxyConnection:
                 body = pos + doff * 4
                 if body < fend:
                     code = sasl_outcome_code(buf, body, fend)  # plain encodings, no decode
-                    if code is None:
+                    if code is None and not is_sasl_mechanisms(buf, body, fend):
                         perf, _ = decode_performative(memoryview(buf)[body:fend])
                         if isinstance(perf, SaslOutcome):
                             code = 0 if perf.code is None else int(perf.code)
@@ -1671,9 +1695,14 @@ class ProxyConnection:
             # a frame we need to look at: flush the run before it
             if pos > run_start:
                 self._send(Side.CLIENT, _run_data(buf, run_start, pos), out)
+            perf: Any = None
             if code == _CLOSE and bytes(buf[body:fend]) in _EMPTY_CLOSE_BODIES:
-                perf: Any = _EMPTY_CLOSE
-            else:
+                perf = _EMPTY_CLOSE
+            elif code == _OPEN:
+                # the router's Open is relayed as it came (or patched): read what the
+                # proxy needs from its bytes; the client decodes the rest
+                perf = read_open_head(bytes(buf[body:fend]), strict=False)
+            if perf is None:
                 perf, _ = decode_performative(memoryview(buf)[body:fend])
             replacement = self._broker_frame(perf, bytes(buf[pos:fend]), channel, now, out)
             if replacement:
@@ -1760,7 +1789,7 @@ class ProxyConnection:
     def _broker_frame(self, perf: Any, raw: bytes, channel: int, now: float,
                       out: list[Command]) -> bytes | None:
         """Handle one decoded broker frame; return the bytes to send to the client."""
-        if isinstance(perf, Open):
+        if isinstance(perf, Open | OpenHead):
             return self._on_broker_open(perf, raw, out)
         if isinstance(perf, Begin):
             return self._on_broker_begin(perf, raw, channel, out)
@@ -1820,7 +1849,7 @@ class ProxyConnection:
             return raw
         return raw
 
-    def _on_broker_open(self, perf: Open, raw: bytes, out: list[Command]) -> bytes:
+    def _on_broker_open(self, perf: Open | OpenHead, raw: bytes, out: list[Command]) -> bytes:
         if self._broker_open_seen:
             raise IllegalStateError("second Open from upstream")
         self._broker_open_seen = True
@@ -1845,6 +1874,11 @@ class ProxyConnection:
         self._advertised_channel_max = cmax
         self._open_sent_to_client = True
         if changes:
+            patched = patch_open(raw[raw[4] * 4:], **changes)
+            if patched is not None:
+                return encode_frame(0, patched)
+            if not isinstance(perf, Open):  # read from bytes, yet not patchable
+                perf, _ = decode_performative(raw[raw[4] * 4:])
             return _frame(0, _replace(perf, **changes))
         return raw
 

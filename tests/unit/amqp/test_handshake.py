@@ -1,5 +1,6 @@
 """Byte-level handshake shortcuts (``amqp.handshake``) agree with proton's decoder: the
-sasl-outcome code read from its bytes, and an Open with channel-max patched in place."""
+sasl-mechanisms recognised, the sasl-init and sasl-outcome and the Open's first fields read
+from their bytes, and an Open with max-frame-size/channel-max patched."""
 
 from __future__ import annotations
 
@@ -10,9 +11,17 @@ from hypothesis import strategies as st
 
 from amqp_policy_proxy.amqp.codec import symbol_array
 from amqp_policy_proxy.amqp.errors import AmqpError
-from amqp_policy_proxy.amqp.handshake import open_with_channel_max, sasl_outcome_code
+from amqp_policy_proxy.amqp.handshake import (
+    OpenHead,
+    is_sasl_mechanisms,
+    patch_open,
+    read_open_head,
+    read_sasl_init,
+    sasl_outcome_code,
+)
 from amqp_policy_proxy.amqp.performatives import (
     Open,
+    SaslInit,
     SaslMechanisms,
     SaslOutcome,
     decode_performative,
@@ -67,60 +76,183 @@ def test_outcome_code_is_what_proton_decodes(raw, prefix):
     assert int(perf.code) == code
 
 
-def test_open_channel_max_patched_in_place():
-    patched = open_with_channel_max(OPEN_LIST8, 32759)
-    assert patched is not None and len(patched) == len(OPEN_LIST8)
-    assert patched[:-2] == OPEN_LIST8[:-2] and patched[-2:] == (32759).to_bytes(2, "big")
-    before, _ = decode_performative(OPEN_LIST8)
-    after, _ = decode_performative(patched)
-    assert after == dataclasses.replace(before, channel_max=32759)
+
+def _decode_or_none(body: bytes):
+    try:
+        perf, consumed = decode_performative(body)
+    except (AmqpError, Exception):  # noqa: B014  (proton raises several types)
+        return None
+    return perf if consumed == len(body) else None
 
 
-def test_open_without_a_channel_max_to_patch_is_left_to_the_encoder():
-    assert open_with_channel_max(Open(container_id="c").encode(), 5) is None  # absent
-    assert open_with_channel_max(
-        Open(container_id="c", hostname="h", max_frame_size=512).encode(), 5) is None
-    null_cmax = bytes.fromhex("005310c00604a101634040" "40")
-    assert open_with_channel_max(null_cmax, 5) is None
-    assert open_with_channel_max(OPEN_LIST8 + b"\x40", 5) is None  # bytes after the list
-    assert open_with_channel_max(b"\x00\x53\x11" + OPEN_LIST8[3:], 5) is None  # a Begin
+def _head_of(perf: Open) -> OpenHead:
+    def num(v):
+        return None if v is None else int(v)
+
+    return OpenHead(perf.container_id, perf.hostname, num(perf.max_frame_size),
+                    num(perf.channel_max))
+
+
+# --- sasl-mechanisms
+
+
+def test_mechanisms_from_routers_and_proton():
+    for mechs in (["ANONYMOUS", "PLAIN"], ["PLAIN"], ["SCRAM-SHA-256", "EXTERNAL"] * 20):
+        body = SaslMechanisms(sasl_server_mechanisms=symbol_array(mechs)).encode()
+        assert is_sasl_mechanisms(body, 0, len(body))
+    # qdrouterd/proton-c: list8 holding an array8 of sym8
+    items = b"\x05PLAIN\x09ANONYMOUS"
+    array = bytes((0xE0, 2 + len(items), 2, 0xA3)) + items
+    router = bytes((0x00, 0x53, 0x40, 0xC0, 1 + len(array), 1)) + array
+    assert isinstance(_decode_or_none(router), SaslMechanisms)
+    assert is_sasl_mechanisms(router, 0, len(router))
+    # an array whose size disagrees with its elements is left to the decoder
+    bad = router[:7] + bytes((router[7] - 1,)) + router[8:]
+    assert not is_sasl_mechanisms(bad, 0, len(bad))
+    single = bytes.fromhex("005340c00801a305504c41494e")
+    assert isinstance(_decode_or_none(single), SaslMechanisms)
+    assert is_sasl_mechanisms(single, 0, len(single))
+
+
+def test_mechanisms_never_taken_for_anything_else():
+    for body in (OUTCOME_OK_LIST8, SaslInit(mechanism="PLAIN").encode(),
+                 bytes.fromhex("005340c00701a305504c41c94e"),  # not ASCII
+                 bytes.fromhex("005340c00701a305504c41494e40"),  # bytes after the list
+                 bytes.fromhex("00534045")):  # no field
+        assert not is_sasl_mechanisms(body, 0, len(body)), body.hex()
+
+
+@given(st.binary(max_size=40), st.integers(0, 5))
+@settings(max_examples=500, deadline=None)
+def test_mechanisms_answer_is_what_proton_decodes(raw, prefix):
+    good = SaslMechanisms(sasl_server_mechanisms=symbol_array(["ANONYMOUS", "PLAIN"])).encode()
+    body = good[:prefix] + raw if prefix else raw
+    if is_sasl_mechanisms(body, 0, len(body)):
+        assert isinstance(_decode_or_none(body), SaslMechanisms)
+
+
+# --- sasl-init
+
+
+inits = st.builds(
+    SaslInit,
+    mechanism=st.sampled_from(["PLAIN", "ANONYMOUS", "SCRAM-SHA-1", "EXTERNAL", ""]),
+    initial_response=st.one_of(st.none(), st.binary(max_size=300)),
+    hostname=st.one_of(st.none(), st.text(max_size=20)),
+)
+
+
+@given(inits)
+@settings(max_examples=300, deadline=None)
+def test_sasl_init_read_as_proton_decodes_it(init):
+    body = init.encode()
+    decoded = _decode_or_none(body)
+    got = read_sasl_init(body, 0, len(body))
+    assert got is not None
+    assert got == (str(decoded.mechanism), decoded.initial_response)
+
+
+def test_sasl_init_from_proton_c_bytes():
+    # list8, sym8 PLAIN, vbin8 "\0u\0p", str8 hostname
+    body = bytes.fromhex("005341c01003a305504c41494ea004007500" "70" "a1026868")
+    body = body[:4] + bytes((len(body) - 5,)) + body[5:]
+    assert read_sasl_init(body, 0, len(body)) == ("PLAIN", b"\x00u\x00p")
+    assert read_sasl_init(body, 2, len(body)) is None
+
+
+@given(st.binary(min_size=1, max_size=40))
+@settings(max_examples=500, deadline=None)
+def test_sasl_init_answer_is_what_proton_decodes(tail):
+    body = bytes.fromhex("005341") + tail
+    got = read_sasl_init(body, 0, len(body))
+    if got is None:
+        return
+    decoded = _decode_or_none(body)
+    assert isinstance(decoded, SaslInit)
+    assert got == (str(decoded.mechanism), decoded.initial_response)
+
+
+# --- Open
 
 
 opens = st.builds(
     Open,
     container_id=st.text(max_size=20),
     hostname=st.one_of(st.none(), st.text(max_size=30)),
-    max_frame_size=st.one_of(st.none(), st.integers(512, 2**32 - 1)),
+    max_frame_size=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
     channel_max=st.one_of(st.none(), st.integers(0, 0xFFFF)),
     idle_time_out=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
     offered_capabilities=st.one_of(st.none(), st.just(symbol_array(["ANONYMOUS-RELAY"]))),
+    properties=st.one_of(st.none(), st.just({"product": "x"})),
 )
 
 
-@given(opens, st.integers(0, 0xFFFF))
+def test_open_head_of_a_proton_client():
+    assert read_open_head(OPEN_LIST8) == OpenHead("client", "test", None, 0x7FFF)
+
+
+@given(opens)
 @settings(max_examples=300, deadline=None)
-def test_patched_open_decodes_as_the_replaced_one(open_, new):
+def test_open_head_is_what_proton_decodes(open_):
     body = open_.encode()
-    decoded, _ = decode_performative(body)
-    patched = open_with_channel_max(body, new)
-    if decoded.channel_max is None:
-        assert patched is None
+    decoded = _decode_or_none(body)
+    strict = read_open_head(body)
+    relaxed = read_open_head(body, strict=False)
+    assert relaxed == _head_of(decoded)
+    later = decoded.offered_capabilities is not None or decoded.properties is not None
+    assert strict == (None if later else _head_of(decoded))
+
+
+@given(st.binary(min_size=1, max_size=48), st.integers(0, 16))
+@settings(max_examples=500, deadline=None)
+def test_strict_open_head_only_where_proton_agrees(tail, prefix):
+    body = OPEN_LIST8[:3] + (OPEN_LIST8[3:3 + prefix] + tail if prefix else tail)
+    head = read_open_head(body)
+    if head is None:
         return
+    decoded = _decode_or_none(body)
+    assert isinstance(decoded, Open) and _head_of(decoded) == head
+
+
+@given(opens, st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+       st.one_of(st.none(), st.integers(0, 0xFFFF)))
+@settings(max_examples=300, deadline=None)
+def test_patched_open_decodes_as_the_replaced_one(open_, mfs, cmax):
+    body = open_.encode()
+    decoded = _decode_or_none(body)
+    patched = patch_open(body, max_frame_size=mfs, channel_max=cmax)
     assert patched is not None
-    assert decode_performative(patched)[0] == dataclasses.replace(decoded, channel_max=new)
+    changes = {k: v for k, v in (("max_frame_size", mfs), ("channel_max", cmax))
+               if v is not None}
+    assert _decode_or_none(patched) == dataclasses.replace(decoded, **changes)
+
+
+def test_patch_keeps_every_other_byte():
+    patched = patch_open(OPEN_LIST8, channel_max=32759)
+    assert patched is not None and len(patched) == len(OPEN_LIST8)
+    assert patched[:-2] == OPEN_LIST8[:-2] and patched[-2:] == (32759).to_bytes(2, "big")
+    # channel-max absent: added after a null max-frame-size, list8 kept
+    short = bytes.fromhex("005310c00902a101" "63" "a1026868")
+    short = short[:4] + bytes((len(short) - 5,)) + short[5:]
+    grown = patch_open(short, channel_max=9)
+    assert grown is not None and grown[3] == 0xC0
+    assert _decode_or_none(grown) == Open(container_id="c", hostname="hh", channel_max=9)
+
+
+def test_patch_leaves_other_shapes_to_the_encoder():
+    assert patch_open(OPEN_LIST8 + b"\x40", channel_max=5) is None  # bytes after the list
+    assert patch_open(b"\x00\x53\x11" + OPEN_LIST8[3:], channel_max=5) is None  # a Begin
+    assert patch_open(bytes.fromhex("00800000000000000010") + OPEN_LIST8[3:],
+                      channel_max=5) is None  # ulong descriptor
 
 
 @given(st.binary(min_size=1, max_size=40))
 @settings(max_examples=300, deadline=None)
 def test_patching_crafted_opens_never_goes_wrong(tail):
     body = OPEN_LIST8[:3] + tail
-    try:
-        decoded, consumed = decode_performative(body)
-    except (AmqpError, Exception):  # noqa: B014  (proton raises several types)
-        decoded = None
-    patched = open_with_channel_max(body, 7)
-    if patched is None:
+    decoded = _decode_or_none(body)
+    patched = patch_open(body, channel_max=7)
+    if patched is None or decoded is None:
         return
     # whatever it patched decodes to the same Open with only channel-max changed
-    assert decoded is not None and consumed == len(body)
-    assert decode_performative(patched)[0] == dataclasses.replace(decoded, channel_max=7)
+    assert _decode_or_none(patched) == dataclasses.replace(decoded, channel_max=7)
