@@ -212,8 +212,23 @@ class RemoteHosts:
         return f"RemoteHosts.parse({list(self._items)!r})"
 
 
+#: ``remote_host`` -> its parsed address (or None). Clients reconnect from few addresses, so
+#: the ``ipaddress`` parse runs once per address, not once per connection; bounded, started
+#: over when full.
+_CLIENT_ADDRESSES: dict[str, IPAddr | None] = {}
+_CLIENT_ADDRESSES_MAX = 4096
+
+
 def _client_address(remote_host: str) -> IPAddr | None:
-    return _parse_ip(normalise_peer(remote_host))
+    try:
+        return _CLIENT_ADDRESSES[remote_host]
+    except KeyError:
+        pass
+    addr = _parse_ip(normalise_peer(remote_host))
+    if len(_CLIENT_ADDRESSES) >= _CLIENT_ADDRESSES_MAX:
+        _CLIENT_ADDRESSES.clear()
+    _CLIENT_ADDRESSES[remote_host] = addr
+    return addr
 
 
 def _compile_item(item: str, resolver: Resolver | None) -> tuple[netaddr.IPSet, str | None]:
