@@ -8,6 +8,7 @@ needed when the router comes back.
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from proton.utils import BlockingConnection
 
 from amqp_policy_proxy.amqp import constants as C
 from amqp_policy_proxy.core.events import ConnectionClosed, UpstreamConnectFailed
+from amqp_policy_proxy.daemon.config import DaemonConfig
 from amqp_policy_proxy.policy.compile import compile_policy
 from amqp_policy_proxy.policy.model import PolicySettings
 from tests.support.ports import free_port
@@ -180,6 +182,40 @@ def test_refusing_router_the_next_upstream_is_tried(upstream):
         assert [e.upstream for e in failed] == [f"127.0.0.1:{dead}"] * 3
         assert upstream.connections_made == 3
         assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+
+
+def test_black_holed_router_times_out_and_the_next_upstream_is_tried(upstream):
+    # A listener whose accept queue is full never answers a SYN: the connect can only end
+    # at connect_timeout_seconds, then the next upstream is tried for the same client.
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    fillers = []
+    for _ in range(3):
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(hole.getsockname())
+        fillers.append(s)
+    time.sleep(0.2)
+    try:
+        config = DaemonConfig(connect_timeout_seconds=0.5)
+        with ProxyThread([hole.getsockname(), ("127.0.0.1", upstream.port)], policy=POLICY,
+                         config=config) as proxy:
+            started = time.monotonic()
+            c = streaming_client(proxy.port)
+            took = time.monotonic() - started
+            c.close()
+            failed = proxy.events_of(UpstreamConnectFailed)
+            assert [e.upstream for e in failed] == ["{}:{}".format(*hole.getsockname())]
+            assert 0.4 < took < 5, took
+            assert upstream.connections_made == 1
+            assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+            assert proxy.daemon.internal_errors == 0
+    finally:
+        for s in fillers:
+            s.close()
+        hole.close()
 
 
 class TestNoUpstreamLeft:

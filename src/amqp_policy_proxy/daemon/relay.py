@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 #: Write-buffer high-water mark per transport (bytes); above it the opposite side pauses.
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
+#: While the upstream connection is being made, the client is read until this many bytes
+#: wait for the router, then not until the connect ends (a well-behaved client sends a few
+#: hundred bytes and waits: it is never paused, which saves two epoll changes).
+CONNECT_BACKLOG = 64 * 1024
 
 #: Peer address as the socket reported it -> ``normalise_peer`` of it. Clients reconnect from
 #: few addresses, so the ``ipaddress`` parse runs once per address, not once per connection.
@@ -54,7 +58,8 @@ class ClientProtocol(asyncio.Protocol):
 
     __slots__ = (
         "daemon", "listener", "transport", "broker", "conn", "timer", "counted",
-        "closed", "conn_id", "_connect_task", "client_eof", "broker_eof",
+        "closed", "conn_id", "_connect_task", "client_eof", "broker_eof", "_paused",
+        "_connect_timed_out",
     )
 
     def __init__(self, daemon: Daemon, listener: str) -> None:
@@ -71,6 +76,8 @@ class ClientProtocol(asyncio.Protocol):
         self._connect_task: asyncio.Task[None] | None = None
         self.client_eof = False
         self.broker_eof = False
+        self._paused = False
+        self._connect_timed_out = False
 
     # --- asyncio callbacks --------------------------------------------------------------
 
@@ -112,8 +119,14 @@ class ClientProtocol(asyncio.Protocol):
             self._feed(conn, Side.CLIENT, data)
             if conn.opened_at is not None or conn.phase is Phase.DENIED:
                 self.daemon.observe_open_decision(time.perf_counter() - started)
-            return
-        self._feed(conn, Side.CLIENT, data)
+        else:
+            self._feed(conn, Side.CLIENT, data)
+        if (self.broker is None and self._connect_task is not None and not self._paused
+                and conn.broker_backlog > CONNECT_BACKLOG and self.transport is not None):
+            # the upstream is not there yet and the client keeps sending: stop reading it
+            # until the connect ends, so its bytes cannot pile up at line rate
+            self._paused = True
+            self.transport.pause_reading()
 
     def eof_received(self) -> bool | None:
         """Client half-closed.
@@ -235,10 +248,8 @@ class ClientProtocol(asyncio.Protocol):
                         self._connect_task.cancel()
             elif type(cmd) is ConnectBroker:
                 # Until the upstream is up, whatever the client sends is queued in the core;
-                # stop reading so that a slow or black-holed upstream cannot make that queue
-                # grow at the client's line rate. Reading resumes once the connect ends.
-                if self.transport is not None:
-                    self.transport.pause_reading()
+                # data_received stops reading the client when that queue passes
+                # CONNECT_BACKLOG, and reading resumes once the connect ends.
                 self._connect_task = self.daemon.loop.create_task(self._connect_upstream())
         if chunks:
             self._write(side, chunks)  # type: ignore[arg-type]
@@ -275,24 +286,31 @@ class ClientProtocol(asyncio.Protocol):
             if self.closed:
                 return
             ctx: ssl.SSLContext | None = daemon.upstream_ssl_context(upstream)
+            # A plain timer that cancels this task (no wait_for task, no asyncio.timeout
+            # context per attempt): the cancellation is ours when _connect_timed_out is set.
+            self._connect_timed_out = False
+            deadline = loop.call_later(daemon.config.connect_timeout_seconds,
+                                       self._connect_timeout)
             try:
-                # asyncio.timeout rather than wait_for: no extra task per connection attempt
-                async with asyncio.timeout(daemon.config.connect_timeout_seconds):
-                    _, proto = await loop.create_connection(
-                        lambda: BrokerProtocol(self), upstream.address.host,
-                        upstream.address.port, ssl=ctx,
-                        server_hostname=(upstream.tls_server_name or upstream.address.host)
-                        if ctx else None,
-                    )
+                _, proto = await loop.create_connection(
+                    lambda: BrokerProtocol(self), upstream.address.host,
+                    upstream.address.port, ssl=ctx,
+                    server_hostname=(upstream.tls_server_name or upstream.address.host)
+                    if ctx else None,
+                )
             except asyncio.CancelledError:
-                raise
-            except (TimeoutError, OSError, ssl.SSLError) as exc:
-                logger.warning("[%s] upstream %s failed: %s", self.conn_id, upstream.address, exc)
-                daemon.emit(UpstreamConnectFailed(
-                    conn_id=self.conn_id, at=loop.time(), remote_host="",
-                    listener=self.listener, upstream=str(upstream.address),
-                ))
+                if not self._connect_timed_out or self.closed:
+                    raise
+                task = self._connect_task
+                if task is not None:
+                    task.uncancel()
+                self._upstream_failed(upstream, TimeoutError("connect timed out"))
                 continue
+            except (OSError, ssl.SSLError) as exc:
+                self._upstream_failed(upstream, exc)
+                continue
+            finally:
+                deadline.cancel()
             if self.closed:
                 proto.transport.close()  # type: ignore[union-attr]
                 return
@@ -307,7 +325,23 @@ class ClientProtocol(asyncio.Protocol):
             self._run(conn.broker_connect_failed)
             self._resume_client()
 
+    def _upstream_failed(self, upstream: Any, exc: BaseException) -> None:
+        logger.warning("[%s] upstream %s failed: %s", self.conn_id, upstream.address, exc)
+        self.daemon.emit(UpstreamConnectFailed(
+            conn_id=self.conn_id, at=self.daemon.loop.time(), remote_host="",
+            listener=self.listener, upstream=str(upstream.address),
+        ))
+
+    def _connect_timeout(self) -> None:
+        task = self._connect_task
+        if task is not None and not task.done():
+            self._connect_timed_out = True
+            task.cancel()
+
     def _resume_client(self) -> None:
+        if not self._paused:
+            return
+        self._paused = False
         if self.transport is not None and not self.closed and not self.transport.is_closing():
             self.transport.resume_reading()
 
