@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 Series = tuple[list[dt.datetime], list[float]]
+
+#: The chart sections of the page, in page order; see :func:`draw_section`.
+SECTIONS: tuple[str, ...] = ("concurrency", "headroom", "denials", "traffic", "whatif")
+# matplotlib is not thread-safe (shared font and text caches): one chart at a time.
+_DRAW_LOCK = threading.Lock()
 
 
 @dataclass
@@ -68,6 +74,11 @@ class ReportData:
     """Connections the what-if policy would have denied."""
     whatif_replayed: list[str] = field(default_factory=list)
     """Vhosts that needed a replay."""
+    charts: dict[str, str | None] = field(default_factory=dict)
+    """Charts drawn so far (:func:`draw_section`): name -> path relative to the page, or
+    ``None`` when there was nothing to draw."""
+    drawn: set[str] = field(default_factory=set)
+    """The sections whose charts are in ``charts``."""
 
 
 def _fig(width: float = 9.0, height: float = 3.6) -> Figure:
@@ -194,21 +205,120 @@ img{max-width:100%;display:block;margin:.5em 0}.empty{color:#888}
 """
 
 
+def _section_charts(data: ReportData, img_dir: str, section: str) -> dict[str, str | None]:
+    if section == "concurrency":
+        return {"concurrency": chart_lines(
+            data.timeline, "Concurrent connections per vhost (max per bin)", "connections",
+            img_dir, "concurrency")}
+    if section == "headroom":
+        top = _headroom_top(data)
+        return {"headroom": chart_bars(
+            [f"{r['scope']} {r['vhost']}/{r['key']}" for r in top],
+            [100 * (r.get("utilisation") or 0) for r in top],
+            "Closest to their limits (per-proxy peak / limit)", "utilisation %", img_dir,
+            "headroom", limit_line=100.0)}
+    if section == "denials":
+        out = {"denials": chart_lines(data.denials, "Connection denials by reason",
+                                      "denials per bin", img_dir, "denials", stacked=True)}
+        for s, rows in data.top_denied.items():
+            out[f"top_denied_{s}"] = chart_bars(
+                [f"{r['vhost'] or '-'}/{r['key'] or '(none)'}" for r in rows],
+                [r["count"] for r in rows], f"Most denied ({s})", "denials", img_dir,
+                f"top_denied_{s}")
+        return out
+    if section == "traffic":
+        per_vhost = _traffic_per_vhost(data)
+        names = sorted(per_vhost, key=lambda k: -sum(per_vhost[k]))
+        if data.churn:
+            xs = [c[0] for c in data.churn]
+            churn = {"max opens/min": (xs, [c[1] for c in data.churn]),
+                     "mean opens/min": (xs, [c[2] for c in data.churn])}
+        else:
+            churn = {}
+        return {
+            "traffic": chart_bars(names, [sum(per_vhost[k]) / 1e6 for k in names],
+                                  "Bytes per vhost (in + out, closed connections)", "MB",
+                                  img_dir, "traffic"),
+            "durations": chart_bars([d[0] for d in data.durations],
+                                    [d[2] for d in data.durations], "Connection durations",
+                                    "connections", img_dir, "durations"),
+            "churn": chart_lines(churn, "Churn: connection opens per minute", "opens/min",
+                                 img_dir, "churn"),
+        }
+    if section == "whatif":
+        if data.whatif is None:
+            return {}
+        top_w = data.whatif[:20]
+        return {"whatif": chart_bars([f"{r['scope']} {r['vhost']}/{r['key']}" for r in top_w],
+                                     [r["would_deny"] for r in top_w], "Would be denied",
+                                     "connections", img_dir, "whatif")}
+    raise ValueError(f"unknown chart section {section!r}")
+
+
+def _headroom_top(data: ReportData) -> list[dict[str, Any]]:
+    rows = [r for s in ("vhost", "user", "remote_host") for r in data.headroom_top.get(s, [])]
+    return sorted(rows, key=lambda r: -(r.get("utilisation") or 0))[:20]
+
+
+def _traffic_per_vhost(data: ReportData) -> dict[str, list[float]]:
+    # vhost -> [bytes in, bytes out] of its groups.
+    per_vhost: dict[str, list[float]] = {}
+    for r in data.traffic:
+        acc = per_vhost.setdefault(str(r["vhost"]), [0.0, 0.0])
+        acc[0] += r["bytes_in"] or 0
+        acc[1] += r["bytes_out"] or 0
+    return per_vhost
+
+
+def draw_section(out_dir: str, data: ReportData, section: str) -> None:
+    """Draw the charts of one section of the page now, from the fields it uses.
+
+    Lets the caller draw a section as soon as its data is there (from any thread; drawing
+    is serialised), while it computes the rest; :func:`write_report` draws the sections not
+    drawn yet. The fields a section uses must not change afterwards.
+
+    Args:
+        out_dir: the report directory (charts go to ``out_dir/img/``, created if needed).
+        data: the extracts; ``data.charts`` and ``data.drawn`` are updated.
+        section: one of :data:`SECTIONS`: ``concurrency`` (``timeline``), ``headroom``
+            (``headroom_top``), ``denials`` (``denials``, ``top_denied``), ``traffic``
+            (``traffic``, ``durations``, ``churn``), ``whatif`` (``whatif``).
+
+    Raises:
+        ValueError: an unknown section.
+        OSError: the image directory cannot be written.
+    """
+    img_dir = os.path.join(out_dir, "img")
+    os.makedirs(img_dir, exist_ok=True)
+    with _DRAW_LOCK:
+        charts = _section_charts(data, img_dir, section)
+        data.charts.update(charts)
+        data.drawn.add(section)
+
+
 def write_report(out_dir: str, data: ReportData) -> str:
-    """Draw the charts into ``out_dir/img/`` and write ``out_dir/report.html``.
+    """Draw the charts not drawn yet into ``out_dir/img/`` and write ``out_dir/report.html``.
+
+    PNG files in ``out_dir/img/`` that are not charts of this report (an earlier run's) are
+    deleted.
 
     Args:
         out_dir: the report directory (created if needed).
-        data: the extracts to show.
+        data: the extracts to show (sections already drawn by :func:`draw_section` are kept).
 
     Returns:
         The path of ``report.html``.
     """
     img_dir = os.path.join(out_dir, "img")
     os.makedirs(img_dir, exist_ok=True)
+    current = {os.path.basename(p) for p in data.charts.values() if p is not None}
     for f in os.listdir(img_dir):  # stale charts of an earlier run
-        if f.endswith(".png"):
+        if f.endswith(".png") and f not in current:
             os.remove(os.path.join(img_dir, f))
+    for section in SECTIONS:
+        if section not in data.drawn:
+            draw_section(out_dir, data, section)
+    charts = data.charts
     parts: list[str] = []
     add = parts.append
     add("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
@@ -224,8 +334,7 @@ def write_report(out_dir: str, data: ReportData) -> str:
         add(f"<p class=note>{_esc(n)}</p>")
 
     add("<h2>1. Concurrency</h2>")
-    add(_img(chart_lines(data.timeline, "Concurrent connections per vhost (max per bin)",
-                         "connections", img_dir, "concurrency"), "concurrency over time"))
+    add(_img(charts.get("concurrency"), "concurrency over time"))
     counts = ", ".join(f"{k}: {v:,}" for k, v in data.concurrency_all.items())
     add(f"<p>Keys per scope: {_esc(counts)}. Full table: <code>concurrency.csv</code>.</p>")
     add("<h3>Vhosts and groups</h3>")
@@ -235,13 +344,7 @@ def write_report(out_dir: str, data: ReportData) -> str:
     add(_table(data.concurrency_top[:30], cols))
 
     add("<h2>2. Headroom</h2>")
-    hr_rows = [r for s in ("vhost", "user", "remote_host")
-               for r in data.headroom_top.get(s, [])]
-    top = sorted(hr_rows, key=lambda r: -(r.get("utilisation") or 0))[:20]
-    add(_img(chart_bars([f"{r['scope']} {r['vhost']}/{r['key']}" for r in top],
-                        [100 * (r.get("utilisation") or 0) for r in top],
-                        "Closest to their limits (per-proxy peak / limit)", "utilisation %",
-                        img_dir, "headroom", limit_line=100.0), "headroom"))
+    add(_img(charts.get("headroom"), "headroom"))
     for s, rows in data.headroom_top.items():
         add(f"<h3>{_esc(s)}</h3>")
         add(_table(rows, ["vhost", "key", "limit", "peak", "utilisation"], pct=("utilisation",)))
@@ -249,39 +352,19 @@ def write_report(out_dir: str, data: ReportData) -> str:
     add("<h2>3. Denials</h2>")
     totals = ", ".join(f"{k}: {v:,}" for k, v in sorted(data.denial_totals.items()))
     add(f"<p>Connection denials by reason: {_esc(totals) or 'none'}.</p>")
-    add(_img(chart_lines(data.denials, "Connection denials by reason", "denials per bin",
-                         img_dir, "denials", stacked=True), "denials over time"))
+    add(_img(charts.get("denials"), "denials over time"))
     for s, rows in data.top_denied.items():
         add(f"<h3>Most denied: {_esc(s)}</h3>")
-        add(_img(chart_bars([f"{r['vhost'] or '-'}/{r['key'] or '(none)'}" for r in rows],
-                            [r["count"] for r in rows], f"Most denied ({s})", "denials",
-                            img_dir, f"top_denied_{s}"), f"most denied {s}"))
+        add(_img(charts.get(f"top_denied_{s}"), f"most denied {s}"))
         add(_table(rows, ["vhost", "key", "count", "top_reason"]))
 
     add("<h2>4. Traffic</h2>")
-    per_vhost: dict[str, list[float]] = {}
-    for r in data.traffic:
-        acc = per_vhost.setdefault(str(r["vhost"]), [0.0, 0.0])
-        acc[0] += r["bytes_in"] or 0
-        acc[1] += r["bytes_out"] or 0
-    names = sorted(per_vhost, key=lambda k: -sum(per_vhost[k]))
-    add(_img(chart_bars(names, [sum(per_vhost[k]) / 1e6 for k in names],
-                        "Bytes per vhost (in + out, closed connections)", "MB", img_dir,
-                        "traffic"), "traffic per vhost"))
+    add(_img(charts.get("traffic"), "traffic per vhost"))
     add(_table(data.traffic, ["vhost", "group", "connections", "bytes_in", "bytes_out",
                               "transfers_in", "transfers_out", "duration_p50", "duration_p95",
                               "duration_p99", "duration_max"]))
-    add(_img(chart_bars([d[0] for d in data.durations], [d[2] for d in data.durations],
-                        "Connection durations", "connections", img_dir, "durations"),
-             "duration distribution"))
-    if data.churn:
-        xs = [c[0] for c in data.churn]
-        churn = {"max opens/min": (xs, [c[1] for c in data.churn]),
-                 "mean opens/min": (xs, [c[2] for c in data.churn])}
-    else:
-        churn = {}
-    add(_img(chart_lines(churn, "Churn: connection opens per minute", "opens/min", img_dir,
-                         "churn"), "churn"))
+    add(_img(charts.get("durations"), "duration distribution"))
+    add(_img(charts.get("churn"), "churn"))
 
     add("<h2>5. Recommendations</h2>")
     add("<p>recommended = ceil(per-proxy peak &times; headroom factor), at least 1, at most "
@@ -292,10 +375,7 @@ def write_report(out_dir: str, data: ReportData) -> str:
         add(f"<p>{data.whatif_total:,} connections would have been denied. Vhosts replayed "
             f"(the others could not have been denied): "
             f"{_esc(', '.join(data.whatif_replayed)) or 'none'}.</p>")
-        top_w = data.whatif[:20]
-        add(_img(chart_bars([f"{r['scope']} {r['vhost']}/{r['key']}" for r in top_w],
-                            [r["would_deny"] for r in top_w], "Would be denied",
-                            "connections", img_dir, "whatif"), "what-if denials"))
+        add(_img(charts.get("whatif"), "what-if denials"))
         add(_table(data.whatif, ["vhost", "scope", "key", "would_deny"]))
     add("</body></html>\n")
     path = os.path.join(out_dir, "report.html")
