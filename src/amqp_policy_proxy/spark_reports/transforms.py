@@ -191,6 +191,15 @@ def _combo_hash() -> Column:
     return F.xxhash64(*[F.coalesce(F.col(c), F.lit("\u0000")) for c in ("proxy", *_DIMS)])
 
 
+def event_time_range_columns() -> list[Column]:
+    """Return the aggregate columns ``min_us``, ``max_us`` of :func:`event_time_range`.
+
+    Also usable as observed metrics (``DataFrame.observe``) of a query that writes the
+    prepared events, so that the range costs no second pass (nulls are ignored).
+    """
+    return [F.min("t_us").alias("min_us"), F.max("t_us").alias("max_us")]
+
+
 def event_time_range(events: DataFrame) -> DataFrame:
     """Return the first and last event time of prepared events.
 
@@ -198,9 +207,9 @@ def event_time_range(events: DataFrame) -> DataFrame:
         events: output of :func:`prepare_events`.
 
     Returns:
-        One row ``(min_us, max_us)``, both null when there are no events.
+        One row ``(min_us, max_us)`` (microseconds), both null when there are no events.
     """
-    return events.agg(F.min("t_us").alias("min_us"), F.max("t_us").alias("max_us"))
+    return events.agg(*event_time_range_columns())
 
 
 def open_at_start(events: DataFrame, window: ReportWindow) -> DataFrame:

@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,12 +69,25 @@ _GRID_UNITS = {"s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d": 86_400_
 RUNTIME_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    # The event cache is read a few times and dropped: compressing it cost more CPU (about
-    # 40 % of the JSON parse) than it saves; it spills to disk when memory is short.
+    # The cached sweep inputs (three numeric columns, about 17 bytes per change) fit in
+    # memory and are read a few times, then dropped: compressing them would only cost CPU.
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
     # Window partitions (one key's changes) up to this many rows stay in memory before the
     # window buffer switches to its spillable form: about 40 MB per task, 2x faster sweeps.
     "spark.sql.windowExec.buffer.in.memory.threshold": "1000000",
+}
+#: Parquet options of the work table of prepared events (read back a few times, then
+#: deleted). Plain encoding, no compression: dictionary encoding and compression cost more
+#: CPU than reading the bigger file back (LZ4 made it 3x smaller for the same CPU: the page
+#: cache, not the disk, serves it). No statistics, size statistics or page checksums: only
+#: this job reads the table, and never skips a page; they cost about 0.6 s of CPU per
+#: million events.
+WORK_TABLE_OPTIONS = {
+    "compression": "none",
+    "parquet.enable.dictionary": "false",
+    "parquet.column.statistics.enabled": "false",
+    "parquet.size.statistics.enabled": "false",
+    "parquet.page.write-checksum.enabled": "false",
 }
 #: Set only while the concurrency table is computed: the aggregation right after the sweep's
 #: window gets its input sorted already, so it streams instead of hashing (about 15 % off the
@@ -321,7 +336,7 @@ def write_csv(df: DataFrame, path: str, order: list[Any],
 def _write_parquet(df: DataFrame, out: str, name: str) -> DataFrame:
     path = os.path.join(out, name)
     df.write.mode("overwrite").parquet(path)
-    return df.sparkSession.read.parquet(path)
+    return _read_parquet(df.sparkSession, path, df.schema)
 
 
 def _ship_package(spark: SparkSession) -> str:
@@ -344,8 +359,69 @@ def _ship_package(spark: SparkSession) -> str:
 # The report
 
 
+class _Branches:
+    """Independent parts of the report, run on driver threads next to the main chain.
+
+    On two cores the main chain alone leaves a core idle at every stage tail, every small
+    query and every gap the driver spends planning; jobs submitted from other threads fill
+    those. Each branch runs under :func:`pyspark.inheritable_thread_target` (the local
+    properties of the caller's thread, pinned-thread mode); :meth:`join` waits for all of
+    them and raises the first failure.
+    """
+
+    def __init__(self, spark: SparkSession, timings: dict[str, float]) -> None:
+        from pyspark import inheritable_thread_target
+
+        self._wrap = inheritable_thread_target(spark)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="report-branch")
+        self._futures: list[Future] = []
+        self._timings = timings
+
+    def start(self, name: str, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run ``fn(*args)`` on a branch thread; its wall time goes to the timings as ``name``.
+
+        Returns:
+            The future of its result.
+        """
+        def timed() -> Any:
+            t = time.monotonic()
+            try:
+                return fn(*args)
+            finally:
+                self._timings[name] = round(time.monotonic() - t, 2)
+
+        f = self._pool.submit(self._wrap(timed))
+        self._futures.append(f)
+        return f
+
+    def join(self, raise_error: bool = True) -> None:
+        """Wait for every branch.
+
+        Args:
+            raise_error: raise the first exception a branch raised (in start order).
+        """
+        self._pool.shutdown(wait=True)
+        errors = [f.exception() for f in self._futures]
+        error = next((e for e in errors if e is not None), None)
+        if error is not None and raise_error:
+            raise error
+
+
+def _side_session(spark: SparkSession) -> SparkSession:
+    """A session sharing ``spark``'s context and cache but not its SQL conf (see SWEEP_CONF)."""
+    side = spark.newSession()
+    for key, value in RUNTIME_CONF.items():
+        side.conf.set(key, value)
+    return side
+
+
 def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     """Compute and write every output of the report into ``opts.out``.
+
+    The main chain (key table, sweeps, concurrency, what-if) runs on the calling thread;
+    the tables that need only the events (denials, traffic, durations, churn), the headroom
+    and recommendations, and the extracts and charts of the HTML page run on driver threads
+    beside it (:class:`_Branches`), so that Spark always has tasks for every core.
 
     Args:
         spark: a session (its SQL time zone is set to UTC for the run).
@@ -353,11 +429,13 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
 
     Returns:
         A summary: ``window`` (start/end ISO strings, or ``None`` with no events), ``rows``
-        per table and ``seconds`` per stage.
+        per table and ``seconds`` per stage (stages of the main chain in order; the
+        branches' own wall times overlap them).
 
     Raises:
         Exception: Spark and I/O errors propagate (the caller maps them to exit code 1).
     """
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     from amqp_policy_proxy.spark_reports import html, schemas
@@ -391,15 +469,16 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     shutil.rmtree(work, ignore_errors=True)
     prepared = tf.prepare_events(raw, drop_unparsed=False)
     events_path = os.path.join(work, "events")
-    # Plain encoding, no compression: dictionary-encoding and compressing 10M rows cost more
-    # CPU than reading the bigger file back a few times (it is deleted at the end).
-    (prepared.write.mode("overwrite").option("compression", "none")
-     .option("parquet.enable.dictionary", "false").parquet(events_path))
-    events = spark.read.parquet(events_path).where(F.col("t_us").isNotNull())
+    # The time range comes with the write (an observed metric), not from a second scan.
+    observed = Observation("event_time_range")
+    prepared = prepared.observe(observed, *tf.event_time_range_columns())
+    (prepared.write.mode("overwrite").options(**WORK_TABLE_OPTIONS).parquet(events_path))
+    events_schema = prepared.schema
+    events = _read_parquet(spark, events_path, events_schema).where(F.col("t_us").isNotNull())
 
     start, end = opts.start_us, opts.end_us
     if start is None or end is None:
-        r = tf.event_time_range(events).collect()[0]
+        r = observed.get
         if r["min_us"] is not None:
             start = r["min_us"] - r["min_us"] % 1000 if start is None else start
             end = r["max_us"] - r["max_us"] % 1000 + 1000 if end is None else end
@@ -433,46 +512,161 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     summary["window"] = {"start": report.window_start, "end": report.window_end,
                          "buckets": window.buckets}
 
-    # Without --from the window starts at the first event: nothing can be open before it.
-    sweep = tf.prepare_sweep(events, window, carried=opts.start_us is not None).persist(events)
-    sweep.keyed.count()
-    lap("sweep_inputs")
-
-    # Dense scopes: keep the per-bucket samples for the timeline.
-    dense = tf.bucket_samples(
-        tf.sweep_points(sweep.keyed, sweep.keys, window, tf.DENSE_SCOPES, by_bucket=True),
-        window, dense=True, nprox=tf.proxy_columns(sweep.keys, tf.DENSE_SCOPES)).persist()
-    tl = _write_parquet(tf.name_ids(tf.timeline(dense, window), sweep.keys, tf.DENSE_SCOPES),
-                        out, "timeline")
-    conc_dense = tf.name_keys(tf.concurrency_stats(dense, window), sweep.keys,
-                              tf.DENSE_SCOPES)
-    lap("dense_timeline")
-    conc_sparse = tf.concurrency(sweep, tf.SPARSE_SCOPES)
-    saved = {k: spark.conf.get(k, None) for k in SWEEP_CONF}
-    for key, value in SWEEP_CONF.items():
-        spark.conf.set(key, value)
+    branches = _Branches(spark, timings)
+    sweep = None
+    cached: list[DataFrame] = []
     try:
-        full = _write_parquet(conc_dense.unionByName(conc_sparse), out, "_work/concurrency")
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
-    dense.unpersist()
-    lap("sweeps")
-    conc = _write_parquet(full.select(*schemas.CONCURRENCY.fieldNames()), out, "concurrency")
-    summary["rows"]["concurrency"] = write_csv(conc, os.path.join(out, "concurrency.csv"),
-                                               ["scope", "vhost", F.col("peak").desc(), "key"])
-    bad = full.where(F.col("low") < 0).count()
-    if bad:
-        report.notes.append(
-            f"{bad} keys have connection_closed records without their connection_opened "
-            "(dropped by the writer?): their concurrency is undercounted after those closes.")
-    peaks = tf.limit_peaks(full).persist()
-    pairs = tf.key_groups(sweep.keys).persist()
-    lap("concurrency")
+        # Denials, traffic, durations and churn need only the events: their own branch, in
+        # their own session (the main chain changes SQL conf for a while, SWEEP_CONF).
+        side = _side_session(spark)
+        branches.start("denials_traffic", _side_tables, side, events_path, events_schema,
+                       window, out, report, summary)
 
+        # Without --from the window starts at the first event: nothing can precede it.
+        sweep = tf.prepare_sweep(events, window, carried=opts.start_us is not None) \
+            .persist(events)
+        sweep.keyed.count()
+        lap("sweep_inputs")
+
+        # Dense scopes: keep the per-bucket samples for the timeline.
+        dense = tf.bucket_samples(
+            tf.sweep_points(sweep.keyed, sweep.keys, window, tf.DENSE_SCOPES, by_bucket=True),
+            window, dense=True, nprox=tf.proxy_columns(sweep.keys, tf.DENSE_SCOPES)).persist()
+        cached.append(dense)
+        tl = _write_parquet(tf.name_ids(tf.timeline(dense, window), sweep.keys,
+                                        tf.DENSE_SCOPES), out, "timeline")
+        conc_dense = tf.name_keys(tf.concurrency_stats(dense, window), sweep.keys,
+                                  tf.DENSE_SCOPES)
+        lap("dense_timeline")
+        conc_sparse = tf.concurrency(sweep, tf.SPARSE_SCOPES)
+        saved = {k: spark.conf.get(k, None) for k in SWEEP_CONF}
+        for key, value in SWEEP_CONF.items():
+            spark.conf.set(key, value)
+        try:
+            full = _write_parquet(conc_dense.unionByName(conc_sparse), out, "_work/concurrency")
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, value)
+        dense.unpersist()
+        lap("sweeps")
+        conc = _write_parquet(full.select(*schemas.CONCURRENCY.fieldNames()), out,
+                              "concurrency")
+        branches.start("html_concurrency", _concurrency_extracts, out, report, window, conc, tl)
+        summary["rows"]["concurrency"] = write_csv(
+            conc, os.path.join(out, "concurrency.csv"),
+            ["scope", "vhost", F.col("peak").desc(), "key"])
+        bad = full.where(F.col("low") < 0).count()
+        notes_bad = [] if not bad else [
+            f"{bad} keys have connection_closed records without their connection_opened "
+            "(dropped by the writer?): their concurrency is undercounted after those closes."]
+        peaks = tf.limit_peaks(full).persist()
+        pairs = tf.key_groups(sweep.keys).persist()
+        cached += [peaks, pairs]
+        lap("concurrency")
+
+        headroom = branches.start("headroom", _headroom_tables, spark, opts, out, report,
+                                  summary, conc, peaks, pairs)
+        notes_whatif: list[str] = []
+        if opts.whatif is not None:
+            alt = tf.limit_tables(spark, opts.whatif)
+            binding = _write_parquet(tf.whatif_candidates(peaks, pairs, alt), out,
+                                     "_work/whatif_binding")
+            vh = sorted(r[0] for r in binding.select("vhost").distinct().collect())
+            wi = _write_parquet(tf.whatif(sweep, alt, binding), out, "whatif")
+            branches.start("html_whatif", _whatif_extracts, out, report, wi)
+            summary["rows"]["whatif"] = write_csv(
+                wi, os.path.join(out, "whatif.csv"),
+                [F.col("would_deny").desc(), "vhost", "scope", "key"])
+            report.whatif_replayed = vh
+            absent = (conc.where(F.col("scope") == "vhost").select("vhost")
+                      .join(alt.vhosts, F.col("vhost") == F.col("name"), "left_anti")
+                      .collect())
+            if absent:
+                notes_whatif.append("Vhosts not in the what-if policy (not replayed): "
+                                    + ", ".join(sorted(str(r[0]) for r in absent)))
+        lap("whatif")
+        branches.join()
+        lap("branches_wait")
+        report.notes += notes_bad + headroom.result() + notes_whatif
+    finally:
+        branches.join(raise_error=False)  # after a failure: let the branches end first
+        for df in cached:
+            df.unpersist()
+        if sweep is not None:
+            sweep.unpersist()
+    shutil.rmtree(work, ignore_errors=True)
+    html.write_report(out, report)
+    lap("html")
+    return summary
+
+
+def _read_parquet(spark: SparkSession, path: str, schema: Any) -> DataFrame:
+    # With the schema given, Spark does not run a job to read it from a file footer.
+    return spark.read.schema(schema).parquet(path)
+
+
+def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
+                 window: ReportWindow, out: str, report: Any, summary: dict[str, Any]) -> None:
+    """Write denials, top_denied, traffic, durations and churn; fill and draw their sections.
+
+    Runs on a branch thread with its own session; reads the events from the work table.
+    """
+    from pyspark.sql import functions as F
+
+    from amqp_policy_proxy.spark_reports import html
+    from amqp_policy_proxy.spark_reports import transforms as tf
+
+    events = _read_parquet(spark, events_path, events_schema).where(F.col("t_us").isNotNull())
+    # Denials are a few % of the records: one pass over the events, then three small queries.
+    denied = events.where(F.col("event") == "connection_denied").persist()
+    try:
+        den = _write_parquet(tf.denials(denied, window), out, "denials")
+        td = _write_parquet(tf.top_denied(denied, window), out, "top_denied")
+    finally:
+        denied.unpersist()
+    summary["rows"]["top_denied"] = write_csv(
+        td, os.path.join(out, "top_denied.csv"), [F.col("count").desc(), "scope", "key"])
+    trf = _write_parquet(tf.traffic(events, window), out, "traffic")
+    summary["rows"]["traffic"] = write_csv(trf, os.path.join(out, "traffic.csv"),
+                                           ["vhost", "group"])
+    dur = _write_parquet(tf.durations(events, window), out, "durations")
+    ch = _write_parquet(tf.churn(events, window), out, "churn")
+
+    bin_us = _series_bin_us(window)
+    dser = (den.groupBy("reason", _binned("window_start", bin_us))
+            .agg(F.sum("count").alias("y")).orderBy("reason", "x").collect())
+    report.denials = _group_series(dser, "reason")
+    report.denial_totals = {k: int(sum(ys)) for k, (_, ys) in report.denials.items()}
+    top_denied: dict[str, list[dict[str, Any]]] = {}
+    for r in _top(td, "scope", [F.col("count").desc(), "vhost", "key"], _TOP_N):
+        top_denied.setdefault(r["scope"], []).append(r)
+    report.top_denied = top_denied
+    html.draw_section(out, report, "denials")
+    report.traffic = [r.asDict() for r in trf.orderBy("vhost", "group").collect()]
+    report.durations = [(r["label"], r["le_seconds"], r["n"]) for r in dur.groupBy(
+        "label", "le_seconds").agg(F.sum("count").alias("n")).orderBy("le_seconds").collect()]
+    per_min = ch.groupBy("window_start").agg(F.sum("opens").alias("opens"))
+    cser = (per_min.groupBy(_binned("window_start", bin_us)).agg(
+        F.max("opens").alias("max"), F.sum("opens").alias("sum")).orderBy("x").collect())
+    minutes_per_bin = max(1, bin_us // 60_000_000)
+    report.churn = [(_dt(r["x"]), r["max"], r["sum"] / minutes_per_bin) for r in cser]
+    html.draw_section(out, report, "traffic")
+
+
+def _headroom_tables(spark: SparkSession, opts: Options, out: str, report: Any,
+                     summary: dict[str, Any], conc: DataFrame, peaks: DataFrame,
+                     pairs: DataFrame) -> list[str]:
+    """Write headroom (table and CSV) and recommendations.csv; fill and draw the headroom
+    section. Returns the notes for the page."""
+    from pyspark.sql import functions as F
+
+    from amqp_policy_proxy.spark_reports import html, schemas
+    from amqp_policy_proxy.spark_reports import transforms as tf
+
+    notes = []
     lt = tf.limit_tables(spark, opts.policy) if opts.policy is not None else None
     if lt is not None:
         hr = _write_parquet(tf.headroom(peaks, pairs, lt), out, "headroom")
@@ -482,58 +676,23 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         missing = (conc.where(F.col("scope") == "vhost").select("vhost")
                    .join(lt.vhosts, F.col("vhost") == F.col("name"), "left_anti").collect())
         if missing:
-            report.notes.append("Vhosts in the log but not in the policy (no headroom): "
-                                + ", ".join(sorted(str(r[0]) for r in missing)))
+            notes.append("Vhosts in the log but not in the policy (no headroom): "
+                         + ", ".join(sorted(str(r[0]) for r in missing)))
     else:
         hr = _write_parquet(tf.local_table(spark, [], schemas.HEADROOM), out, "headroom")
-        report.notes.append("No --policy: no headroom; recommendations have no current value.")
+        notes.append("No --policy: no headroom; recommendations have no current value.")
     rec = tf.recommendations(peaks, pairs, lt)
     rec_rows: list[dict[str, Any]] = []
     summary["rows"]["recommendations"] = write_csv(
         rec, os.path.join(out, "recommendations.csv"), ["vhost", "group", "setting"], rec_rows)
     report.recommendations = rec_rows
-    lap("headroom")
-
-    wi = None
-    if opts.whatif is not None:
-        alt = tf.limit_tables(spark, opts.whatif)
-        binding = _write_parquet(tf.whatif_candidates(peaks, pairs, alt), out,
-                                 "_work/whatif_binding")
-        vh = sorted(r[0] for r in binding.select("vhost").distinct().collect())
-        wi = _write_parquet(tf.whatif(sweep, alt, binding), out, "whatif")
-        summary["rows"]["whatif"] = write_csv(
-            wi, os.path.join(out, "whatif.csv"),
-            [F.col("would_deny").desc(), "vhost", "scope", "key"])
-        report.whatif_replayed = vh
-        absent = (conc.where(F.col("scope") == "vhost").select("vhost")
-                  .join(alt.vhosts, F.col("vhost") == F.col("name"), "left_anti").collect())
-        if absent:
-            report.notes.append("Vhosts not in the what-if policy (not replayed): "
-                                + ", ".join(sorted(str(r[0]) for r in absent)))
-    lap("whatif")
-
-    # Denials are a few % of the records: one pass over the cache, then three small queries.
-    denied = events.where(F.col("event") == "connection_denied").persist()
-    den = _write_parquet(tf.denials(denied, window), out, "denials")
-    td = _write_parquet(tf.top_denied(denied, window), out, "top_denied")
-    denied.unpersist()
-    summary["rows"]["top_denied"] = write_csv(
-        td, os.path.join(out, "top_denied.csv"), [F.col("count").desc(), "scope", "key"])
-    trf = _write_parquet(tf.traffic(events, window), out, "traffic")
-    summary["rows"]["traffic"] = write_csv(trf, os.path.join(out, "traffic.csv"),
-                                           ["vhost", "group"])
-    dur = _write_parquet(tf.durations(events, window), out, "durations")
-    ch = _write_parquet(tf.churn(events, window), out, "churn")
-    lap("denials_traffic")
-
-    _collect_report(report, window, conc, tl, hr, den, td, trf, dur, ch, wi)
-    sweep.unpersist()
-    peaks.unpersist()
-    pairs.unpersist()
-    shutil.rmtree(work, ignore_errors=True)
-    html.write_report(out, report)
-    lap("html")
-    return summary
+    headroom_top: dict[str, list[dict[str, Any]]] = {}
+    for r in _top(hr, "scope", [F.col("utilisation").desc_nulls_last(), "vhost", "key"],
+                  _TOP_N):
+        headroom_top.setdefault(r["scope"], []).append(r)
+    report.headroom_top = headroom_top
+    html.draw_section(out, report, "headroom")
+    return notes
 
 
 def _fmt_us(us: int) -> str:
@@ -541,10 +700,21 @@ def _fmt_us(us: int) -> str:
     return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
 
 
+#: Rows per scope in the page's "most denied" and headroom lists.
+_TOP_N = 15
+
+
 def _series_bin_us(window: ReportWindow, points: int = 1500) -> int:
     """A chart bin width: a whole number of grid buckets giving at most ``points`` bins."""
     per = max(1, -(-window.buckets // points))
     return per * window.grid_us
+
+
+def _binned(col: str, bin_us: int) -> Any:
+    from pyspark.sql import functions as F
+
+    us = F.unix_micros(F.col(col))
+    return (us - F.pmod(us, F.lit(bin_us))).alias("x")
 
 
 def _top(df: DataFrame, by: str, order: list[Any], n: int) -> list[dict[str, Any]]:
@@ -558,22 +728,12 @@ def _top(df: DataFrame, by: str, order: list[Any], n: int) -> list[dict[str, Any
     return [r.asDict() for r in rows]
 
 
-def _collect_report(report: Any, window: ReportWindow, conc: DataFrame, tl: DataFrame,
-                    hr: DataFrame, den: DataFrame, td: DataFrame, trf: DataFrame,
-                    dur: DataFrame, ch: DataFrame, wi: DataFrame | None) -> None:
-    """Fill the report with small, chart-sized extracts (nothing proportional to events).
-
-    One query per table: with small inputs Spark's per-query overhead dominates.
-    """
+def _concurrency_extracts(out: str, report: Any, window: ReportWindow, conc: DataFrame,
+                          tl: DataFrame) -> None:
+    """Fill and draw the concurrency section (small extracts: one query per table)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.window import Window
 
-    top_n = 15
-    bin_us = _series_bin_us(window)
-
-    def binned(col: str) -> Any:
-        us = F.unix_micros(F.col(col))
-        return (us - F.pmod(us, F.lit(bin_us))).alias("x")
+    from amqp_policy_proxy.spark_reports import html
 
     report.concurrency_all = {r["scope"]: r["count"] for r in conc.groupBy("scope").count()
                               .collect()}
@@ -586,35 +746,26 @@ def _collect_report(report: Any, window: ReportWindow, conc: DataFrame, tl: Data
                                     key=lambda r: -r["peak"])
     vhosts = [r["key"] for r in report.concurrency_top if r["scope"] == "vhost"][:8]
     series = (tl.where((F.col("scope") == "vhost") & F.col("key").isin(*vhosts))
-              .groupBy("key", binned("window_start")).agg(F.max("concurrent").alias("y"))
-              .orderBy("key", "x").collect())
+              .groupBy("key", _binned("window_start", _series_bin_us(window)))
+              .agg(F.max("concurrent").alias("y")).orderBy("key", "x").collect())
     report.timeline = _group_series(series, "key")
-    report.headroom_top = {}
-    for r in _top(hr, "scope", [F.col("utilisation").desc_nulls_last(), "vhost", "key"], top_n):
-        report.headroom_top.setdefault(r["scope"], []).append(r)
-    dser = (den.groupBy("reason", binned("window_start")).agg(F.sum("count").alias("y"))
-            .orderBy("reason", "x").collect())
-    report.denials = _group_series(dser, "reason")
-    report.denial_totals = {k: int(sum(ys)) for k, (_, ys) in report.denials.items()}
-    report.top_denied = {}
-    for r in _top(td, "scope", [F.col("count").desc(), "vhost", "key"], top_n):
-        report.top_denied.setdefault(r["scope"], []).append(r)
-    report.traffic = [r.asDict() for r in trf.orderBy("vhost", "group").collect()]
-    report.durations = [(r["label"], r["le_seconds"], r["n"]) for r in dur.groupBy(
-        "label", "le_seconds").agg(F.sum("count").alias("n")).orderBy("le_seconds").collect()]
-    per_min = ch.groupBy("window_start").agg(F.sum("opens").alias("opens"))
-    cser = (per_min.groupBy(binned("window_start")).agg(
-        F.max("opens").alias("max"), F.sum("opens").alias("sum")).orderBy("x").collect())
-    minutes_per_bin = max(1, bin_us // 60_000_000)
-    report.churn = [(_dt(r["x"]), r["max"], r["sum"] / minutes_per_bin) for r in cser]
-    if wi is not None:
-        total = F.sum("would_deny").over(Window.partitionBy(F.lit(1)))
-        rows_w = (wi.select("*", total.alias("_total"))
-                  .orderBy(F.col("would_deny").desc(), "vhost", "scope", "key").limit(50)
-                  .collect())
-        report.whatif = [{k: v for k, v in r.asDict().items() if k != "_total"}
-                         for r in rows_w]
-        report.whatif_total = int(rows_w[0]["_total"]) if rows_w else 0
+    html.draw_section(out, report, "concurrency")
+
+
+def _whatif_extracts(out: str, report: Any, wi: DataFrame) -> None:
+    """Fill and draw the what-if section: the 50 keys with the most denials and the total."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    from amqp_policy_proxy.spark_reports import html
+
+    total = F.sum("would_deny").over(Window.partitionBy(F.lit(1)))
+    rows_w = (wi.select("*", total.alias("_total"))
+              .orderBy(F.col("would_deny").desc(), "vhost", "scope", "key").limit(50)
+              .collect())
+    report.whatif_total = int(rows_w[0]["_total"]) if rows_w else 0
+    report.whatif = [{k: v for k, v in r.asDict().items() if k != "_total"} for r in rows_w]
+    html.draw_section(out, report, "whatif")
 
 
 def _dt(us: int) -> dt.datetime:
@@ -628,7 +779,6 @@ def _group_series(rows: list[Any], by: str) -> dict[str, tuple[list[dt.datetime]
         xs.append(_dt(r["x"]))
         ys.append(r["y"])
     return out
-
 
 # --------------------------------------------------------------------------------------------
 # Entry point
