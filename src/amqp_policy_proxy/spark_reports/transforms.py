@@ -264,32 +264,41 @@ def connection_changes(events: DataFrame, window: ReportWindow,
         ``t_us``, ``d`` (+1 or -1), all ``t_us`` within the window.
     """
     w0 = F.lit(window.start_us)
-    is_close = F.col("event") == ev.CONNECTION_CLOSED
-    early = is_close & (F.col("opened_us") < window.start_us)
-    changes = _window_records(events, window).select(
-        "proxy", "conn_id", *_DIMS, "combo",
+    cols = ("proxy", "conn_id", *_DIMS, "combo")
+    # One branch per event, each with constant signs: no per-record comparison of the event
+    # name, and each branch reads only its own partition of an event-partitioned table.
+    opens = _window_records(events, window, ev.CONNECTION_OPENED).select(
+        *cols, "t_us", F.lit(1).alias("d"))
+    early = F.col("opened_us") < window.start_us
+    closes = _window_records(events, window, ev.CONNECTION_CLOSED).select(
+        *cols,
         F.explode(F.array(
-            F.struct(F.col("t_us").alias("t_us"),
-                     F.when(is_close, F.lit(-1)).otherwise(F.lit(1)).alias("d")),
+            F.struct(F.col("t_us").alias("t_us"), F.lit(-1).alias("d")),
             F.struct(F.when(early, w0).alias("t_us"), F.lit(1).alias("d")),
         )).alias("c"),
-    ).select("proxy", "conn_id", *_DIMS, "combo", "c.t_us", "c.d") \
-        .where(F.col("t_us").isNotNull())
+    ).select(*cols, "c.t_us", "c.d").where(F.col("t_us").isNotNull())
+    changes = opens.unionByName(closes)
     if not carried:
         return changes
     return changes.unionByName(
         open_at_start(events, window).select("*", w0.alias("t_us"), F.lit(1).alias("d")))
 
 
-def _window_records(events: DataFrame, window: ReportWindow) -> DataFrame:
-    # Opened and closed records in the window, except the close at exactly the window start
-    # of a connection opened before it (that connection is not in the window at all).
-    in_window = (F.col("event").isin(ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED)
-                 & (F.col("t_us") >= window.start_us) & (F.col("t_us") < window.end_us))
-    at_start_close = ((F.col("event") == ev.CONNECTION_CLOSED)
-                      & (F.col("opened_us") < window.start_us)
-                      & (F.col("t_us") == window.start_us))
-    return events.where(in_window & ~at_start_close)
+def _window_records(events: DataFrame, window: ReportWindow, event: str | None = None
+                    ) -> DataFrame:
+    # Opened and closed records in the window (only `event` records when given), except the
+    # close at exactly the window start of a connection opened before it (that connection is
+    # not in the window at all).
+    names = (ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED) if event is None else (event,)
+    cond = (F.col("event").isin(*names) & (F.col("t_us") >= window.start_us)
+            & (F.col("t_us") < window.end_us))
+    if ev.CONNECTION_CLOSED in names:
+        at_start_close = ((F.col("opened_us") < window.start_us)
+                          & (F.col("t_us") == window.start_us))
+        if event is None:
+            at_start_close = (F.col("event") == ev.CONNECTION_CLOSED) & at_start_close
+        cond = cond & ~at_start_close
+    return events.where(cond)
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,7 +339,9 @@ def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False
         Small: its size depends on the population, not on the number of events.
     """
     cols = ("proxy", *_DIMS)
-    records = _window_records(events, window).select("combo", *cols)
+    records = _window_records(events, window, ev.CONNECTION_OPENED).select("combo", *cols) \
+        .unionByName(_window_records(events, window, ev.CONNECTION_CLOSED)
+                     .select("combo", *cols))
     if carried:
         records = records.unionByName(open_at_start(events, window).select("combo", *cols))
     if exact:
@@ -1423,13 +1434,14 @@ def churn(events: DataFrame, window: ReportWindow) -> DataFrame:
         ``vhost``, ``window_start`` (minute), ``opens``, ``closes``; minutes with neither are
         absent.
     """
-    e = events.where(F.col("event").isin(ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED)
-                     & (F.col("t_us") >= window.start_us) & (F.col("t_us") < window.end_us))
-    m = _bucket(F.col("t_us"), US_PER_MINUTE)
-    return (e.groupBy("vhost", m.alias("m")).agg(
-        F.sum(F.when(F.col("event") == ev.CONNECTION_OPENED, 1).otherwise(0)).cast("long")
-        .alias("opens"),
-        F.sum(F.when(F.col("event") == ev.CONNECTION_CLOSED, 1).otherwise(0)).cast("long")
-        .alias("closes"),
-    ).select("vhost", _ts(F.col("m") * US_PER_MINUTE).alias("window_start"), "opens",
-             "closes"))
+    m = _bucket(F.col("t_us"), US_PER_MINUTE).alias("m")
+    one, zero = F.lit(1), F.lit(0)
+    # One branch per event (no per-record comparison of the event name).
+    e = (_in_window(events, window, ev.CONNECTION_OPENED)
+         .select("vhost", m, one.alias("o"), zero.alias("c"))
+         .unionByName(_in_window(events, window, ev.CONNECTION_CLOSED)
+                      .select("vhost", m, zero.alias("o"), one.alias("c"))))
+    return (e.groupBy("vhost", "m").agg(F.sum("o").cast("long").alias("opens"),
+                                        F.sum("c").cast("long").alias("closes"))
+            .select("vhost", _ts(F.col("m") * US_PER_MINUTE).alias("window_start"), "opens",
+                    "closes"))

@@ -75,6 +75,9 @@ RUNTIME_CONF = {
     # Window partitions (one key's changes) up to this many rows stay in memory before the
     # window buffer switches to its spillable form: about 40 MB per task, 2x faster sweeps.
     "spark.sql.windowExec.buffer.in.memory.threshold": "1000000",
+    # The work table is partitioned by event (3 values): one open writer per partition and
+    # task instead of sorting every record by event first.
+    "spark.sql.maxConcurrentOutputFileWriters": "4",
 }
 #: Parquet options of the work table of prepared events (read back a few times, then
 #: deleted). Plain encoding, no compression: dictionary encoding and compression cost more
@@ -480,7 +483,10 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     # The time range comes with the write (an observed metric), not from a second scan.
     observed = Observation("event_time_range")
     prepared = prepared.observe(observed, *tf.event_time_range_columns())
-    (prepared.write.mode("overwrite").options(**WORK_TABLE_OPTIONS).parquet(events_path))
+    # One directory per event: a query of one event reads only its records (the denials
+    # are 2 % of them) and compares no event names.
+    (prepared.write.mode("overwrite").options(**WORK_TABLE_OPTIONS).partitionBy("event")
+     .parquet(events_path))
     events_schema = prepared.schema
     events = _read_parquet(spark, events_path, events_schema).where(F.col("t_us").isNotNull())
 
@@ -628,13 +634,9 @@ def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
     from amqp_policy_proxy.spark_reports import transforms as tf
 
     events = _read_parquet(spark, events_path, events_schema).where(F.col("t_us").isNotNull())
-    # Denials are a few % of the records: one pass over the events, then three small queries.
-    denied = events.where(F.col("event") == "connection_denied").persist()
-    try:
-        den = _write_parquet(tf.denials(denied, window), out, "denials")
-        td = _write_parquet(tf.top_denied(denied, window), out, "top_denied")
-    finally:
-        denied.unpersist()
+    # Denials are a few % of the records, in their own partition of the work table.
+    den = _write_parquet(tf.denials(events, window), out, "denials")
+    td = _write_parquet(tf.top_denied(events, window), out, "top_denied")
     summary["rows"]["top_denied"] = write_csv(
         td, os.path.join(out, "top_denied.csv"), [F.col("count").desc(), "scope", "key"])
     trf = _write_parquet(tf.traffic(events, window), out, "traffic")
