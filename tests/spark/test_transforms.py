@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -368,7 +369,7 @@ WHATIF_HOSTS = """[["vhost", {"hostname": "v1", "maxConnections": 3,
 WHATIF_VHOST = """[["vhost", {"hostname": "v1", "maxConnections": 2}]]"""
 
 
-def test_whatif(spark, overlap, tmp_path):
+def test_whatif(spark, overlap, tmp_path, monkeypatch):
     """Replay of overlap.jsonl (closes first at equal instants, opens in conn_id order).
 
     Limits 3 / 1 per user / 1 per host: 10:00 c1 alice@.1 in; 10:00:30 c2 bob@.1 denied
@@ -394,6 +395,11 @@ def test_whatif(spark, overlap, tmp_path):
     # Replaying everything (as if the vhost limit were binding) gives the same answer.
     everything = binding.sparkSession.createDataFrame([("vhost", "v1", "v1")], binding.schema)
     assertDataFrameEqual(tf.whatif(sweep, alt, everything), expected)
+    # Workers without pyarrow (the spark-submit case of test_submit): the RDD path, same answer.
+    assert tf.workers_have_pyarrow(spark)
+    monkeypatch.setitem(tf._WORKERS_PYARROW, spark.sparkContext.applicationId, False)
+    assertDataFrameEqual(tf.whatif(sweep, alt, binding), expected)
+    monkeypatch.undo()
     # Vhost limit 2 binds the whole vhost (the replay itself: test_job's end-to-end run).
     binding = tf.whatif_candidates(peaks, pairs, policy_tables(spark, tmp_path, WHATIF_VHOST))
     assertDataFrameEqual(binding, [Row(scope="vhost", vhost="v1", key="v1")])
@@ -401,6 +407,18 @@ def test_whatif(spark, overlap, tmp_path):
     binding = tf.whatif_candidates(peaks, pairs, policy_tables(spark, tmp_path, POLICY))
     assert binding.count() == 0
     assert tf.whatif(sweep, alt, binding).count() == 0
+
+
+def test_workers_run_this_python(monkeypatch):
+    """Only a local master whose PYSPARK_PYTHON names this very file skips the worker probe."""
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    assert tf._workers_run_this_python("local[2]", None)
+    assert not tf._workers_run_this_python("spark://127.0.0.1:7077", None)
+    assert not tf._workers_run_this_python("local[2]", "/nonexistent/python3")  # conf wins
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
+    assert not tf._workers_run_this_python("local[*]", None)
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    assert not tf._workers_run_this_python("local", None)
 
 
 def test_replay_admissions_rules():

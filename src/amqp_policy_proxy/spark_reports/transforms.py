@@ -1,7 +1,8 @@
 """Capacity report transforms: pure DataFrame -> DataFrame functions. Imports pyspark.
 
 No I/O and no SparkSession building; the only driver-side work is a few one-row queries
-(:func:`proxy_columns`, the collision check in :meth:`Sweep.persist`). The job
+(:func:`proxy_columns`, the collision check in :meth:`Sweep.persist`, the workers' pyarrow
+probe in :func:`workers_have_pyarrow`). The job
 (``jobs/capacity.py``) reads, calls these and writes. Everything heavy runs as Spark
 aggregations and window functions; the one Python step is the what-if replay
 (:func:`whatif`), which streams sorted rows through :func:`replay_admissions` per partition.
@@ -38,6 +39,9 @@ import functools
 import json
 import logging
 import math
+import os
+import shutil
+import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -1220,6 +1224,59 @@ def _replay_rows(info: dict, it: Iterator) -> Iterator[tuple]:
         yield (vhost, scope, key, n)
 
 
+#: Per Spark application id: whether its Python workers can import pyarrow.
+_WORKERS_PYARROW: dict[str, bool] = {}
+
+
+def _import_pyarrow(_: object) -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def workers_have_pyarrow(spark: SparkSession) -> bool:
+    """Return whether the executors' Python workers can import pyarrow (for ``mapInArrow``).
+
+    The driver having pyarrow says nothing about the executors: under spark-submit their
+    Python is ``PYSPARK_PYTHON`` on other machines. A local run whose workers run this very
+    interpreter is answered without a job; otherwise one small job (one task per default
+    parallelism slot, at most 64) imports pyarrow on the workers, once per application.
+
+    Args:
+        spark: the session whose executors run the replay.
+
+    Returns:
+        True when the driver and every probed worker import pyarrow; False sends the what-if
+        replay down the RDD path (same answers, slower).
+    """
+    if not _import_pyarrow(None):
+        return False
+    sc = spark.sparkContext
+    app = sc.applicationId
+    known = _WORKERS_PYARROW.get(app)
+    if known is None:
+        if _workers_run_this_python(sc.master, sc.getConf().get("spark.pyspark.python")):
+            known = True
+        else:
+            n = max(1, min(sc.defaultParallelism, 64))
+            known = all(sc.parallelize(range(n), n).map(_import_pyarrow).collect())
+        _WORKERS_PYARROW[app] = known
+    return known
+
+
+def _workers_run_this_python(master: str, conf_python: str | None) -> bool:
+    # Local executors start PYSPARK_PYTHON (the conf wins over the environment); it is this
+    # interpreter when it names the same file, compared unresolved: a venv's python is a
+    # symlink to a base interpreter that does not have the venv's packages.
+    if not master.startswith("local"):
+        return False
+    named = conf_python or os.environ.get("PYSPARK_PYTHON")
+    found = shutil.which(named) if named else None
+    return found is not None and os.path.abspath(found) == os.path.abspath(sys.executable)
+
+
 def whatif_candidates(peaks: DataFrame, pairs: DataFrame, alt: LimitTables) -> DataFrame:
     """Return the keys whose observed peak exceeds their limit in the what-if policy.
 
@@ -1302,11 +1359,9 @@ def whatif(sweep: Sweep, alt: LimitTables, binding: DataFrame) -> DataFrame:
     else:  # pragma: no cover - more than 16 million (proxy, vhost) pairs
         order = ["g", "t_us", "kind", "conn_id"]
     ordered = rows.repartition("g").sortWithinPartitions(*order).select(*_REPLAY_COLS)
-    try:
-        import pyarrow  # noqa: F401
-
+    if workers_have_pyarrow(spark):
         counted = ordered.mapInArrow(functools.partial(_replay_arrow, info), _REPLAY_OUT)
-    except ImportError:  # pragma: no cover - pyarrow is in the spark extra
+    else:
         counted = spark.createDataFrame(
             ordered.rdd.mapPartitions(functools.partial(_replay_rows, info)), _REPLAY_OUT)
     totals = counted.groupBy("key_id", "scope").agg(
