@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,22 @@ def test_help_exits_0(capsys):
     for flag in ("--events", "--policy", "--out", "--from", "--to", "--grid", "--whatif",
                  "--master"):
         assert flag in out
+
+
+def test_console_script_runs_the_job(fixtures, tmp_path):
+    """``amqp-policy-proxy report capacity`` (the installed command) reaches the job's parser."""
+    exe = Path(sys.executable).with_name("amqp-policy-proxy")
+    if not exe.is_file():
+        pytest.skip(f"{exe} is not installed")
+    shown = subprocess.run([str(exe), "report", "capacity", "--help"], capture_output=True,
+                           text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "--whatif" in shown.stdout and "--master" in shown.stdout
+    bad = subprocess.run([str(exe), "report", "capacity", "--events", str(fixtures), "--out",
+                          str(tmp_path), "--grid", "5x"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2
+    assert "error: --grid must be a positive number" in bad.stderr
 
 
 def _layout(root: Path, fixtures: Path) -> Path:
