@@ -113,11 +113,12 @@ def test_partition_pruning_and_lookback(spark, fixtures, tmp_path):
     assert {r.hour for r in raw.select("hour").distinct().collect()} == {5, 9, 10}
 
 
-def test_end_to_end(spark, fixtures, tmp_path):
-    """The whole job on a partitioned copy of overlap.jsonl, reusing the test session.
+def end_to_end_argv(tmp_path: Path, fixtures: Path) -> tuple[list[str], Path]:
+    """Arguments of a whole run on overlap.jsonl, and its output directory.
 
-    The window and the expected numbers are those of test_transforms; here the point is the
-    wiring: every output of ARCHITECTURE 4.5 with its exact columns, and the HTML report.
+    The log is laid out by hour under ``tmp_path/ev``; the policy gives vhost v1 limits 4
+    connections, 3 per user, 2 per host; the what-if lowers the vhost limit to 2; window
+    10:00-10:05 on a 1-minute grid. No ``--master``. Answers: :func:`check_csv_answers`.
     """
     ev = _layout(tmp_path / "ev", fixtures)
     policy = tmp_path / "policy.json"
@@ -126,19 +127,47 @@ def test_end_to_end(spark, fixtures, tmp_path):
     whatif = tmp_path / "whatif.yaml"
     whatif.write_text("- [vhost, {hostname: v1, maxConnections: 2}]\n")
     out = tmp_path / "out"
-    rc = main(["--events", str(ev), "--policy", str(policy), "--out", str(out),
-               "--from", "2026-11-21T10:00:00Z", "--to", "2026-11-21T10:05:00Z",
-               "--grid", "1m", "--whatif", str(whatif), "--master", "local[1]"])
-    assert rc == 0
-    assert spark.sparkContext._jsc is not None  # main reused the session and left it running
+    return ["--events", str(ev), "--policy", str(policy), "--out", str(out),
+            "--from", "2026-11-21T10:00:00Z", "--to", "2026-11-21T10:05:00Z",
+            "--grid", "1m", "--whatif", str(whatif)], out
 
-    with open(out / "concurrency.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def check_csv_answers(out: Path) -> None:
+    """Assert the CSV summaries of an :func:`end_to_end_argv` run (worked out in test_transforms).
+
+    Raises:
+        AssertionError: on any difference.
+    """
+    rows = _csv(out / "concurrency.csv")
     assert list(rows[0]) == schemas.CONCURRENCY.fieldNames()
     v1 = next(r for r in rows if r["scope"] == "vhost")
     assert (v1["peak"], v1["p50"], v1["p95"], v1["p99"], v1["peak_ts"]) == (
         "3", "2", "3", "3", "2026-11-21T10:02:20.000Z")
     assert len(rows) == 8
+    assert [(r["vhost"], r["scope"], r["key"], r["would_deny"])
+            for r in _csv(out / "whatif.csv")] == [("v1", "vhost", "v1", "1")]
+    recs = _csv(out / "recommendations.csv")
+    assert list(recs[0]) == ["vhost", "group", "setting", "current", "recommended"]
+    assert {(r["setting"], r["current"], r["recommended"]) for r in recs} == {
+        ("maxConnections", "4", "4"), ("maxConnectionsPerUser", "3", "3"),
+        ("maxConnectionsPerHost", "2", "3")}
+
+
+def test_end_to_end(spark, fixtures, tmp_path):
+    """The whole job on a partitioned copy of overlap.jsonl, reusing the test session.
+
+    The window and the expected numbers are those of test_transforms; here the point is the
+    wiring: every output of ARCHITECTURE 4.5 with its exact columns, and the HTML report.
+    """
+    argv, out = end_to_end_argv(tmp_path, fixtures)
+    assert main([*argv, "--master", "local[1]"]) == 0
+    assert spark.sparkContext._jsc is not None  # main reused the session and left it running
+    check_csv_answers(out)
 
     for name, schema in (("concurrency", schemas.CONCURRENCY), ("headroom", schemas.HEADROOM),
                          ("denials", schemas.DENIALS), ("whatif", schemas.WHATIF)):
@@ -148,12 +177,6 @@ def test_end_to_end(spark, fixtures, tmp_path):
     assert spark.read.parquet(str(out / "denials")).count() == 4
     assert [tuple(r) for r in spark.read.parquet(str(out / "whatif")).collect()] == [
         ("v1", "vhost", "v1", 1)]
-    with open(out / "recommendations.csv", newline="") as f:
-        recs = list(csv.DictReader(f))
-    assert list(recs[0]) == ["vhost", "group", "setting", "current", "recommended"]
-    assert {(r["setting"], r["current"], r["recommended"]) for r in recs} == {
-        ("maxConnections", "4", "4"), ("maxConnectionsPerUser", "3", "3"),
-        ("maxConnectionsPerHost", "2", "3")}
     for extra in ("timeline", "top_denied", "traffic", "durations", "churn"):
         assert (out / extra).is_dir(), extra
     assert not (out / "_work").exists()

@@ -9,7 +9,6 @@ the executors itself. The answers must be those of the in-process run (test_job)
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.test_job import _layout
+from tests.spark.test_job import check_csv_answers, end_to_end_argv
 from tests.support.ports import free_port
 
 JOB = (Path(__file__).resolve().parents[2] / "src" / "amqp_policy_proxy" / "spark_reports"
@@ -126,24 +125,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def test_spark_submit_client_mode_on_a_standalone_cluster(cluster, fixtures, tmp_path):
     """spark-submit of the job file: exit 0, the work ran on the cluster, same answers."""
-    ev = _layout(tmp_path / "ev", fixtures)
-    policy = tmp_path / "policy.json"
-    policy.write_text('[["vhost", {"hostname": "v1", "maxConnections": 4, '
-                      '"maxConnectionsPerUser": 3, "maxConnectionsPerHost": 2}]]')
-    whatif = tmp_path / "whatif.yaml"
-    whatif.write_text("- [vhost, {hostname: v1, maxConnections: 2}]\n")
-    out = tmp_path / "out"
+    argv, out = end_to_end_argv(tmp_path, fixtures)
     env = dict(os.environ, SPARK_HOME=str(_spark_home()), SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_PYTHON=BARE_PYTHON, PYSPARK_DRIVER_PYTHON=sys.executable)
     env.pop("PYTHONPATH", None)
     cmd = [str(_spark_home() / "bin" / "spark-submit"), "--master", cluster.url,
            "--deploy-mode", "client", "--driver-memory", "1g", "--executor-memory", "512m",
-           "--driver-java-options", JAVA_OPTS, "--conf", f"spark.executor.extraJavaOptions={JAVA_OPTS}",
+           "--driver-java-options", JAVA_OPTS,
+           "--conf", f"spark.executor.extraJavaOptions={JAVA_OPTS}",
            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-           str(JOB),
-           "--events", str(ev), "--policy", str(policy), "--out", str(out),
-           "--from", "2026-11-21T10:00:00Z", "--to", "2026-11-21T10:05:00Z",
-           "--grid", "1m", "--whatif", str(whatif)]
+           str(JOB), *argv]
     run = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=240)
     # Spark logs every stage at INFO on stderr: show the rest (the job's error, tracebacks).
@@ -158,18 +149,5 @@ def test_spark_submit_client_mode_on_a_standalone_cluster(cluster, fixtures, tmp
     # Executors ran on the worker (the app's work directory holds their logs).
     assert list((cluster.logs / "work").glob("app-*/*/stderr")), "no executor ran"
 
-    with open(out / "concurrency.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    v1 = next(r for r in rows if r["scope"] == "vhost")
-    assert (v1["peak"], v1["p50"], v1["p95"], v1["p99"], v1["peak_ts"]) == (
-        "3", "2", "3", "3", "2026-11-21T10:02:20.000Z")
-    assert len(rows) == 8
-    with open(out / "whatif.csv", newline="") as f:
-        denied = list(csv.DictReader(f))
-    assert [(r["vhost"], r["scope"], r["key"], r["would_deny"]) for r in denied] == [
-        ("v1", "vhost", "v1", "1")]
-    with open(out / "recommendations.csv", newline="") as f:
-        recs = {(r["setting"], r["current"], r["recommended"]) for r in csv.DictReader(f)}
-    assert recs == {("maxConnections", "4", "4"), ("maxConnectionsPerUser", "3", "3"),
-                    ("maxConnectionsPerHost", "2", "3")}
+    check_csv_answers(out)
     assert (out / "report.html").is_file() and not (out / "_work").exists()
