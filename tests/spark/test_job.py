@@ -118,9 +118,16 @@ def end_to_end_argv(tmp_path: Path, fixtures: Path) -> tuple[list[str], Path]:
 
     The log is laid out by hour under ``tmp_path/ev``; the policy gives vhost v1 limits 4
     connections, 3 per user, 2 per host; the what-if lowers the vhost limit to 2; window
-    10:00-10:05 on a 1-minute grid. No ``--master``. Answers: :func:`check_csv_answers`.
+    10:00-10:05 on a 1-minute grid; three bad lines in the 10:00 file (skipped, counted).
+    No ``--master``. Answers: :func:`check_csv_answers`.
     """
     ev = _layout(tmp_path / "ev", fixtures)
+    # What a crash or a hand edit leaves: a line cut short, a line that is not JSON, and a
+    # connection event whose ts does not parse. Skipped and counted; the answers stay.
+    with open(ev / "dt=2026-11-21" / "hour=10" / "events-px-9.jsonl", "a") as f:
+        f.write('{"ts":"2026-11-21T10:03:00.000Z","event":"connection_opened","conn_id":"x\n'
+                "not json at all\n"
+                '{"ts":"yesterday","event":"connection_opened","conn_id":"c9","vhost":"v1"}\n')
     policy = tmp_path / "policy.json"
     policy.write_text('[["vhost", {"hostname": "v1", "maxConnections": 4, '
                       '"maxConnectionsPerUser": 3, "maxConnectionsPerHost": 2}]]')
@@ -182,6 +189,7 @@ def test_end_to_end(spark, fixtures, tmp_path):
     assert not (out / "_work").exists()
 
     html = (out / "report.html").read_text()
+    assert "3 records of the event log were skipped" in html
     images = re.findall(r'<img src="([^"]+)"', html)
     assert "img/concurrency.png" in images and "img/whatif.png" in images
     for src in images:

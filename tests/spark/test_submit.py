@@ -144,6 +144,8 @@ def test_spark_submit_client_mode_on_a_standalone_cluster(cluster, fixtures, tmp
 
     # spark-submit passes the Python driver's output (its log) on to its own stdout.
     assert f"capacity report written to {out}" in run.stdout
+    assert "WARNING amqp_policy_proxy.spark_reports.capacity: 3 records of the event log " \
+        "skipped" in run.stdout
     apps = cluster.state()["completedapps"]
     assert [a["name"] for a in apps] == ["amqp-policy-proxy capacity report"]
     # Executors ran on the worker (the app's work directory holds their logs).

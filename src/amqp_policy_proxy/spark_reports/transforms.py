@@ -159,7 +159,9 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True) -> DataFrame:
         drop_unparsed: drop the records whose ``ts`` does not parse. ``False`` keeps them
             with a null ``t_us`` (for a caller that stores the result and filters on
             ``t_us IS NOT NULL`` when reading it back: filtering here makes Spark parse
-            ``ts`` twice per record, once for the filter and once for the column).
+            ``ts`` twice per record, once for the filter and once for the column), and also
+            keeps the lines that are not JSON objects or have no ``event`` (all columns
+            null), so that :func:`event_time_range_columns` counts both kinds as skipped.
 
     Returns:
         Only ``connection_opened``, ``connection_closed`` and ``connection_denied`` records
@@ -177,8 +179,9 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True) -> DataFrame:
     t_us = F.unix_micros(F.expr("try_cast(ts AS TIMESTAMP)"))
     opened = F.coalesce(F.unix_micros(F.expr("try_cast(opened_ts AS TIMESTAMP)")),
                         t_us - (F.col("duration_seconds") * US_PER_SECOND).cast("long"))
+    known = F.col("event").isin(*events)
     out = (
-        raw.where(F.col("event").isin(*events))
+        raw.where(known if drop_unparsed else known | F.col("event").isNull())
         .select(
             F.coalesce(F.col("proxy"), F.lit("")).alias("proxy"),
             "event", t_us.alias("t_us"), "conn_id", *_DIMS, "reason",
@@ -196,12 +199,17 @@ def _combo_hash() -> Column:
 
 
 def event_time_range_columns() -> list[Column]:
-    """Return the aggregate columns ``min_us``, ``max_us`` of :func:`event_time_range`.
+    """Return the aggregate columns ``min_us``, ``max_us`` and ``skipped`` of prepared events.
 
     Also usable as observed metrics (``DataFrame.observe``) of a query that writes the
     prepared events, so that the range costs no second pass (nulls are ignored).
+    ``skipped`` counts the records without a ``t_us``: with
+    ``prepare_events(drop_unparsed=False)``, the lines that are not JSON objects or have no
+    ``event`` and the connection records whose ``ts`` does not parse (a line cut short by a
+    crash, a hand edit). The report leaves them out and says how many there were.
     """
-    return [F.min("t_us").alias("min_us"), F.max("t_us").alias("max_us")]
+    return [F.min("t_us").alias("min_us"), F.max("t_us").alias("max_us"),
+            F.count(F.when(F.col("t_us").isNull(), F.lit(1))).alias("skipped")]
 
 
 def event_time_range(events: DataFrame) -> DataFrame:
@@ -211,7 +219,8 @@ def event_time_range(events: DataFrame) -> DataFrame:
         events: output of :func:`prepare_events`.
 
     Returns:
-        One row ``(min_us, max_us)`` (microseconds), both null when there are no events.
+        One row ``(min_us, max_us, skipped)`` (microseconds; both null when there are no
+        events), see :func:`event_time_range_columns`.
     """
     return events.agg(*event_time_range_columns())
 

@@ -491,15 +491,23 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     events = _read_parquet(spark, events_path, events_schema).where(F.col("t_us").isNotNull())
 
     start, end = opts.start_us, opts.end_us
+    r = observed.get
+    skipped = int(r["skipped"] or 0)
+    if skipped:
+        logger.warning("%d records of the event log skipped: not JSON objects, or no "
+                       "parsable ts", skipped)
     if start is None or end is None:
-        r = observed.get
         if r["min_us"] is not None:
             start = r["min_us"] - r["min_us"] % 1000 if start is None else start
             end = r["max_us"] - r["max_us"] % 1000 + 1000 if end is None else end
     lap("read")
     empty = start is None or end is None or end <= start
     report = html.ReportData(grid=opts.grid_label, source=opts.events)
-    summary: dict[str, Any] = {"rows": {}, "seconds": timings}
+    summary: dict[str, Any] = {"rows": {}, "seconds": timings, "skipped_records": skipped}
+    if skipped:
+        report.notes.append(f"{skipped} records of the event log were skipped: lines that "
+                            "are not JSON objects, or connection events without a parsable "
+                            "ts. Everything else is counted.")
     if empty:
         logger.warning("no connection events in the window: writing an empty report")
         for name, schema in (("concurrency", schemas.CONCURRENCY), ("headroom", schemas.HEADROOM),
