@@ -169,7 +169,8 @@ class ProxyConnection:
         "_to_broker_pending", "_sasl_user", "_sasl_ok", "_used_sasl", "_held_client",
         "_run_buf", "_run_start", "_run_end", "_held_broker", "_client_open",
         "_client_open_body", "_broker_open_seen", "_open_sent_to_client",
-        "_amqp_header_sent_to_client", "_close_sent", "_close_received", "_finished",
+        "_amqp_header_sent_to_client", "_close_sent_client", "_close_sent_broker",
+        "_close_received_client", "_close_received_broker", "_finished",
         "_client_frame_limit", "_broker_frame_limit", "_advertised_channel_max",
         "_policy_channel_max", "_window_frames", "_client_channel_max",
         "_free_reserved_channels", "_sessions", "_broker_sessions", "_denied_sessions",
@@ -257,8 +258,9 @@ class ProxyConnection:
         self._broker_open_seen = False
         self._open_sent_to_client = False
         self._amqp_header_sent_to_client = False
-        self._close_sent = {Side.CLIENT: False, Side.BROKER: False}
-        self._close_received = {Side.CLIENT: False, Side.BROKER: False}
+        # AMQP Close sent to / received from each side (four flags, not two dicts: memory).
+        self._close_sent_client = self._close_sent_broker = False
+        self._close_received_client = self._close_received_broker = False
         self._finished = False
 
         # negotiated/advertised limits
@@ -386,8 +388,8 @@ class ProxyConnection:
             if self.close_reason is None:
                 self.close_reason = "broker_close"
             if not self._client_closed:
-                if self._open_sent_to_client and not self._close_sent[Side.CLIENT]:
-                    if not self._close_received[Side.BROKER]:
+                if self._open_sent_to_client and not self._close_sent_client:
+                    if not self._close_received_broker:
                         self._send_close(
                             Side.CLIENT, _error(Condition.CONNECTION_FORCED, UPSTREAM_LOST), out
                         )
@@ -464,7 +466,7 @@ class ProxyConnection:
             return out
         self.close_reason = self.close_reason or "shutdown"
         if self.phase is Phase.OPENED and self._open_sent_to_client:
-            if not self._close_sent[Side.CLIENT]:
+            if not self._close_sent_client:
                 self._send_close(
                     Side.CLIENT, _error(Condition.CONNECTION_FORCED, C.PROXY_SHUTTING_DOWN), out
                 )
@@ -479,7 +481,8 @@ class ProxyConnection:
 
     def close_received_from(self, side: Side) -> bool:
         """True once ``side`` has sent its AMQP Close."""
-        return self._close_received[side]
+        return self._close_received_client if side is Side.CLIENT else \
+            self._close_received_broker
 
     def admitted_or_open(self) -> bool:
         """True once the Open decision let the connection through (frames are relayed)."""
@@ -520,13 +523,16 @@ class ProxyConnection:
         out.append(SendData(side, data))
 
     def _send_close(self, side: Side, error: Error | None, out: list[Command]) -> None:
-        self._close_sent[side] = True
+        if side is Side.CLIENT:
+            self._close_sent_client = True
+        else:
+            self._close_sent_broker = True
         self._send(side, _frame(0, Close(error=error)), out)
 
     def _send_open_close(self, error: Error, out: list[Command]) -> None:
         """QDR's denial on the wire: an Open (listener defaults) immediately followed by Close."""
         self._open_sent_to_client = True
-        self._close_sent[Side.CLIENT] = True
+        self._close_sent_client = True
         data = _frame(0, Open(container_id=self.container_id)) + _frame(0, Close(error=error))
         if not self._amqp_header_sent_to_client:
             # the client is waiting for the AMQP protocol header (the router's may not have
@@ -554,21 +560,21 @@ class ProxyConnection:
             self.close_reason = "protocol_error"
         err = _error(condition, description)
         if side is Side.CLIENT:
-            if self._client_mode == "amqp" and not self._close_sent[Side.CLIENT]:
+            if self._client_mode == "amqp" and not self._close_sent_client:
                 if self._open_sent_to_client:
                     self._send_close(Side.CLIENT, err, out)
                 else:
                     self._send_open_close(err, out)
-            if self.admitted and not self._close_sent[Side.BROKER]:
+            if self.admitted and not self._close_sent_broker:
                 self._send_close(Side.BROKER, _error(Condition.CONNECTION_FORCED, "client error"),
                                  out)
         else:
-            if self._open_sent_to_client and not self._close_sent[Side.CLIENT]:
+            if self._open_sent_to_client and not self._close_sent_client:
                 self._send_close(
                     Side.CLIENT, _error(Condition.CONNECTION_FORCED, "upstream protocol error"),
                     out,
                 )
-            if self._broker_mode == "amqp" and not self._close_sent[Side.BROKER]:
+            if self._broker_mode == "amqp" and not self._close_sent_broker:
                 self._send_close(Side.BROKER, err, out)
         self._client_mode = "closed"
         self._broker_mode = "closed"
@@ -717,7 +723,7 @@ class ProxyConnection:
             if mode == "sasl":
                 self._client_sasl_frame(buf, pos, doff, ftype, fend, now, out)
             elif self.phase is Phase.OPENED or (
-                self.phase is Phase.CLOSING and not self._close_received[Side.CLIENT]
+                self.phase is Phase.CLOSING and not self._close_received_client
                 and self.admitted_or_open()
             ):
                 if self._client_amqp_frame(buf, pos, doff, ftype, channel, fend, now, out):
@@ -846,7 +852,7 @@ class ProxyConnection:
         if code == Descriptor.OPEN and self.phase is Phase.UNAVAILABLE:
             return
         if code == Descriptor.CLOSE:
-            self._close_received[Side.CLIENT] = True
+            self._close_received_client = True
             out.append(CloseTransport(Side.CLIENT))
             if self.phase is Phase.CLOSING:
                 out.append(CloseTransport(Side.BROKER))
@@ -1417,19 +1423,19 @@ class ProxyConnection:
 
     def _on_client_close(self, perf: Close, raw: bytes, channel: int, now: float,
                          out: list[Command]) -> None:
-        self._close_received[Side.CLIENT] = True
+        self._close_received_client = True
         if self.close_reason is None:
             self.close_reason = "client_close"
-        if self._close_sent[Side.CLIENT]:
+        if self._close_sent_client:
             # the client answers a Close it was sent (shutdown, oversize, the router's): done
             out.append(CloseTransport(Side.CLIENT))
-            if not self._close_sent[Side.BROKER]:
+            if not self._close_sent_broker:
                 self._send_close(Side.BROKER, None, out)
-            if self._close_received[Side.BROKER]:
+            if self._close_received_broker:
                 out.append(CloseTransport(Side.BROKER))
             return
         self.phase = Phase.CLOSING
-        self._close_sent[Side.BROKER] = True
+        self._close_sent_broker = True
         self._linger_deadline = now + LINGER_SECONDS  # bounded wait for the router's answer
         self._send(Side.BROKER, raw, out)
 
@@ -1570,7 +1576,7 @@ class ProxyConnection:
         self.close_reason = "message_size"
         self._send_close(Side.CLIENT, _error(Condition.CONNECTION_FORCED, C.MESSAGE_SIZE_EXCEEDED),
                          out)
-        if not self._close_sent[Side.BROKER]:
+        if not self._close_sent_broker:
             self._send_close(Side.BROKER, None, out)
         self.phase = Phase.CLOSING
         self._linger_deadline = now + LINGER_SECONDS
@@ -1856,15 +1862,15 @@ class ProxyConnection:
                     self._drop_session(session)
             return raw
         if isinstance(perf, Close):
-            self._close_received[Side.BROKER] = True
-            if self._close_sent[Side.CLIENT]:
+            self._close_received_broker = True
+            if self._close_sent_client:
                 # the client already has the proxy's Close (shutdown/oversize)
-                if self._close_received[Side.CLIENT] or self.phase is Phase.CLOSING:
+                if self._close_received_client or self.phase is Phase.CLOSING:
                     out.append(CloseTransport(Side.BROKER))
                 return None
             if self.close_reason is None:
                 self.close_reason = "broker_close"
-            self._close_sent[Side.CLIENT] = True
+            self._close_sent_client = True
             self.phase = Phase.CLOSING
             # a client that never answers (half-open) must not hold its counts forever
             self._linger_deadline = now + LINGER_SECONDS
