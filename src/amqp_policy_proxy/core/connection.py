@@ -93,7 +93,7 @@ from .events import (
     ProxyEvent,
     SessionDenied,
 )
-from .state import LinkRecord, Phase, SessionRecord
+from .state import LinkRecord, Phase, ReservedPool, SessionRecord
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class ProxyConnection:
         "_close_received_client", "_close_received_broker", "_finished",
         "_client_frame_limit", "_broker_frame_limit", "_advertised_channel_max",
         "_policy_channel_max", "_window_frames", "_client_channel_max",
-        "_free_reserved_channels", "_sessions", "_broker_sessions", "_denied_sessions",
+        "_reserved_channels", "_sessions", "_broker_sessions", "_denied_sessions",
         "_max_message_size", "_check_user_id", "_user_id_bytes", "_relay_allowed",
         "_topics", "_principal", "_qos_of", "_topic_receivers", "bytes_in", "bytes_out",
         "transfers_in", "transfers_out", "active_sessions", "active_senders",
@@ -270,7 +270,7 @@ class ProxyConnection:
         self._policy_channel_max: int | None = None
         self._window_frames: int | None = None
         self._client_channel_max = 0xFFFF
-        self._free_reserved_channels: list[int] = []
+        self._reserved_channels = ReservedPool(0, 0)  # set at the client's Open
         self._sessions: dict[int, SessionRecord] = {}
         self._broker_sessions: dict[int, SessionRecord] = {}
         self._denied_sessions: dict[int, int] = {}
@@ -954,7 +954,7 @@ class ProxyConnection:
         cmax = min(cmax, 0xFFFF)
         self._client_channel_max = cmax
         reserve = min(RESERVED_CHANNELS, cmax // 2)
-        self._free_reserved_channels = list(range(cmax - reserve + 1, cmax + 1))
+        self._reserved_channels = ReservedPool(cmax, reserve)
         body = self._client_open_body
         if reserve:
             # the client's own bytes with channel-max patched (plain encodings); otherwise
@@ -1179,7 +1179,7 @@ class ProxyConnection:
             )
         hmax = _UINT_MAX if perf.handle_max is None else int(perf.handle_max)
         reserve = min(RESERVED_HANDLES, hmax // 2)
-        session = SessionRecord(channel, list(range(hmax - reserve + 1, hmax + 1)))
+        session = SessionRecord(channel, ReservedPool(hmax, reserve))
         self._sessions[channel] = session
         self.active_sessions += 1
         if self.active_sessions > self.peak_sessions:
@@ -1189,9 +1189,9 @@ class ProxyConnection:
         self._send(Side.BROKER, raw, out)
 
     def _deny_session(self, channel: int, now: float, out: list[Command]) -> None:
-        if not self._free_reserved_channels:
+        reply = self._reserved_channels.take()
+        if reply is None:
             raise ResourceLimitError("session disallowed by local policy (no reply channel)")
-        reply = self._free_reserved_channels.pop()
         self._denied_sessions[channel] = reply
         err = _error(Condition.RESOURCE_LIMIT_EXCEEDED, C.SESSION_DISALLOWED)
         data = _frame(
@@ -1291,9 +1291,9 @@ class ProxyConnection:
         self, session: SessionRecord, perf: Attach, handle: int, is_sender: bool,
         address: str | None, reason: LinkDenyReason, now: float, out: list[Command],
     ) -> None:
-        if not session.free_reserved_handles:
+        reply_handle = session.reserved_handles.take()
+        if reply_handle is None:
             raise ResourceLimitError("link disallowed by local policy (no reply handle)")
-        reply_handle = session.free_reserved_handles.pop()
         session.denied_handles[handle] = reply_handle
         condition = (
             Condition.RESOURCE_LIMIT_EXCEEDED
@@ -1352,7 +1352,7 @@ class ProxyConnection:
         handle = int(perf.handle)
         reply = session.denied_handles.pop(handle, None)
         if reply is not None:
-            session.free_reserved_handles.append(reply)
+            session.reserved_handles.give_back(reply)
             return  # the answer to a synthesized denial: the router never saw the link
         link = session.links.get(handle)
         if link is None:
@@ -1392,7 +1392,7 @@ class ProxyConnection:
                        out: list[Command]) -> None:
         reply = self._denied_sessions.pop(channel, None)
         if reply is not None:
-            self._free_reserved_channels.append(reply)
+            self._reserved_channels.give_back(reply)
             return  # answers a synthesized Begin+End
         session = self._sessions.get(channel)
         if session is None:

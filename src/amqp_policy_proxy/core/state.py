@@ -91,6 +91,47 @@ class LinkRecord:
         """The router-to-client delivery in progress gets its ``durable`` flag cleared."""
 
 
+class ReservedPool:
+    """Numbers kept back from the router for the proxy's synthesized denial replies.
+
+    The proxy lowers the channel-max (Open) and handle-max (Begin) it forwards, so the top
+    ``count`` numbers are the proxy's to answer denied sessions and links on. :meth:`take`
+    hands them out from the top down and reuses the ones given back first (last in, first
+    out): the order of ``list(range(high - count + 1, high + 1))`` popped from its end, in
+    three slots instead of a list of ``count`` ints (which cost about 2 KiB per session for
+    64 handles near 2**32).
+    """
+
+    __slots__ = ("low", "next", "returned")
+
+    def __init__(self, high: int, count: int) -> None:
+        """Reserve ``high - count + 1 .. high`` (none when ``count`` is 0).
+
+        Args:
+            high: the highest number (the peer's channel-max or handle-max).
+            count: how many numbers to reserve (>= 0).
+        """
+        self.low = high - count + 1
+        self.next = high
+        self.returned: list[int] | None = None
+
+    def take(self) -> int | None:
+        """Return a free reserved number, or None when all are in use."""
+        if self.returned:
+            return self.returned.pop()
+        n = self.next
+        if n < self.low:
+            return None
+        self.next = n - 1
+        return n
+
+    def give_back(self, number: int) -> None:
+        """Make ``number`` (from :meth:`take`) free again; it is the next one taken."""
+        if self.returned is None:
+            self.returned = []
+        self.returned.append(number)
+
+
 class SessionRecord:
     """A session the client began and the proxy forwarded (client channel numbering)."""
 
@@ -101,7 +142,7 @@ class SessionRecord:
         "links",
         "broker_links",
         "denied_handles",
-        "free_reserved_handles",
+        "reserved_handles",
         "pending_replies",
         "dropped_transfers",
         "client_ended",
@@ -110,7 +151,7 @@ class SessionRecord:
         "receivers",
     )
 
-    def __init__(self, channel: int, reserved_handles: list[int]) -> None:
+    def __init__(self, channel: int, reserved_handles: ReservedPool) -> None:
         """Record a session.
 
         Args:
@@ -123,7 +164,7 @@ class SessionRecord:
         self.links: dict[int, LinkRecord] = {}
         self.broker_links: dict[int, LinkRecord] = {}
         self.denied_handles: dict[int, int] = {}
-        self.free_reserved_handles = reserved_handles
+        self.reserved_handles = reserved_handles
         self.pending_replies: list[bytes] = []
         self.dropped_transfers = 0
         self.client_ended = False
