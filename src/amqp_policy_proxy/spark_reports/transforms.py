@@ -297,21 +297,14 @@ def connection_changes(events: DataFrame, window: ReportWindow,
         open_at_start(events, window).select("*", w0.alias("t_us"), F.lit(1).alias("d")))
 
 
-def _window_records(events: DataFrame, window: ReportWindow, event: str | None = None
-                    ) -> DataFrame:
-    # Opened and closed records in the window (only `event` records when given), except the
-    # close at exactly the window start of a connection opened before it (that connection is
-    # not in the window at all).
-    names = (ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED) if event is None else (event,)
-    cond = (F.col("event").isin(*names) & (F.col("t_us") >= window.start_us)
-            & (F.col("t_us") < window.end_us))
-    if ev.CONNECTION_CLOSED in names:
-        at_start_close = ((F.col("opened_us") < window.start_us)
-                          & (F.col("t_us") == window.start_us))
-        if event is None:
-            at_start_close = (F.col("event") == ev.CONNECTION_CLOSED) & at_start_close
-        cond = cond & ~at_start_close
-    return events.where(cond)
+def _window_records(events: DataFrame, window: ReportWindow, event: str) -> DataFrame:
+    # The `event` records in the window; for closes, except the close at exactly the window
+    # start of a connection opened before it (that connection is not in the window at all).
+    records = _in_window(events, window, event)
+    if event == ev.CONNECTION_CLOSED:
+        records = records.where(~((F.col("opened_us") < window.start_us)
+                                  & (F.col("t_us") == window.start_us)))
+    return records
 
 
 # --------------------------------------------------------------------------------------------

@@ -488,7 +488,7 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     (prepared.write.mode("overwrite").options(**WORK_TABLE_OPTIONS).partitionBy("event")
      .parquet(events_path))
     events_schema = prepared.schema
-    events = _read_parquet(spark, events_path, events_schema).where(F.col("t_us").isNotNull())
+    events = _work_events(spark, events_path, events_schema)
 
     start, end = opts.start_us, opts.end_us
     r = observed.get
@@ -603,12 +603,10 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
                 wi, os.path.join(out, "whatif.csv"),
                 [F.col("would_deny").desc(), "vhost", "scope", "key"])
             report.whatif_replayed = vh
-            absent = (conc.where(F.col("scope") == "vhost").select("vhost")
-                      .join(alt.vhosts, F.col("vhost") == F.col("name"), "left_anti")
-                      .collect())
+            absent = _vhosts_not_in(conc, alt)
             if absent:
                 notes_whatif.append("Vhosts not in the what-if policy (not replayed): "
-                                    + ", ".join(sorted(str(r[0]) for r in absent)))
+                                    + ", ".join(absent))
         lap("whatif")
         branches.join()
         lap("branches_wait")
@@ -630,6 +628,13 @@ def _read_parquet(spark: SparkSession, path: str, schema: Any) -> DataFrame:
     return spark.read.schema(schema).parquet(path)
 
 
+def _work_events(spark: SparkSession, path: str, schema: Any) -> DataFrame:
+    # The prepared events of the work table, without the skipped records (no t_us).
+    from pyspark.sql import functions as F
+
+    return _read_parquet(spark, path, schema).where(F.col("t_us").isNotNull())
+
+
 def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
                  window: ReportWindow, out: str, report: Any, summary: dict[str, Any]) -> None:
     """Write denials, top_denied, traffic, durations and churn; fill and draw their sections.
@@ -641,7 +646,7 @@ def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
     from amqp_policy_proxy.spark_reports import html
     from amqp_policy_proxy.spark_reports import transforms as tf
 
-    events = _read_parquet(spark, events_path, events_schema).where(F.col("t_us").isNotNull())
+    events = _work_events(spark, events_path, events_schema)
     # Denials are a few % of the records, in their own partition of the work table.
     den = _write_parquet(tf.denials(events, window), out, "denials")
     td = _write_parquet(tf.top_denied(events, window), out, "top_denied")
@@ -658,10 +663,7 @@ def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
             .agg(F.sum("count").alias("y")).orderBy("reason", "x").collect())
     report.denials = _group_series(dser, "reason")
     report.denial_totals = {k: int(sum(ys)) for k, (_, ys) in report.denials.items()}
-    top_denied: dict[str, list[dict[str, Any]]] = {}
-    for r in _top(td, "scope", [F.col("count").desc(), "vhost", "key"], _TOP_N):
-        top_denied.setdefault(r["scope"], []).append(r)
-    report.top_denied = top_denied
+    report.top_denied = _top_per_scope(td, [F.col("count").desc(), "vhost", "key"])
     html.draw_section(out, report, "denials")
     report.traffic = [r.asDict() for r in trf.orderBy("vhost", "group").collect()]
     report.durations = [(r["label"], r["le_seconds"], r["n"]) for r in dur.groupBy(
@@ -691,11 +693,10 @@ def _headroom_tables(spark: SparkSession, opts: Options, out: str, report: Any,
         summary["rows"]["headroom"] = write_csv(
             hr, os.path.join(out, "headroom.csv"),
             [F.col("utilisation").desc_nulls_last(), "scope", "vhost", "key"])
-        missing = (conc.where(F.col("scope") == "vhost").select("vhost")
-                   .join(lt.vhosts, F.col("vhost") == F.col("name"), "left_anti").collect())
+        missing = _vhosts_not_in(conc, lt)
         if missing:
             notes.append("Vhosts in the log but not in the policy (no headroom): "
-                         + ", ".join(sorted(str(r[0]) for r in missing)))
+                         + ", ".join(missing))
     else:
         hr = _write_parquet(tf.local_table(spark, [], schemas.HEADROOM), out, "headroom")
         notes.append("No --policy: no headroom; recommendations have no current value.")
@@ -704,11 +705,8 @@ def _headroom_tables(spark: SparkSession, opts: Options, out: str, report: Any,
     summary["rows"]["recommendations"] = write_csv(
         rec, os.path.join(out, "recommendations.csv"), ["vhost", "group", "setting"], rec_rows)
     report.recommendations = rec_rows
-    headroom_top: dict[str, list[dict[str, Any]]] = {}
-    for r in _top(hr, "scope", [F.col("utilisation").desc_nulls_last(), "vhost", "key"],
-                  _TOP_N):
-        headroom_top.setdefault(r["scope"], []).append(r)
-    report.headroom_top = headroom_top
+    report.headroom_top = _top_per_scope(
+        hr, [F.col("utilisation").desc_nulls_last(), "vhost", "key"])
     html.draw_section(out, report, "headroom")
     return notes
 
@@ -744,6 +742,23 @@ def _top(df: DataFrame, by: str, order: list[Any], n: int) -> list[dict[str, Any
     rows = df.select("*", rank.alias("_rank")).where(F.col("_rank") <= n) \
         .orderBy(by, "_rank").drop("_rank").collect()
     return [r.asDict() for r in rows]
+
+
+def _top_per_scope(df: DataFrame, order: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    """The first :data:`_TOP_N` rows of each scope in ``order``, as scope -> rows."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for r in _top(df, "scope", order, _TOP_N):
+        grouped.setdefault(r["scope"], []).append(r)
+    return grouped
+
+
+def _vhosts_not_in(conc: DataFrame, limits: Any) -> list[str]:
+    """The vhosts of the concurrency table that ``limits`` (LimitTables) has no entry for."""
+    from pyspark.sql import functions as F
+
+    rows = (conc.where(F.col("scope") == "vhost").select("vhost")
+            .join(limits.vhosts, F.col("vhost") == F.col("name"), "left_anti").collect())
+    return sorted(str(r[0]) for r in rows)
 
 
 def _concurrency_extracts(out: str, report: Any, window: ReportWindow, conc: DataFrame,
