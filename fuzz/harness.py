@@ -42,12 +42,9 @@ from typing import Any
 
 from amqp_policy_proxy.amqp.errors import AmqpError
 from amqp_policy_proxy.amqp.framing import FrameDecoder
+from amqp_policy_proxy.amqp.message import read_message_head
 from amqp_policy_proxy.amqp.performatives import Attach, decode_performative
-from amqp_policy_proxy.amqp.transfer import (
-    is_transfer_descriptor,
-    read_message_routing,
-    read_transfer,
-)
+from amqp_policy_proxy.amqp.transfer import is_transfer_descriptor, read_transfer
 from amqp_policy_proxy.core import connection as core_connection
 from amqp_policy_proxy.core.commands import CloseTransport, ConnectBroker, Emit, SendData, Side
 from amqp_policy_proxy.core.connection import ProxyConnection
@@ -162,7 +159,7 @@ def _check_frame(raw: bytes, body: int, size: int) -> None:
         hdr = read_transfer(raw, body, size)
         if not body < hdr.payload_offset <= size:
             raise Finding(f"transfer payload offset {hdr.payload_offset} outside ({body}, {size}]")
-        read_message_routing(raw, hdr.payload_offset, size)
+        read_message_head(raw, hdr.payload_offset, size, last=not hdr.more)
     perf, consumed = decode_performative(raw[body:size])
     if not 0 < consumed <= size - body:
         raise Finding(f"performative consumed {consumed} of {size - body} bytes")

@@ -18,7 +18,12 @@ from proton import ConnectionException, Message
 from proton.utils import BlockingConnection
 
 from amqp_policy_proxy.amqp import constants as C
-from amqp_policy_proxy.core.events import ConnectionClosed, UpstreamConnectFailed
+from amqp_policy_proxy.core.events import (
+    ConnectionApproved,
+    ConnectionClosed,
+    ConnectionDenied,
+    UpstreamConnectFailed,
+)
 from amqp_policy_proxy.daemon.config import DaemonConfig
 from amqp_policy_proxy.policy.compile import compile_policy
 from amqp_policy_proxy.policy.model import PolicySettings
@@ -35,6 +40,7 @@ from tests.support.rawpeer import (
     begin,
     data_message,
     frame,
+    sasl_plain_init,
     transfer,
 )
 
@@ -237,21 +243,84 @@ class TestNoUpstreamLeft:
         assert closes(got) == [FORCED_NONE]
         assert len(proxy.events_of(UpstreamConnectFailed)) == 2
 
-    def test_sasl_client_gets_connection_forced_after_a_synthesized_handshake(self, proxy):
+    def test_sasl_client_gets_sys_temp_and_is_never_authenticated(self, proxy):
+        # Issue 15 point 1: nobody can check the password, so nobody is admitted: the outcome
+        # is sys-temp (code 4), never ok, and no Open follows.
         with RawClient(proxy.port) as c:
-            assert c.sasl_plain("alice") == 0
-            c.send(C.AMQP_HEADER, frame(0, Open(container_id="x", hostname="test")))
-            got = answer_close(c)
+            assert c.sasl_plain("alice", "a wrong password") == C.SaslCode.SYS_TEMP
+            c.read_until_closed(timeout=3)
             assert c.closed
-        assert any(isinstance(i.perf, SaslOutcome) for i in c.items)
-        assert closes(got) == [FORCED_NONE]
+        assert not [i for i in c.items if i.name in ("Open", "Close")]
+        assert [str(e.reason) for e in proxy.events_of(ConnectionDenied)] == [
+            "upstream_unavailable"]
+        assert not proxy.events_of(ConnectionApproved)
+
+    def test_sasl_init_pipelined_before_the_connect_failed_is_answered_sys_temp(self, proxy):
+        with RawClient(proxy.port) as c:
+            c.send(C.SASL_HEADER, sasl_plain_init("alice", "pw"))
+            got = c.read_until_closed(timeout=5)
+        outcomes = [int(i.perf.code) for i in got if isinstance(i.perf, SaslOutcome)]
+        assert outcomes == [C.SaslCode.SYS_TEMP]
+        assert not [i for i in got if i.name in ("Open", "Close")]
 
     def test_proton_client_reads_the_condition(self, proxy):
         with pytest.raises(ConnectionException) as info:
             conn = proton_connect(proxy.port)
             conn.create_sender("q")
+        # proton reports every failed SASL outcome as an authentication failure; what matters
+        # is that no policy decision was taken on an identity nobody authenticated
+        assert "connection disallowed by local policy" not in str(info.value)
+        assert "Authentication failed" in str(info.value)
+
+    def test_proton_client_without_sasl_reads_connection_forced(self, proxy):
+        with pytest.raises(ConnectionException) as info:
+            conn = BlockingConnection(f"127.0.0.1:{proxy.port}", timeout=5,
+                                      virtual_host="test", sasl_enabled=False, reconnect=False)
+            conn.create_sender("q")
         assert "amqp:connection:forced" in str(info.value)
         assert "no upstream available" in str(info.value)
+
+
+def test_dead_upstream_end_to_end_error_metrics_and_event_log(tmp_path, caplog):
+    """A real proton client, a dead upstream: its error, the metrics, the event log, the log."""
+    import json
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    events_dir = tmp_path / "events"
+    dead = free_port()
+    with caplog.at_level("INFO", logger="amqp_policy_proxy"), ProxyThread(
+            [("127.0.0.1", dead)], policy=POLICY, metrics=True,
+            event_log_dir=str(events_dir)) as proxy:
+        with pytest.raises(ConnectionException) as info:
+            BlockingConnection(f"127.0.0.1:{proxy.port}", timeout=5, virtual_host="test",
+                               user="bob", password="wrong", allowed_mechs="PLAIN",
+                               allow_insecure_mechs=True, reconnect=False)
+        assert "Authentication failed" in str(info.value)
+        with RawClient(proxy.port) as c:
+            assert c.sasl_plain("alice", "wrong") == C.SaslCode.SYS_TEMP
+        assert wait_until(lambda: counts(proxy) == (0, 0, 0))
+        proxy.call(proxy.daemon.publish_now)
+        text = urllib.request.urlopen(
+            f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=5).read().decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    denied = {dict(k[1])["reason"]: v for k, v in samples.items()
+              if k[0] == "amqp_proxy_connections_denied_total" and v}
+    assert denied == {"upstream_unavailable": 2.0}
+    assert not [k for k, v in samples.items()
+                if k[0] == "amqp_proxy_connections_approved_total" and v]
+    records = [json.loads(line) for f in sorted(events_dir.rglob("*.jsonl"))
+               for line in f.read_text().splitlines() if line.strip()]
+    kinds = [r["event"] for r in records]
+    assert "connection_opened" not in kinds
+    unavailable = [r for r in records if r["event"] == "connection_denied"]
+    assert [r["reason"] for r in unavailable] == ["upstream_unavailable"] * 2
+    assert all(r.get("user") is None for r in unavailable)
+    lines = [r.getMessage() for r in caplog.records if "no upstream available" in r.getMessage()]
+    assert len(lines) == 2 and all("127.0.0.1" in line for line in lines)
+    assert not [r for r in caplog.records if "DENY AMQP Open" in r.getMessage()]
 
 
 # ---------------------------------------------------------------------------------- restart

@@ -54,7 +54,7 @@ from amqp_policy_proxy.amqp.performatives import (
     Transfer,
     decode_performative,
 )
-from amqp_policy_proxy.amqp.sasl import user_from_sasl_init
+from amqp_policy_proxy.amqp.sasl import identity_from_sasl_init
 
 __all__ = [
     "Attach", "Begin", "Close", "Detach", "Disposition", "End", "Error", "Flow", "Open",
@@ -454,7 +454,9 @@ class _UpstreamConn(asyncio.Protocol):
         if perf is None:
             return  # heartbeat
         if isinstance(perf, SaslInit):
-            self.user = user_from_sasl_init(str(perf.mechanism or ""), perf.initial_response)
+            # like proton with Cyrus: the authcid is authenticated, whatever authzid is named
+            self.user = identity_from_sasl_init(str(perf.mechanism or ""),
+                                                perf.initial_response).user
             ok = self.user not in srv.sasl_reject
             self.sasl_done = ok
             self.write(frame(0, SaslOutcome(code=0 if ok else 1), ftype=1))

@@ -10,7 +10,9 @@
  *     payload bytes (max_size < 0: no limit), encoded in the forms
  *     amqp_policy_proxy.amqp.transfer.read_transfer_fields reads inline: list8/list32 with
  *     1 to 6 fields, uint as 0x43/0x52/0x70 (delivery-id and message-format may be null),
- *     delivery-tag as binary8 or null, booleans as 0x41/0x42/null.
+ *     delivery-tag as binary8 or null, booleans as 0x41/0x42/null, and whose fields exactly
+ *     fill the list's size (canonical: a field hidden inside the size past the count would
+ *     be read by the router, which reads lists by their size).
  * It stops at the first frame that is anything else, including every frame header the
  * Python loop would look at twice (size above `limit`, below 8, doff < 2, doff*4 > size,
  * a non-AMQP frame type) and a frame not wholly inside buf[:end]. The Python loop then
@@ -135,6 +137,7 @@ static int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fe
         p = read_bool(b, p, lend, &more);
         if (p < 0) return 0;
     }
+    if (p != lend) return 0;                              /* count and size disagree */
     if (more) return 0;                                   /* multi-frame delivery: Python */
     if (max_size >= 0 && (long long)(fend - lend) > max_size) return 0;
     return 1;

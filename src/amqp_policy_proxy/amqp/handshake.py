@@ -360,6 +360,8 @@ def read_open_head(body: bytes | bytearray | memoryview, *,
                     return None
     except _NotPlain:
         return None
+    if strict and ("\x00" in container_id or (hostname is not None and "\x00" in hostname)):
+        return None  # proton's C engine ends a string at a NUL: the strict check refuses it
     return OpenHead(container_id, hostname, max_frame_size, channel_max)
 
 

@@ -1,10 +1,10 @@
 """Sans-IO. Fast hand-written readers for the hot path: Transfer headers and message properties.
 
 Only the fields the proxy needs are read: handle, delivery-id, more, aborted, settled and
-where the payload starts (Part 2 §2.7.5), and from the first transfer of a delivery the
-``properties`` section's ``user-id`` and ``to`` (Part 3 §3.2.4). Everything is done with
-index arithmetic on the original bytes; nothing is copied or re-encoded. Compound values are
-skipped in O(1) through their size prefix (Part 1 §1.6 encodings).
+where the payload starts (Part 2 §2.7.5). Everything is done with index arithmetic on the
+original bytes; nothing is copied or re-encoded. A Transfer is accepted only in canonical form
+(:mod:`.canonical`): a list whose count fills its size, each field of the spec's type. The
+message sections are read by :mod:`.message`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from struct import Struct
 from struct import error as struct_error
 
+from .canonical import check_performative
 from .errors import DecodeError
 
 _U32 = Struct(">I")
@@ -170,6 +171,11 @@ def read_transfer(buf: bytes | bytearray | memoryview, pos: int, end: int) -> Tr
     Raises:
         DecodeError: truncated or wrongly typed fields, or a missing handle.
     """
+    # The list must be canonical: its count fills its size, every field has the spec's type
+    # (a sixth field inside the size of a five-field list would be `more` to the router).
+    code, _, _ = check_performative(buf, pos, end)
+    if code != 0x14:
+        raise DecodeError("not a transfer")
     # descriptor: 0x00 0x53 0x14 or 0x00 0x80 <8 bytes>
     if buf[pos + 1] == 0x53:
         pos += 3
@@ -331,7 +337,7 @@ def read_transfer_fields(
                             p += 1
                             if count > 6:
                                 return _fields_slow(buf, pos, end)
-        if p > lend:  # a field ran past the list: let the reference reader say why
+        if p != lend:  # fields and list size disagree: let the reference reader say why
             return _fields_slow(buf, pos, end)
         return handle, delivery_id, settled, more, aborted, lend, tag
     except (IndexError, struct_error):
@@ -387,182 +393,3 @@ def is_transfer_descriptor(buf: bytes | bytearray | memoryview, pos: int, end: i
     if kind == 0x44:  # ulong0
         return 0
     return None
-
-
-@dataclass(slots=True)
-class MessageRouting:
-    """What the policy needs from a message's bare properties (Part 3 §3.2.4)."""
-
-    user_id: bytes | None
-    to: str | None
-    complete: bool
-    """False when the buffer ended before the properties (or the first body section)."""
-
-
-_SKIPPABLE_SECTIONS = (0x70, 0x71, 0x72)  # header, delivery-annotations, message-annotations
-
-
-def read_message_routing(buf: bytes | bytearray | memoryview, pos: int, end: int) -> MessageRouting:
-    """Find ``properties.user-id`` and ``properties.to`` in a message's leading sections.
-
-    Args:
-        buf: bytes holding the start of the message (payload of the first transfers).
-        pos: offset of the first section.
-        end: one past the last available byte.
-
-    Returns:
-        The values found; ``complete`` False if more bytes are needed to decide.
-
-    Raises:
-        DecodeError: a malformed section.
-    """
-    while pos < end:
-        if pos + 3 > end:
-            return MessageRouting(None, None, False)
-        if buf[pos] != 0x00:
-            raise DecodeError("message section is not a described type")
-        kind = buf[pos + 1]
-        if kind == 0x53:
-            code = buf[pos + 2]
-            vpos = pos + 3
-        elif kind == 0x80:
-            if pos + 10 > end:
-                return MessageRouting(None, None, False)
-            code = int.from_bytes(buf[pos + 2 : pos + 10], "big")
-            vpos = pos + 10
-        else:
-            raise DecodeError("unsupported message section descriptor")
-        if code in _SKIPPABLE_SECTIONS:
-            try:
-                pos = skip_value(buf, vpos, end)
-            except DecodeError:
-                return MessageRouting(None, None, False)
-            continue
-        if code != 0x73:
-            return MessageRouting(None, None, True)  # body or application-properties: no properties
-        try:
-            lend = skip_value(buf, vpos, end)
-        except DecodeError:
-            return MessageRouting(None, None, False)
-        first, count, lend = list_bounds(buf, vpos, lend)
-        p = first
-        user_id: bytes | None = None
-        to: str | None = None
-        if count > 0:
-            p = skip_value(buf, p, lend)  # message-id
-        if count > 1 and p < lend:
-            code = buf[p]
-            if code != 0xA0 and code != 0xB0 and code != 0x40:
-                raise DecodeError("user-id is not binary")
-            nxt = skip_value(buf, p, lend)  # bounds-checked before the value is sliced
-            if code == 0xA0:
-                user_id = bytes(buf[p + 2 : nxt])
-            elif code == 0xB0:
-                user_id = bytes(buf[p + 5 : nxt])
-            p = nxt
-        if count > 2 and p < lend:
-            code = buf[p]
-            nxt = skip_value(buf, p, lend)
-            if code in (0xA1, 0xA3):
-                to = bytes(buf[p + 2 : nxt]).decode("utf-8", "replace")
-            elif code in (0xB1, 0xB3):
-                to = bytes(buf[p + 5 : nxt]).decode("utf-8", "replace")
-            elif code != 0x40:
-                raise DecodeError("to is not a string")
-        return MessageRouting(user_id, to, True)
-    return MessageRouting(None, None, False)
-
-
-def read_routing(
-    buf: bytes | bytearray | memoryview, pos: int, end: int
-) -> tuple[bytes | None, str | None, bool]:
-    """Hot-path variant of :func:`read_message_routing`: ``(user_id, to, complete)``.
-
-    The common layouts (``header``/annotation sections as lists or maps, ``properties`` as
-    list8/list32 with a null or any message-id, ``binary8`` user-id, ``str8`` to) are read
-    inline; anything else goes through :func:`read_message_routing`, so results and errors
-    are the same.
-
-    Raises:
-        DecodeError: as :func:`read_message_routing`.
-    """
-    try:
-        while True:
-            if pos + 3 >= end:
-                return _routing_slow(buf, pos, end)
-            if buf[pos] != 0x00 or buf[pos + 1] != 0x53:
-                return _routing_slow(buf, pos, end)
-            code = buf[pos + 2]
-            v = pos + 3
-            if code == 0x73:
-                break
-            if code == 0x70 or code == 0x71 or code == 0x72:
-                c = buf[v]
-                if c == 0x45:
-                    pos = v + 1
-                elif c == 0xC0 or c == 0xC1:
-                    pos = v + 2 + buf[v + 1]
-                elif c == 0xD0 or c == 0xD1:
-                    pos = v + 5 + _U32.unpack_from(buf, v + 1)[0]
-                else:
-                    return _routing_slow(buf, pos, end)
-                if pos >= end:
-                    return _routing_slow(buf, v - 3, end)
-                continue
-            return None, None, True  # body or application-properties: no properties
-        c = buf[v]
-        if c == 0xC0:
-            size = buf[v + 1]
-            lend = v + 2 + size
-            count = buf[v + 2]
-            p = v + 3
-            if size < 1:
-                return _routing_slow(buf, pos, end)
-        elif c == 0xD0:
-            size, count = _U32X2.unpack_from(buf, v + 1)
-            lend = v + 5 + size
-            p = v + 9
-            if size < 4:
-                return _routing_slow(buf, pos, end)
-        elif c == 0x45:
-            return None, None, True
-        else:
-            return _routing_slow(buf, pos, end)
-        if lend > end:
-            return _routing_slow(buf, pos, end)
-        user_id = to = None
-        if count > 0:
-            if p >= lend:
-                return _routing_slow(buf, pos, end)
-            p = p + 1 if buf[p] == 0x40 else skip_value(buf, p, lend)  # message-id
-        if count > 1 and p < lend:
-            c = buf[p]
-            if c == 0xA0:
-                nxt = p + 2 + buf[p + 1]
-                if nxt > lend:
-                    return _routing_slow(buf, pos, end)
-                user_id = bytes(buf[p + 2 : nxt])
-                p = nxt
-            elif c == 0x40:
-                p += 1
-            else:
-                return _routing_slow(buf, pos, end)
-        if count > 2 and p < lend:
-            c = buf[p]
-            if c == 0xA1:
-                nxt = p + 2 + buf[p + 1]
-                if nxt > lend:
-                    return _routing_slow(buf, pos, end)
-                to = str(buf[p + 2 : nxt], "utf-8", "replace")
-            elif c != 0x40:
-                return _routing_slow(buf, pos, end)
-        return user_id, to, True
-    except (IndexError, struct_error):
-        return _routing_slow(buf, pos, end)
-
-
-def _routing_slow(
-    buf: bytes | bytearray | memoryview, pos: int, end: int
-) -> tuple[bytes | None, str | None, bool]:
-    r = read_message_routing(buf, pos, end)
-    return r.user_id, r.to, r.complete

@@ -28,7 +28,8 @@ from typing import Any
 
 from ..amqp import accel
 from ..amqp import constants as C
-from ..amqp.constants import Condition, Descriptor, FrameType
+from ..amqp.canonical import check_performative
+from ..amqp.constants import Condition, Descriptor, FrameType, SaslCode
 from ..amqp.errors import (
     AmqpError,
     DecodeError,
@@ -48,7 +49,7 @@ from ..amqp.handshake import (
     read_sasl_init,
     sasl_outcome_code,
 )
-from ..amqp.message import cleared_durable_byte, durable_flag_offset
+from ..amqp.message import cleared_durable_byte, durable_flag_offset, read_message_head
 from ..amqp.performatives import (
     Accepted,
     Attach,
@@ -61,7 +62,6 @@ from ..amqp.performatives import (
     Flow,
     Open,
     Rejected,
-    SaslInit,
     SaslMechanisms,
     SaslOutcome,
     Source,
@@ -69,12 +69,10 @@ from ..amqp.performatives import (
     Transfer,
     decode_performative,
 )
-from ..amqp.sasl import ANONYMOUS_USER, user_from_sasl_init
+from ..amqp.sasl import ANONYMOUS_USER, identity_from_sasl_init
 from ..amqp.transfer import (
     delivery_tag_at,
     is_transfer_descriptor,
-    read_message_routing,
-    read_routing,
     read_transfer_fields,
 )
 from ..policy import decisions
@@ -111,6 +109,12 @@ RESERVED_CHANNELS = 8
 RESERVED_HANDLES = 64
 #: Seconds to wait for the client's Close after a denial or shutdown Close before closing.
 LINGER_SECONDS = 2.0
+#: Seconds a client of an unreachable upstream has to read its answer before it is closed.
+UNAVAILABLE_LINGER_SECONDS = 10.0
+#: How much of the router's SASL greeting reached the client (``_sasl_relayed``).
+_SASL_HEADER_RELAYED = 1
+_SASL_MECHANISMS_RELAYED = 2
+_SASL_OUTCOME_RELAYED = 3
 UPSTREAM_UNAVAILABLE = "no upstream available"
 UPSTREAM_LOST = "upstream connection lost"
 
@@ -178,7 +182,7 @@ class ProxyConnection:
         "_topics", "_principal", "_qos_of", "_topic_receivers", "bytes_in", "bytes_out",
         "transfers_in", "transfers_out", "active_sessions", "active_senders",
         "active_receivers", "peak_sessions", "peak_senders", "peak_receivers",
-        "_sasl_init_seen",
+        "_sasl_init_seen", "_sasl_relayed",
     )
 
     def __init__(
@@ -247,6 +251,7 @@ class ProxyConnection:
         self._sasl_ok = False
         self._used_sasl = False
         self._sasl_init_seen = False  # the client's sasl-init arrived (answered or not)
+        self._sasl_relayed = 0  # _SASL_HEADER_RELAYED, _SASL_MECHANISMS_RELAYED
         self._held_client = bytearray()  # client frames after its Open, before the decision
         self._run_buf: Any = b""  # the buffer of the run being accumulated (see _flush_run)
         self._run_start = -1
@@ -339,9 +344,14 @@ class ProxyConnection:
     def broker_connect_failed(self, now: float) -> list[Command]:
         """No upstream accepted the connection (after trying each in turn).
 
-        The client gets ``amqp:connection:forced`` / ``no upstream available``: the proxy
-        completes a minimal handshake itself (offering ANONYMOUS and PLAIN, accepting any
-        credentials, since nothing is reachable) so that the client can read the Close.
+        Nobody can authenticate the client, so nobody is admitted (decision 0001): a client
+        still in SASL gets the router's SASL header and mechanisms if they were relayed, else
+        the proxy's own (ANONYMOUS and PLAIN, so that any client can go on to read the
+        outcome), then the sasl-outcome ``sys-temp`` (Part 5 §5.3.3.6, code 4) once its
+        sasl-init is there, never ``ok``; a client that skipped SASL gets Open + Close
+        ``amqp:connection:forced`` / ``no upstream available``. No Open goes through
+        admission, no policy denial is counted: the connection is counted (and logged once)
+        as ``upstream_unavailable``.
         """
         out: list[Command] = []
         self._broker_failed = True
@@ -352,23 +362,34 @@ class ProxyConnection:
         self.close_reason = self.close_reason or "upstream_unavailable"
         self.phase = Phase.UNAVAILABLE
         self._handshake_deadline = None
-        self._linger_deadline = now + 10.0
-        if self._client_mode == "sasl" and not self._sasl_ok:
-            data = C.SASL_HEADER + _frame(
-                0,
-                SaslMechanisms(sasl_server_mechanisms=_symbol_array(["ANONYMOUS", "PLAIN"])),
-                ftype=FrameType.SASL,
-            )
+        self._linger_deadline = now + UNAVAILABLE_LINGER_SECONDS
+        logger.info("[%s] no upstream available for client %s", self.conn_id, self.remote_host)
+        self._emit(ConnectionDenied(
+            **self._ctx(now), reason=ConnectionDenyReason.UPSTREAM_UNAVAILABLE,
+            condition=str(Condition.CONNECTION_FORCED), description=UPSTREAM_UNAVAILABLE,
+        ), out)
+        if self._used_sasl and not self._sasl_ok:
+            # SASL not over (the client may have pipelined its AMQP header and Open already)
+            data = b""
+            if self._sasl_relayed < _SASL_HEADER_RELAYED:
+                data += C.SASL_HEADER
+            if self._sasl_relayed < _SASL_MECHANISMS_RELAYED:
+                data += _frame(
+                    0,
+                    SaslMechanisms(sasl_server_mechanisms=_symbol_array(["ANONYMOUS", "PLAIN"])),
+                    ftype=FrameType.SASL,
+                )
             if self._sasl_init_seen:
-                # the client pipelined its sasl-init before the connect failed: it will not
-                # send another one, so answer it now
-                data += _frame(0, SaslOutcome(code=0), ftype=FrameType.SASL)
-                self._sasl_ok = True
-            out.append(SendData(Side.CLIENT, data))
-        elif self._client_mode in ("amqp", "header") and self._client_mode != "header":
+                # the client's sasl-init came before the connect failed: answer it now
+                data += self._sasl_outcome_frame(SaslCode.SYS_TEMP)
+                self._client_mode = "closed"
+                out.append(SendData(Side.CLIENT, data))
+                out.append(CloseTransport(Side.CLIENT))
+                return out
+            if data:
+                out.append(SendData(Side.CLIENT, data))
+        elif self._client_mode == "amqp":
             self._send_unavailable_close(out)
-        elif self._client_mode == "sasl":
-            pass  # after SASL: wait for the AMQP header
         return out
 
     def connection_lost(self, side: Side, now: float) -> list[Command]:
@@ -385,6 +406,10 @@ class ProxyConnection:
                 return out
             if self.phase is Phase.UNAVAILABLE or self._broker_failed:
                 return out
+            if (self._used_sasl and not self._sasl_ok and self._client_mode != "closed"
+                    and self._sasl_relayed < _SASL_OUTCOME_RELAYED):
+                # the router went away before it authenticated the client: nobody can now
+                return self.broker_connect_failed(now)
             if self.close_reason is None:
                 self.close_reason = "broker_close"
             if not self._client_closed:
@@ -784,6 +809,14 @@ class ProxyConnection:
         self, buf: Any, pos: int, doff: int, ftype: int, fend: int, now: float,
         out: list[Command],
     ) -> None:
+        """A client SASL frame (Part 5 §5.3): the sasl-init or a sasl-response.
+
+        The sasl-init names the identity the router will authenticate (:mod:`..amqp.sasl`);
+        a client asking for another authorization identity is refused with the outcome
+        ``auth`` and its sasl-init never reaches the router. Both frames are accepted only in
+        canonical form (:mod:`..amqp.canonical`), so the router reads the same credentials
+        the proxy read. With no upstream reachable, the sasl-init is answered ``sys-temp``.
+        """
         if ftype != FrameType.SASL:
             raise FramingError("AMQP frame during SASL negotiation")
         body = pos + doff * 4
@@ -791,22 +824,56 @@ class ProxyConnection:
             raise FramingError("empty frame during SASL negotiation")
         init = read_sasl_init(buf, body, fend)  # plain encodings, no decode
         if init is None:
-            perf, _ = decode_performative(memoryview(buf)[body:fend])
-            if isinstance(perf, SaslInit):
+            code, _, _ = check_performative(buf, body, fend)
+            if code == Descriptor.SASL_INIT:
+                perf, _ = decode_performative(memoryview(buf)[body:fend])
                 init = (str(perf.mechanism or ""), perf.initial_response)
-            elif type(perf).__name__ != "SaslResponse":
-                raise IllegalStateError(f"client sent {type(perf).__name__} during SASL")
+            elif code != Descriptor.SASL_RESPONSE:
+                raise IllegalStateError(f"client sent {Descriptor(code).name} during SASL")
         if init is not None:
             if self._sasl_user is not None or self._sasl_init_seen:
                 raise IllegalStateError("second sasl-init")
             self._sasl_init_seen = True
-            self._sasl_user = user_from_sasl_init(*init)
+            identity = identity_from_sasl_init(*init, tls_identity=self.tls_subject)
+            if identity.impersonates:
+                self._refuse_impersonation(identity.user, identity.authzid, now, out)
+                return
+            self._sasl_user = identity.user
             if self._broker_failed:
-                out.append(SendData(Side.CLIENT, _frame(0, SaslOutcome(code=0),
-                                                        ftype=FrameType.SASL)))
-                self._sasl_ok = True
+                self._client_mode = "closed"
+                out.append(SendData(Side.CLIENT, self._sasl_outcome_frame(SaslCode.SYS_TEMP)))
+                out.append(CloseTransport(Side.CLIENT))
                 return
         self._send(Side.BROKER, bytes(buf[pos:fend]), out)
+
+    @staticmethod
+    def _sasl_outcome_frame(code: SaslCode) -> bytes:
+        """A sasl-outcome frame with ``code`` (Part 5 §5.3.3.6)."""
+        return _frame(0, SaslOutcome(code=int(code)), ftype=FrameType.SASL)
+
+    def _refuse_impersonation(self, user: str | None, authzid: str | None, now: float,
+                              out: list[Command]) -> None:
+        """Answer a sasl-init that asks to act as ``authzid`` while authenticating as ``user``.
+
+        The router (proton with Cyrus) would authenticate ``user`` and accept any authzid, so
+        the proxy refuses the exchange itself: the sasl-outcome ``auth`` (code 1) goes to the
+        client, the sasl-init never reaches the router, and both transports close. Counted as
+        a connection denied for ``authzid``.
+        """
+        self.user = user
+        self.close_reason = "denied"
+        self._handshake_deadline = None
+        logger.info("[%s] DENY SASL for user '%s', rhost '%s': authorization identity '%s' "
+                    "differs from the authenticated identity", self.conn_id, user,
+                    self.remote_host, authzid)
+        self._emit(ConnectionDenied(**self._ctx(now), reason=ConnectionDenyReason.AUTHZID,
+                                    condition="", description="sasl-outcome auth"), out)
+        self._client_mode = "closed"
+        self._broker_mode = "closed"
+        self._to_broker_pending.clear()
+        out.append(SendData(Side.CLIENT, self._sasl_outcome_frame(SaslCode.AUTH)))
+        out.append(CloseTransport(Side.BROKER))
+        out.append(CloseTransport(Side.CLIENT))
 
     def _client_preopen_frame(
         self, buf: Any, pos: int, doff: int, ftype: int, channel: int, fend: int, now: float,
@@ -830,6 +897,7 @@ class ProxyConnection:
         # the fields admission needs, read from the plain encoding without a decode
         perf: Open | OpenHead | None = read_open_head(raw)
         if perf is None:
+            check_performative(raw, 0, len(raw))
             perf, _ = decode_performative(raw)
             if not isinstance(perf, Open):
                 raise IllegalStateError(f"expected Open, got {type(perf).__name__}")
@@ -1004,8 +1072,6 @@ class ProxyConnection:
         # a size from 0x41000000 up may be a protocol header ("AMQP"): the general loop decides
         limit = min(self._client_frame_limit, 0x40FFFFFF)
         max_size = self._max_message_size
-        governed = self.group is not None
-        check_uid = governed and self._check_user_id
         unpack = _HDR.unpack_from
         read_fields = read_transfer_fields
         run_start = self._run_start
@@ -1040,7 +1106,7 @@ class ProxyConnection:
                             payload = fend - f[5]
                             if not link.in_delivery:
                                 if (max_size is None or payload <= max_size) and not (
-                                    governed and (link.anonymous or check_uid)
+                                    link.inspect
                                     and self._message_denial(link, buf, f[5], fend, f[3], now)
                                 ):
                                     if f[3]:  # more frames of this delivery follow
@@ -1051,8 +1117,7 @@ class ProxyConnection:
                                     if run_start < 0:
                                         run_start = pos
                                     run_end = pos = fend
-                                    if scan is not None and not f[3] and not (
-                                            governed and (link.anonymous or check_uid)):
+                                    if scan is not None and not f[3] and not link.inspect:
                                         # the frames after this one on the same link are
                                         # most often more of the same: the C scanner passes
                                         # them (and heartbeats) without a decision, and
@@ -1096,24 +1161,49 @@ class ProxyConnection:
 
     def _message_denial(self, link: LinkRecord, buf: Any, payload: int, fend: int, more: bool,
                         now: float) -> tuple[MessageDenyReason, str | None] | None:
-        """Per-message checks on the first frame of a delivery (QDR-POLICY 3.6.1): the
-        anonymous-relay ``to`` (address rules, then topics) and ``user-id`` when
-        allowUserIdProxy is false. Returns ``(reason, to)`` for a denial, else None.
+        """Per-message checks on the first frame of a delivery on a link that needs them
+        (``link.inspect``): QDR's ``user-id`` check when allowUserIdProxy is false and the
+        anonymous-relay ``to`` (address rules, then topics, QDR-POLICY 3.6.1); no router
+        annotations on an anonymous-relay message (qdrouterd would route it by
+        ``x-opt-qd.to`` instead of the ``to`` checked here); on a topic publisher's link, a
+        ``to`` other than the link's target must be publishable too (topic subscribers are
+        filtered by ``to``).
+
+        The message head is read canonically (:func:`~..amqp.message.read_message_head`);
+        one that does not fit in the delivery's first frame is refused rather than let pass.
+
+        Returns:
+            ``(reason, to)`` for a denial, else None.
+
+        Raises:
+            DecodeError: the message head is not canonical (the connection closes with
+                ``amqp:decode-error``).
         """
-        user_id, to, complete = read_routing(buf, payload, fend)
-        if not complete and more:
-            # cannot decide within the first frame: refuse rather than let it pass
-            return (MessageDenyReason.RELAY_TARGET if link.anonymous
-                    else MessageDenyReason.USER_ID), to
-        if self._check_user_id and user_id and user_id != self._user_id_bytes:
+        head = read_message_head(buf, payload, fend, last=not more)
+        to = head.to
+        if not head.complete:
+            if link.anonymous:
+                return MessageDenyReason.RELAY_TARGET, to
+            return (MessageDenyReason.USER_ID if self._check_user_id
+                    else MessageDenyReason.TOPIC), to
+        if self._check_user_id and head.user_id and head.user_id != self._user_id_bytes:
             return MessageDenyReason.USER_ID, to
-        if link.anonymous and to is not None:
-            if to != self._relay_allowed:  # a relay sender usually repeats its destination
-                if not decisions.approve_relay_target(self.group, user=self.user or "", to=to):
-                    return MessageDenyReason.RELAY_TARGET, to
-                self._relay_allowed = to
-            if self._topics is not None and not self._topics.check_publish(
-                    self._principal, to, qos=link.qos, wall_now=now + self.wall_offset).allowed:
+        if link.anonymous:
+            if head.router_annotations:
+                return MessageDenyReason.ROUTER_ANNOTATIONS, to
+            if to is not None:
+                if to != self._relay_allowed:  # a relay sender usually repeats its destination
+                    if not decisions.approve_relay_target(self.group, user=self.user or "",
+                                                          to=to):
+                        return MessageDenyReason.RELAY_TARGET, to
+                    self._relay_allowed = to
+                if self._topics is not None and not self._topics.check_publish(
+                        self._principal, to, qos=link.qos,
+                        wall_now=now + self.wall_offset).allowed:
+                    return MessageDenyReason.TOPIC, to
+        elif self._topics is not None and to is not None and to != link.address:
+            if not self._topics.check_publish(self._principal, to, qos=link.qos,
+                                              wall_now=now + self.wall_offset).allowed:
                 return MessageDenyReason.TOPIC, to
         return None
 
@@ -1148,6 +1238,8 @@ class ProxyConnection:
         if code == _CLOSE and bytes(buf[body:fend]) in _EMPTY_CLOSE_BODIES:
             perf: Any = _EMPTY_CLOSE
         else:
+            # what the proxy decides on must be what the router reads (decision 0005)
+            check_performative(buf, body, fend)
             perf, _ = decode_performative(memoryview(buf)[body:fend])
         handler = self._CLIENT_HANDLERS.get(type(perf))
         if handler is None:
@@ -1271,6 +1363,9 @@ class ProxyConnection:
                     return
         link = LinkRecord(str(perf.name), handle, is_sender, address)
         link.qos = qos
+        # a governed sender's deliveries are read when a per-message rule applies to them
+        link.inspect = is_sender and group is not None and (
+            link.anonymous or self._check_user_id or self._topics is not None)
         if verdict is not None and not is_sender and (verdict.per_delivery
                                                       or verdict.strip_durable):
             link.topic_filter = verdict.per_delivery
@@ -1495,8 +1590,7 @@ class ProxyConnection:
                 self._finish_denied_delivery(session, link, now, out)
             return
         link.delivery_bytes += fend - payload_offset
-        if (first and not aborted and self.group is not None
-                and (link.anonymous or self._check_user_id)):
+        if first and not aborted and link.inspect:
             denial = self._message_denial(link, buf, payload_offset, fend, more, now)
             if denial is not None:
                 reason, address = denial
@@ -1623,6 +1717,7 @@ class ProxyConnection:
                 header = bytes(buf[pos : pos + 8])
                 if header == C.SASL_HEADER and not self._sasl_ok:
                     self._broker_mode = "sasl"
+                    self._sasl_relayed = _SASL_HEADER_RELAYED
                 elif header == C.AMQP_HEADER:
                     self._broker_mode = "amqp"
                     self._amqp_header_sent_to_client = True
@@ -1645,11 +1740,17 @@ class ProxyConnection:
                 body = pos + doff * 4
                 if body < fend:
                     code = sasl_outcome_code(buf, body, fend)  # plain encodings, no decode
-                    if code is None and not is_sasl_mechanisms(buf, body, fend):
-                        perf, _ = decode_performative(memoryview(buf)[body:fend])
-                        if isinstance(perf, SaslOutcome):
-                            code = 0 if perf.code is None else int(perf.code)
+                    if code is None:
+                        if is_sasl_mechanisms(buf, body, fend):
+                            self._sasl_relayed = _SASL_MECHANISMS_RELAYED
+                        else:
+                            perf, _ = decode_performative(memoryview(buf)[body:fend])
+                            if isinstance(perf, SaslOutcome):
+                                code = 0 if perf.code is None else int(perf.code)
+                            elif isinstance(perf, SaslMechanisms):
+                                self._sasl_relayed = _SASL_MECHANISMS_RELAYED
                     if code is not None:
+                        self._sasl_relayed = _SASL_OUTCOME_RELAYED
                         if code == 0:
                             self._sasl_ok = True
                             self.phase = Phase.AWAIT_AMQP_HEADER
@@ -1766,14 +1867,28 @@ class ProxyConnection:
             link.discarding = False
             link.rewrite_durable = link.strip_durable
             if link.topic_filter and not aborted:
-                routing = read_message_routing(buf, payload_offset, fend)
-                if not routing.complete and more:
+                # The message comes from a publisher, through the router: read its head
+                # canonically; a ``to`` the proxy cannot read proves nothing.
+                to: str | None = None
+                try:
+                    head = read_message_head(buf, payload_offset, fend, last=not more)
+                except DecodeError:
+                    head = None
+                wall_now = now + self.wall_offset
+                if head is not None and not head.complete:
                     visible = False  # cannot tell the address from the first frame: withhold
                     decided = "properties not in the first frame"
-                else:
-                    address = routing.to if routing.to is not None else (link.address or "")
+                elif head is not None and head.to is not None:
+                    to = head.to
                     d = self._topics.check_delivery(self._principal, link.address or "",
-                                                    address, wall_now=now + self.wall_offset)
+                                                    to, wall_now=wall_now)
+                    visible, decided = d.visible, d.decided_by
+                    link.rewrite_durable = d.strip_durable
+                else:
+                    # no readable ``to``: visible only if every topic the wildcard can match
+                    # is visible to this subscriber
+                    d = self._topics.check_unknown_delivery(
+                        self._principal, link.address or "", wall_now=wall_now)
                     visible, decided = d.visible, d.decided_by
                     link.rewrite_durable = d.strip_durable
                 if not visible:
@@ -1781,7 +1896,7 @@ class ProxyConnection:
                     logger.debug("[%s] delivery %s on '%s' withheld: %s", self.conn_id,
                                  delivery_id, link.address, decided)
                     self._emit(MessageDenied(
-                        **self._ctx(now), address=routing.to, reason=MessageDenyReason.TOPIC_WITHHELD,
+                        **self._ctx(now), address=to, reason=MessageDenyReason.TOPIC_WITHHELD,
                         size=fend - payload_offset), out)
         elif settled:
             link.delivery_settled = True

@@ -26,6 +26,15 @@ class ConnectionDenyReason(StrEnum):
     USER_LIMIT = "user_limit"
     HOST_LIMIT = "host_limit"
     HANDSHAKE_TIMEOUT = "handshake_timeout"
+    AUTHZID = "authzid"
+    """The client's SASL authorization identity differs from the identity it authenticates
+    as (PLAIN authzid, SCRAM ``a=``, EXTERNAL): refused with the SASL outcome ``auth``."""
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    """No upstream accepted the connection: the client got SASL ``sys-temp`` or
+    ``amqp:connection:forced`` / ``no upstream available``; not a policy decision."""
+    PREAUTH_MEMORY = "preauth_memory"
+    """Refused at TCP accept: the bytes held for connections not yet admitted reached the
+    pre-authentication memory budget."""
 
 
 class LinkDenyReason(StrEnum):
@@ -51,7 +60,12 @@ class MessageDenyReason(StrEnum):
     TOPIC = "topic"
     """An anonymous-relay message's ``to`` denied publish by topic authorization."""
     TOPIC_WITHHELD = "topic_withheld"
-    """A delivery to a wildcard subscriber withheld: no subscribe authority on its address."""
+    """A delivery to a wildcard subscriber withheld: no subscribe authority on its address,
+    or its address is unknown and the subscriber may not see every topic the wildcard
+    matches."""
+    ROUTER_ANNOTATIONS = "router_annotations"
+    """An anonymous-relay message carrying the router's own ``x-opt-qd.*`` annotations (by
+    which qdrouterd would route it past the ``to`` the proxy checked)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -43,6 +43,7 @@ class LinkRecord:
         "client_detached",
         "broker_detached",
         "anonymous",
+        "inspect",
         "delivery_bytes",
         "delivery_id",
         "delivery_tag",
@@ -73,6 +74,9 @@ class LinkRecord:
         self.client_detached = False
         self.broker_detached = False
         self.anonymous = is_sender and not address
+        self.inspect = False
+        """The first frame of each delivery goes through the per-message checks (user-id,
+        relay ``to``, router annotations, topic publish of ``to``)."""
         self.delivery_bytes = 0
         self.delivery_id: int | None = None
         self.delivery_tag: bytes | None = None

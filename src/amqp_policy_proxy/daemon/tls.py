@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 from cryptography import x509
@@ -20,11 +21,14 @@ def peer_subject(transport: Any) -> str | None:
     Returns:
         e.g. ``"CN=alice,O=Example"`` (RFC 4514 order: most specific first, as
         ``cryptography``'s ``Name.rfc4514_string`` writes it), or None for a plain TCP
-        transport or a TLS client that presented no certificate. DDS permission grants
+        transport, a TLS client that presented no certificate, or a listener that does not
+        verify client certificates. DDS permission grants
         (ARCHITECTURE 4.6) match against it.
     """
     ssl_object = transport.get_extra_info("ssl_object")
-    if ssl_object is None:
+    if ssl_object is None or ssl_object.context.verify_mode == ssl.CERT_NONE:
+        # without verification a presented certificate proves nothing: it is not an identity
+        # (SASL EXTERNAL and DDS grants must only ever see a certificate the proxy verified)
         return None
     try:
         der = ssl_object.getpeercert(binary_form=True)

@@ -200,7 +200,9 @@ def test_open_head_is_what_proton_decodes(open_):
     relaxed = read_open_head(body, strict=False)
     assert relaxed == _head_of(decoded)
     later = decoded.offered_capabilities is not None or decoded.properties is not None
-    assert strict == (None if later else _head_of(decoded))
+    # a NUL in container-id or hostname is left to the strict (canonical) check, which refuses it
+    nul = "\x00" in decoded.container_id or "\x00" in (decoded.hostname or "")
+    assert strict == (None if later or nul else _head_of(decoded))
 
 
 @given(st.binary(min_size=1, max_size=48), st.integers(0, 16))

@@ -76,10 +76,10 @@ class Script:
     """Drive one ProxyConnection; collects what each side was sent."""
 
     def __init__(self, policy: Any, *, remote_host: str = "127.0.0.1", now: float = 0.0,
-                 ledger: ConnectionLedger | None = None) -> None:
+                 ledger: ConnectionLedger | None = None, conn_id: str = "c1") -> None:
         self.ledger = ledger or ConnectionLedger(100)
-        self.conn = ProxyConnection("c1", remote_host=remote_host, listener="l", policy=policy,
-                                    ledger=self.ledger, now=now)
+        self.conn = ProxyConnection(conn_id, remote_host=remote_host, listener="l",
+                                    policy=policy, ledger=self.ledger, now=now)
         self.now = now
         self.sent: dict[Side, bytearray] = {Side.CLIENT: bytearray(), Side.BROKER: bytearray()}
         self.closed: set[Side] = set()

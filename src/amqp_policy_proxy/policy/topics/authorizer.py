@@ -154,6 +154,37 @@ class TopicAuthorizer:
         memo[key] = answer
         return answer
 
+    def check_unknown_delivery(self, principal: Principal, subscription: str, *,
+                               wall_now: float) -> DeliveryDecision:
+        """Decide a delivery on a ``per_delivery`` link whose concrete address is unknown.
+
+        The message has no (readable) ``to``: visible only when the principal may see every
+        topic ``subscription`` can match (:meth:`TopicTree.check_unknown_delivery`), so a
+        broker that drops ``to`` cannot leak a restricted topic to a wildcard subscriber.
+
+        Args:
+            principal: the connection's principal.
+            subscription: the link's source address (a wildcard subscription).
+            wall_now: POSIX seconds (unused by the tree).
+
+        Returns:
+            Visibility and ``strip_durable``; without a ``nearestAcl`` tree, visible.
+        """
+        key = ("unknown", principal, subscription)
+        memo = self._memo
+        found = memo.get(key)
+        if found is not None:
+            return cast(DeliveryDecision, found)
+        if self.tree is None:
+            answer = DeliveryDecision(True, False, "no per-delivery topic model")
+        else:
+            verdict = self.tree.check_unknown_delivery(principal, subscription)
+            answer = DeliveryDecision(verdict.allowed, verdict.strip_durable, verdict.text)
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+        memo[key] = answer
+        return answer
+
     # ------------------------------------------------------------------ explain
 
     def explain_check(self, principal: Principal, activity: str, address: str, *, qos: int,

@@ -29,7 +29,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from amqp_policy_proxy.policy.topics.filters import TopicSyntax, fixed_prefix, has_wildcard
+from amqp_policy_proxy.policy.topics.filters import (
+    MANY,
+    ONE,
+    TopicSyntax,
+    fixed_prefix,
+    has_wildcard,
+)
 from amqp_policy_proxy.policy.topics.outcomes import (
     PERSISTENT,
     PUBLISH,
@@ -165,6 +171,41 @@ class TopicTree:
             return TreeVerdict(True, f"{self.title} has no per-delivery check")
         return self._delivery(principal, tokens, address)
 
+    def check_unknown_delivery(self, principal: Principal, subscription: str) -> TreeVerdict:
+        """Decide a delivery on ``subscription`` whose concrete address is unknown.
+
+        A broker that does not set ``to`` on the copies it delivers to a wildcard subscriber
+        (RabbitMQ 3.10 on ``/topic/`` addresses) leaves the proxy unable to tell which topic a
+        message was published to. It is visible only if the subscriber could see *every*
+        topic the subscription can match: for ``nearestAcl``, the nearest node defining
+        ``subscribe`` at or above the subscription's fixed prefix, and every node below that
+        prefix on a path the subscription can match, grant ``subscribe``. ``strip_durable`` is
+        set when any of those nodes' nearest ``persistent`` definition does not grant it.
+        ``anyAncestor`` has no per-delivery check.
+        """
+        pattern = self.syntax.subscription(subscription)
+        prefix = fixed_prefix(pattern)
+        exempt = self._exempt(subscription, prefix)
+        if exempt is not None:
+            return exempt
+        if self.model == ANY_ANCESTOR:
+            return TreeVerdict(True, f"{self.title} has no per-delivery check")
+        regions = [prefix] + sorted(
+            tokens for tokens in self.nodes
+            if len(tokens) > len(prefix) and tokens[:len(prefix)] == prefix
+            and _may_lead_to_match(pattern, tokens))
+        strip = False
+        for tokens in regions:
+            sub = self._nearest(principal, SUBSCRIBE, tokens)
+            if not sub.allowed:
+                return TreeVerdict(False, f"{self.title}: a delivery on '{subscription}' "
+                                          f"without a 'to' may come from "
+                                          f"'{self.syntax.join(tokens)}': {sub.text}")
+            strip = strip or not self._nearest(principal, PERSISTENT, tokens).allowed
+        text = (f"{self.title}: {principal.user} may see every topic '{subscription}' "
+                f"matches")
+        return TreeVerdict(True, text, strip_durable=strip)
+
     # ------------------------------------------------------------------ walks
 
     def path(self, tokens: tuple[str, ...]) -> list[TreeNode]:
@@ -241,3 +282,16 @@ class TopicTree:
         return TreeVerdict(True, f"{sub.text}; {persistent.text} -> durable messages on "
                                  f"'{address}' are delivered as non-durable",
                            strip_durable=True)
+
+
+def _may_lead_to_match(pattern: tuple[object, ...], tokens: tuple[str, ...]) -> bool:
+    """True when some topic starting with ``tokens`` can match the filter ``pattern``."""
+    for i, token in enumerate(tokens):
+        if i >= len(pattern):
+            return False
+        want = pattern[i]
+        if want is MANY:
+            return True
+        if want is not ONE and want != token:
+            return False
+    return True
