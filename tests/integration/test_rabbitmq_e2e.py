@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from proton import ConnectionException, Message
+from proton import ConnectionException, Message, Timeout
 from proton.utils import BlockingConnection, LinkDetached
 
 from tests.support.proxy import ProxyThread
@@ -78,3 +78,25 @@ def test_connection_denied_with_qdr_condition(proxy):
         connect(proxy.port, vhost="elsewhere")
     assert re.search(r"Condition\('amqp:resource-limit-exceeded', "
                      r"'connection disallowed by local policy'\)", str(info.value))
+
+
+def test_wildcard_subscriber_never_sees_a_restricted_topic_without_to(proxy):
+    """Issue 14 finding 9: RabbitMQ delivers topic copies without ``to``. The proxy cannot
+    tell which topic such a message was published to, so a wildcard subscriber outside
+    ``@HR`` must not get it (it used to be checked at the wildcard's own node, and pass)."""
+    from amqp_policy_proxy.core.events import MessageDenied
+
+    c = connect(proxy.port, vhost="rabbit-topics")
+    sub = c.create_receiver("/topic/hr.*", credit=10)
+    pub = c.create_sender("/topic/hr.salary")
+    pub.send(Message(body="secret salary"))  # no 'to': RabbitMQ's copy has none either
+    with pytest.raises(Timeout):
+        sub.receive(timeout=2)
+    withheld = [e for e in proxy.events_of(MessageDenied) if e.reason == "topic_withheld"]
+    assert len(withheld) == 1 and withheld[0].address is None
+    # the session is still usable: a topic the subscriber may see is delivered
+    public = c.create_receiver("/topic/news.today")
+    c.create_sender("/topic/news.today").send(Message(body="headline"))
+    assert public.receive(timeout=10).body == "headline"
+    public.accept()
+    c.close()

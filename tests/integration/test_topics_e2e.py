@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from proton import Link, Message, Timeout
+from proton import Disposition, Link, Message, Timeout
 from proton.reactor import AtMostOnce, LinkOption
-from proton.utils import LinkDetached
+from proton.utils import LinkDetached, SendException
 
 from amqp_policy_proxy.core.events import LinkDenied, MessageDenied
 from tests.integration.test_proxy_e2e import connect, outcome, wait_for
@@ -194,3 +194,26 @@ class TestOrderedPermissions:
                           vhost="hive") == (
             "rejected", "amqp:unauthorized-access", "policy violation on target")
         assert wait_for(lambda: any(e.reason == "topic" for e in proxy.events_of(MessageDenied)))
+
+
+class TestForgedTo:
+    """Issue 14 finding 9: subscribers are filtered by a delivery's ``to``; a publisher must
+    not be able to relabel a message for a topic it may not publish to."""
+
+    def test_a_to_other_than_the_link_target_must_be_publishable_too(self, proxy):
+        dave = connect(proxy.port, "dave", vhost="wmb")  # not HR: A/+ shows A/P, never A/B
+        d_sub = dave.create_receiver("A/+", credit=10)
+        allen = connect(proxy.port, "allen", vhost="wmb")  # may publish on A/B only
+        on_b = allen.create_sender("A/B")
+        with pytest.raises(SendException) as info:  # rejected: allen may not publish to A/P
+            on_b.send(Message(address="A/P", body="relabelled HR data"))
+        assert info.value.state == Disposition.REJECTED
+        assert nothing_more(d_sub, timeout=1.0)
+        topic = [e for e in proxy.events_of(MessageDenied) if e.reason == "topic"]
+        assert [e.address for e in topic] == ["A/P"]
+        # the same link still publishes A/B messages (to absent or equal to the target)
+        on_b.send(Message(body="hr only"))
+        on_b.send(Message(address="A/B", body="hr only, labelled"))
+        assert nothing_more(d_sub, timeout=1.0)
+        for c in (dave, allen):
+            c.close()

@@ -73,7 +73,8 @@ def decode_value(data: bytes | bytearray | memoryview) -> tuple[Any, int]:
         number of bytes it occupied.
 
     Raises:
-        DecodeError: the bytes are not a complete, valid AMQP value.
+        DecodeError: the bytes are not a complete, valid AMQP value, or nest too deeply for
+            proton's decoder (never ``RecursionError``).
     """
     d = Data()
     try:
@@ -86,6 +87,10 @@ def decode_value(data: bytes | bytearray | memoryview) -> tuple[Any, int]:
         raise DecodeError(f"malformed AMQP value: {exc}") from None
     except (TypeError, ValueError, KeyError, OverflowError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed AMQP value: {exc}") from None
+    except RecursionError:
+        # proton's Python decoder recurses once per nesting level: a deeply nested value from
+        # a peer is malformed input, not an internal error (issue 14 finding 10)
+        raise DecodeError("malformed AMQP value: nested too deeply") from None
     return value, consumed
 
 
@@ -165,3 +170,5 @@ def encode_value(value: Any) -> bytes:
         return bytes(d.encode())
     except (DataException, TypeError, ValueError, KeyError, OverflowError) as exc:
         raise DecodeError(f"cannot encode value: {exc}") from None
+    except RecursionError:
+        raise DecodeError("cannot encode value: nested too deeply") from None

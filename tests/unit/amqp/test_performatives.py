@@ -1,5 +1,8 @@
 """Performatives decode from real captured bytes (python-qpid-proton 0.40 client) and re-encode."""
 
+import pytest
+
+from amqp_policy_proxy.amqp.errors import DecodeError
 from amqp_policy_proxy.amqp.performatives import Attach, Begin, Open, decode_performative
 
 
@@ -32,3 +35,15 @@ def test_composite_with_a_non_list_body_is_a_decode_error():
         "005312d00000001400000006a1016e43425002500000532800532945")  # source = 0x28(0x29(list0))
     with pytest.raises(DecodeError, match="expected a list body"):
         decode_performative(attach)
+
+
+def test_a_deeply_nested_router_frame_is_a_decode_error_not_a_recursion_error():
+    # issue 14 finding 10: proton's Python decoder recursed into RecursionError, which
+    # escaped the core as an internal error with a 155 KB traceback per connection
+    from amqp_policy_proxy.amqp.codec import decode_value
+
+    value = b"\x45"
+    for _ in range(5000):
+        value = b"\xd0" + (len(value) + 4).to_bytes(4, "big") + (1).to_bytes(4, "big") + value
+    with pytest.raises(DecodeError, match="nested too deeply"):
+        decode_value(value)
