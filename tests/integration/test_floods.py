@@ -331,3 +331,88 @@ def test_ten_thousand_idle_connections_memory_global_limit_and_counts(daemon, up
         Path(record).write_text(json.dumps(figures, indent=1))
     assert all(i.proc.poll() is None for i in instances)
     assert figures["bytes_per_connection"] < MEMORY_LIMIT, figures
+
+
+# ------------------------------------------------------------------ pre-authentication memory
+
+PREAUTH_CONNECTIONS = 2000
+PREAUTH_PARTIAL = 65_000  # bytes of a 64 KiB SASL frame that never completes
+PREAUTH_BUDGET = 8 * 1024 * 1024
+
+_PREAUTH_DAEMON = """
+import sys
+from dataclasses import replace
+from amqp_policy_proxy.daemon.config import DaemonConfig
+from amqp_policy_proxy.policy.compile import compile_policy
+from amqp_policy_proxy.policy.model import PolicySettings
+from tests.support.proxy import ProxyThread
+policy = compile_policy([(None, {policy})], PolicySettings())
+config = DaemonConfig(preauth_buffer_bytes=int(sys.argv[2]), handshake_seconds=60.0)
+with ProxyThread([("127.0.0.1", int(sys.argv[1]))], policy=policy, config=config,
+                 metrics=True, handshake_seconds=60.0) as proxy:
+    print(proxy.port, proxy.metrics_port, flush=True)
+    sys.stdin.read()
+"""
+
+
+async def hold_partial_frames(port: int, n: int) -> list[AsyncClient]:
+    """``n`` clients that each send the SASL header and 65,000 bytes of a 64 KiB frame."""
+    loop = asyncio.get_running_loop()
+    partial = (65536).to_bytes(4, "big") + b"\x02\x01\x00\x00" + b"\x00" * (PREAUTH_PARTIAL - 8)
+    clients = []
+    for _ in range(n):
+        _, proto = await loop.create_connection(AsyncClient, "127.0.0.1", port)
+        proto.keep_items = False
+        if proto.transport is not None and not proto.transport.is_closing():
+            proto.send(b"AMQP\x03\x01\x00\x00" + partial)
+        clients.append(proto)
+    await asyncio.sleep(1.0)
+    return clients
+
+
+@pytest.mark.parametrize("budget", [PREAUTH_BUDGET])
+def test_unauthenticated_connections_hold_at_most_the_preauth_budget(upstream, budget):
+    """Issue 14 finding 12: 2,000 unauthenticated connections each holding a 65 KB partial
+    frame took the proxy from 47 to 178 MiB. With an 8 MiB budget the growth stays near the
+    budget: once it is reached, connections not yet admitted wait (no more reads) and new
+    ones are refused at accept, counted as ``preauth_memory``."""
+    raise_nofile(2 * PREAUTH_CONNECTIONS + 1024)
+    root = Path(__file__).resolve().parents[2]
+    policy = json.dumps(POLICY)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PREAUTH_DAEMON.replace("{policy}", policy),
+         str(upstream.port), str(budget)],
+        cwd=root, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        port, metrics_port = map(int, proc.stdout.readline().split())
+        base = rss_bytes(proc.pid)
+
+        async def run() -> tuple[int, int]:
+            clients = await hold_partial_frames(port, PREAUTH_CONNECTIONS)
+            held = rss_bytes(proc.pid)
+            closed = sum(1 for c in clients if c.closed.done())
+            for c in clients:
+                if c.transport is not None:
+                    c.transport.close()
+            return held, closed
+
+        held, refused_clients = asyncio.run(run())
+        growth = held - base
+        samples = scrape(metrics_port)
+        refused = metric(samples, "amqp_proxy_connections_denied_total", vhost="",
+                         reason="preauth_memory")
+        print(f"preauth: base {base / 2**20:.1f} MiB, with {PREAUTH_CONNECTIONS} partial "
+              f"frames {held / 2**20:.1f} MiB (+{growth / 2**20:.1f}), refused {refused:.0f}")
+        assert refused > 0 and refused_clients >= refused
+        # the budget, plus the per-connection state of the connections that wait (a few KiB
+        # each) and the allocator's slack; without the budget this was 130 MiB and more
+        assert growth < budget + PREAUTH_CONNECTIONS * 16 * 1024 + 16 * 2**20
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -470,6 +470,14 @@ class ProxyConnection:
         reading the client when this grows, so a slow upstream cannot make it unbounded)."""
         return sum(map(len, self._to_broker_pending))
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes this connection holds in its own buffers: a partial frame from either side,
+        frames pipelined behind the Open or waiting for the upstream connection (the shell
+        sums them over the connections not yet admitted, against a memory budget)."""
+        return (len(self._cbuf) + len(self._bbuf) + len(self._held_client)
+                + sum(map(len, self._held_broker)) + self.broker_backlog)
+
     def get_timer(self) -> float | None:
         """Return the next deadline (loop-clock seconds), or None."""
         handshake, linger = self._handshake_deadline, self._linger_deadline

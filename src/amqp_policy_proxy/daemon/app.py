@@ -16,7 +16,7 @@ import os
 import signal
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..core.events import ConnectionClosed, PolicyReloaded, ProxyEvent
@@ -26,6 +26,7 @@ from ..policy.load import load_policy
 from ..policy.model import Policy
 from . import systemd
 from .config import ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
+from .preauth import PreauthBudget
 from .relay import ClientProtocol
 from .resolver import system_resolver
 
@@ -49,6 +50,8 @@ class Daemon:
         self.config = config
         self.policy: Policy | None = policy
         self.ledger = ConnectionLedger(config.policy.max_connections)
+        self.preauth = PreauthBudget(config.preauth_buffer_bytes)
+        """Bytes held by connections not yet admitted, under a process-wide budget."""
         self.connections: dict[str, ClientProtocol] = {}
         self.servers: list[asyncio.base_events.Server] = []
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
@@ -120,6 +123,14 @@ class Daemon:
         """Record how long the call that decided a client's Open took (seconds)."""
         if self.observer is not None:
             self.observer.observe_open_decision(seconds)
+
+    def waiting_connections(self) -> Iterator[ClientProtocol]:
+        """The client legs whose Open is not decided yet (the pre-authentication budget
+        pauses them all when it is exhausted)."""
+        for proto in self.connections.values():
+            conn = proto.conn
+            if conn is not None and not proto.closed and conn.opened_at is None:
+                yield proto
 
     def connection_finished(self, proto: ClientProtocol) -> None:
         """Forget a finished connection."""

@@ -101,6 +101,8 @@ class DaemonConfig:
     handshake_seconds: float = 10.0
     shutdown_grace_seconds: float = 30.0
     connect_timeout_seconds: float = 5.0
+    preauth_buffer_bytes: int = 64 * 1024 * 1024
+    """Budget (bytes) for what connections not yet admitted hold, process-wide."""
     source: str | None = None
     """The config file this came from, if any."""
 

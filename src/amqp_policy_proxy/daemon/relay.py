@@ -59,7 +59,7 @@ class ClientProtocol(asyncio.Protocol):
     __slots__ = (
         "daemon", "listener", "transport", "broker", "conn", "timer", "counted",
         "closed", "conn_id", "_connect_task", "client_eof", "broker_eof", "_paused",
-        "_connect_timed_out",
+        "_connect_timed_out", "_held", "_budget_paused",
     )
 
     def __init__(self, daemon: Daemon, listener: str) -> None:
@@ -78,6 +78,8 @@ class ClientProtocol(asyncio.Protocol):
         self.broker_eof = False
         self._paused = False
         self._connect_timed_out = False
+        self._held = 0  # bytes last reported to the pre-authentication budget
+        self._budget_paused = False
 
     # --- asyncio callbacks --------------------------------------------------------------
 
@@ -96,6 +98,16 @@ class ClientProtocol(asyncio.Protocol):
             daemon.emit(ConnectionDenied(
                 conn_id=self.conn_id, at=now, remote_host=host, listener=self.listener,
                 reason=ConnectionDenyReason.GLOBAL_LIMIT,
+            ))
+            return
+        if not daemon.preauth.accept():
+            # the connections not yet admitted hold the whole pre-authentication budget
+            daemon.ledger.release_accept()
+            transport.close()
+            self.closed = True
+            daemon.emit(ConnectionDenied(
+                conn_id=self.conn_id, at=now, remote_host=host, listener=self.listener,
+                reason=ConnectionDenyReason.PREAUTH_MEMORY,
             ))
             return
         self.counted = True
@@ -117,8 +129,13 @@ class ClientProtocol(asyncio.Protocol):
         if conn.opened_at is None and conn.phase is not Phase.DENIED:
             started = time.perf_counter()
             self._feed(conn, Side.CLIENT, data)
-            if conn.opened_at is not None or conn.phase is Phase.DENIED:
+            decided = conn.opened_at is not None or conn.phase is Phase.DENIED
+            if decided:
                 self.daemon.observe_open_decision(time.perf_counter() - started)
+            held = 0 if decided or self.closed else conn.held_bytes
+            if held != self._held:
+                self._held = held
+                self.daemon.preauth.update(self, held, self.daemon.waiting_connections())
         else:
             self._feed(conn, Side.CLIENT, data)
         if (self.broker is None and self._connect_task is not None and not self._paused
@@ -158,12 +175,30 @@ class ClientProtocol(asyncio.Protocol):
             self.timer = None
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
+        if self._held:
+            self._held = 0
+            daemon.preauth.update(self, 0, ())
         conn = self.conn
         if conn is not None:
             self._run(conn.connection_lost, Side.CLIENT)
             daemon.connection_finished(self)
         if self.broker is not None and self.broker.transport is not None:
             self.broker.transport.close()
+
+    def budget_pause(self) -> None:
+        """Stop reading this client: the pre-authentication budget is exhausted."""
+        if self.transport is not None and not self.closed and not self._budget_paused:
+            self._budget_paused = True
+            self.transport.pause_reading()
+
+    def budget_resume(self) -> None:
+        """The pre-authentication budget has room again: read this client again."""
+        if not self._budget_paused:
+            return
+        self._budget_paused = False
+        if (self.transport is not None and not self.closed and not self._paused
+                and not self.transport.is_closing()):
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         """The client is not reading: stop reading from the broker."""
@@ -342,7 +377,8 @@ class ClientProtocol(asyncio.Protocol):
         if not self._paused:
             return
         self._paused = False
-        if self.transport is not None and not self.closed and not self.transport.is_closing():
+        if (self.transport is not None and not self.closed and not self._budget_paused
+                and not self.transport.is_closing()):
             self.transport.resume_reading()
 
 
