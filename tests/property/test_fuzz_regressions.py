@@ -19,10 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz.differential import run_differential
 from fuzz.harness import Finding, run_connection, run_framing
 
 FUZZ = Path(__file__).resolve().parents[2] / "fuzz"
-TARGETS = {"connection": run_connection, "framing": run_framing}
+TARGETS = {"connection": run_connection, "framing": run_framing,
+           "differential": run_differential}
 EXAMPLES = {"fast": 200, "deep": 100_000}.get(os.environ.get("HYPOTHESIS_PROFILE", ""), 1000)
 
 
@@ -101,6 +103,15 @@ def test_mutated_frame_streams(data: bytes) -> None:
 
 
 @FUZZ_SETTINGS
+@given(mutated("differential"))
+def test_what_the_router_reads_is_what_the_proxy_decided(data: bytes) -> None:
+    """The differential oracle (issue 14): a proxy connection in front of a real proton engine
+    acting as the router; the engine's identity, links, deliveries and relay ``to`` must be
+    the ones the proxy decided on, for mutated seeds of allowed and hostile traffic."""
+    run_differential(data)
+
+
+@FUZZ_SETTINGS
 @given(st.binary(max_size=600))
 def test_random_connection_scripts(data: bytes) -> None:
     run_connection(data)
@@ -121,3 +132,37 @@ def test_a_finding_is_reported() -> None:
             run_connection(_small_seeds("connection")[0])
     finally:
         harness._check_buffers = original
+
+
+def _regression(prefix: str) -> bytes:
+    return next(p for p in _files("regressions", "differential")
+                if p.name.startswith(prefix)).read_bytes()
+
+
+def test_the_oracle_sees_a_shadow_attach_when_the_canonical_check_is_off(monkeypatch) -> None:
+    # not vacuous: without the canonical check, the proxy decides on one link and the proton
+    # engine attaches another (issue 14 finding 3), and the oracle says so
+    import amqp_policy_proxy.core.connection as core
+
+    from fuzz.differential import Divergence
+
+    monkeypatch.setattr(core, "check_performative", lambda buf, pos, end: (0, end, []))
+    with pytest.raises(Divergence, match="secret.f3d"):
+        run_differential(_regression("finding-3-shadow-attach"))
+
+
+def test_the_oracle_sees_an_identity_the_router_did_not_authenticate(monkeypatch) -> None:
+    # not vacuous: if the proxy took the authzid as the user (finding 1), the engine's
+    # authenticated user differs from the admitted one
+    import amqp_policy_proxy.core.connection as core
+    from amqp_policy_proxy.amqp.sasl import SaslIdentity, identity_from_sasl_init
+
+    from fuzz.differential import Divergence
+
+    def authzid_wins(mechanism, response, **kw):
+        found = identity_from_sasl_init(mechanism, response, **kw)
+        return SaslIdentity(found.authzid or found.user, None)
+
+    monkeypatch.setattr(core, "identity_from_sasl_init", authzid_wins)
+    with pytest.raises(Divergence, match="authenticated 'alice'"):
+        run_differential(_regression("finding-1-authzid-admin"))

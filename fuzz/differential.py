@@ -1,0 +1,446 @@
+"""Differential oracle: what the router reads is exactly what the proxy decided on (issue 14).
+
+One fuzz input drives one :class:`~amqp_policy_proxy.core.connection.ProxyConnection` (the
+sans-IO core, as the daemon runs it) whose router side is a real proton engine: a
+``proton.Transport`` in server mode with SASL through Cyrus (the same C engine, frame decoder
+and SASL library qdrouterd uses), answering as a router would (Open, Begin, Attach, credit,
+settling deliveries). Every byte the proxy forwards goes into that engine, and every byte the
+engine answers goes back into the proxy. Then, for everything the engine accepted:
+
+- *identity*: the user the engine authenticated is the user the proxy admitted;
+- *links*: each link the engine saw opened is one the proxy recorded under the same name, with
+  the same role, the same address (or the same anonymity) and, read from the engine's side
+  (address, dynamic flag), it passes the group's source/target rules, anonymous-sender and
+  dynamic-source settings;
+- *deliveries*: each delivery the engine received whole is within maxMessageSize; on an
+  anonymous-relay link the ``to`` the router routes by (:mod:`tests.support.qdr_model`,
+  qdrouterd's own section walker) and the one proton's decoder reads are the ``to`` the
+  proxy read (:func:`~amqp_policy_proxy.amqp.message.read_message_head`), are allowed by the
+  relay rules, and no router annotation is present; with ``allowUserIdProxy`` false the
+  router's ``user-id`` is the authenticated user's.
+
+A violation raises :class:`Divergence`. Exceptions escaping the core are findings too.
+
+Input format: byte 0 picks the SASL opening (:data:`OPENINGS`); then records
+``len_hi len_lo data``, each a chunk of client bytes sent after the Open and Begin (the chunk
+is fed whole, then the engine and the proxy exchange bytes until both are quiet).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from functools import cache
+from typing import Any
+
+from proton import Collector, Connection, Delivery, Endpoint, Event, Message, Transport
+
+from amqp_policy_proxy.amqp import constants as C
+from amqp_policy_proxy.amqp.errors import AmqpError
+from amqp_policy_proxy.amqp.framing import encode_frame
+from amqp_policy_proxy.amqp.message import read_message_head
+from amqp_policy_proxy.amqp.performatives import Begin, Open
+from amqp_policy_proxy.core.commands import CloseTransport, ConnectBroker, SendData, Side
+from amqp_policy_proxy.core.connection import ProxyConnection
+from amqp_policy_proxy.limits.connections import ConnectionLedger
+from amqp_policy_proxy.policy import decisions
+from amqp_policy_proxy.policy.compile import compile_policy
+from amqp_policy_proxy.policy.model import PolicySettings
+from tests.support import hostile
+from tests.support.qdr_model import router_view
+
+logging.getLogger("amqp_policy_proxy").setLevel(logging.CRITICAL)
+
+PASSWORD = "pw"
+USERS = {"alice": PASSWORD, "carol": PASSWORD}
+MAX_MESSAGE_SIZE = 4000
+
+#: byte 0 % len: the SASL opening of the connection (None: no SASL, user anonymous).
+OPENINGS: tuple[bytes | None, ...] = (
+    None,
+    hostile.plain_init("alice", PASSWORD),
+    hostile.plain_init("alice", PASSWORD, authzid="carol"),
+    hostile.plain_init("carol", PASSWORD),
+    hostile.plain_init("alice", PASSWORD, authzid="alice"),
+    hostile.sasl_init_count_exceeds_size("carol", "alice", PASSWORD)
+    + hostile.sasl_response("alice", PASSWORD),
+)
+
+
+class Divergence(AssertionError):
+    """The router read something other than what the proxy decided on."""
+
+
+@cache
+def policy() -> Any:
+    """alice and anonymous: public.* only, anonymous relay, no dynamic sources, a message size
+    limit, no user-id proxying; carol: everything."""
+    return compile_policy([(None, [["vhost", {
+        "hostname": "test",
+        "allowUnknownUser": False,
+        "groups": {
+            "users": {"users": "alice, anonymous", "remoteHosts": "*",
+                      "sources": "public.*", "targets": "public.*",
+                      "allowAnonymousSender": True, "allowDynamicSource": False,
+                      "maxMessageSize": MAX_MESSAGE_SIZE},
+            "admins": {"users": "carol", "remoteHosts": "*", "sources": "*", "targets": "*",
+                       "allowAnonymousSender": True, "allowDynamicSource": True},
+        },
+    }]])], PolicySettings())
+
+
+@cache
+def sasl_config() -> Any:
+    """The process's Cyrus config (proton initialises Cyrus once per process)."""
+    from amqp_policy_proxy.demo.sasl import shared_sasl_config
+
+    return shared_sasl_config(USERS)
+
+
+class Router:
+    """A proton engine in server mode acting as the router: it accepts everything."""
+
+    def __init__(self, sasl: bool) -> None:
+        self.transport = Transport(Transport.SERVER)
+        self.connection = Connection()
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        if sasl:
+            config = sasl_config()
+            s = self.transport.sasl()
+            s.config_path(str(config.config_dir))
+            s.config_name(config.config_name)
+            s.allowed_mechs("PLAIN ANONYMOUS")
+            s.allow_insecure_mechs = True
+        self.transport.bind(self.connection)
+        self.closed = False
+        self.links: list[tuple[Any, dict[str, Any]]] = []
+        self.deliveries: list[tuple[dict[str, Any], bytes]] = []
+        self._partial: dict[Any, bytearray] = {}
+        self.on_link_open: Any = None
+
+    def push(self, data: bytes) -> None:
+        """Bytes from the proxy."""
+        if self.closed or not data:
+            return
+        try:
+            self.transport.push(data)
+        except Exception:  # the engine refused the bytes (it closes): nothing more reaches it
+            self.closed = True
+        self._events()
+
+    def close(self) -> None:
+        """The proxy closed the router's transport."""
+        if not self.closed:
+            self.closed = True
+            self.transport.close_tail()
+            self._events()
+
+    def pull(self) -> bytes:
+        """Bytes the engine has for the proxy."""
+        out = b""
+        try:
+            pending = self.transport.pending()
+            if pending > 0:
+                out = self.transport.peek(pending)
+                self.transport.pop(len(out))
+        except Exception:
+            return b""
+        return out
+
+    def _events(self) -> None:
+        collector = self.collector
+        while True:
+            event = collector.peek()
+            if event is None:
+                break
+            try:
+                self._handle(event)
+            finally:
+                collector.pop()
+
+    def _handle(self, event: Event) -> None:
+        kind = event.type
+        if kind == Event.CONNECTION_REMOTE_OPEN:
+            if event.connection.state & Endpoint.LOCAL_UNINIT:
+                event.connection.open()
+        elif kind == Event.SESSION_REMOTE_OPEN:
+            if event.session.state & Endpoint.LOCAL_UNINIT:
+                event.session.incoming_capacity = 10_000_000
+                event.session.open()
+        elif kind == Event.LINK_REMOTE_OPEN:
+            link = event.link
+            terminus = link.remote_target if link.is_receiver else link.remote_source
+            seen = {
+                "name": link.name,
+                "client_sender": link.is_receiver,
+                "address": terminus.address,
+                "dynamic": bool(terminus.dynamic),
+            }
+            self.links.append((link, seen))
+            if self.on_link_open is not None:
+                self.on_link_open(seen)
+            if link.state & Endpoint.LOCAL_UNINIT:
+                link.source.copy(link.remote_source)
+                link.target.copy(link.remote_target)
+                link.open()
+                if link.is_receiver:
+                    link.flow(1000)
+        elif kind == Event.DELIVERY:
+            link = event.delivery.link
+            if link.is_receiver:
+                self._receive(link)
+        elif kind == Event.LINK_REMOTE_CLOSE:
+            event.link.close()
+        elif kind == Event.SESSION_REMOTE_CLOSE:
+            event.session.close()
+        elif kind == Event.CONNECTION_REMOTE_CLOSE:
+            event.connection.close()
+
+    def _receive(self, link: Any) -> None:
+        """Read every readable delivery at the head of ``link``."""
+        seen = next((s for lk, s in self.links if lk is link), {})
+        while True:
+            delivery = link.current
+            if delivery is None or not delivery.readable:
+                return
+            if delivery.aborted:  # the proxy withheld it: nothing of it is a message
+                self._partial.pop(delivery, None)
+                delivery.settle()
+                link.advance()
+                continue
+            buf = self._partial.setdefault(delivery, bytearray())
+            pending = delivery.pending
+            if pending > 0:
+                buf += link.recv(pending) or b""
+            if delivery.partial:
+                return
+            self.deliveries.append((seen, bytes(self._partial.pop(delivery))))
+            delivery.update(Delivery.ACCEPTED)
+            delivery.settle()
+            link.advance()
+            link.flow(1)
+
+    @property
+    def user(self) -> str | None:
+        """The identity the engine authenticated (None before the SASL outcome)."""
+        try:
+            return self.transport.user
+        except Exception:
+            return None
+
+
+def _chunks(data: bytes) -> Iterable[bytes]:
+    pos = 1
+    while pos + 2 <= len(data):
+        n = (data[pos] << 8) | data[pos + 1]
+        pos += 2
+        yield data[pos:pos + n]
+        pos += n
+
+
+def encode_input(opening: int, chunks: Iterable[bytes]) -> bytes:
+    """Build a fuzz input from an opening index and client byte chunks."""
+    out = bytearray([opening])
+    for chunk in chunks:
+        chunk = chunk[:0xFFFF]
+        out += len(chunk).to_bytes(2, "big") + chunk
+    return bytes(out)
+
+
+class Run:
+    """One proxy connection between a scripted client and a proton engine as router."""
+
+    def __init__(self, opening: bytes | None) -> None:
+        self.ledger = ConnectionLedger(10)
+        self.proxy = ProxyConnection("d1", remote_host="127.0.0.1", listener="l",
+                                     policy=policy(), ledger=self.ledger, now=0.0)
+        self.router = Router(sasl=opening is not None)
+        self.router.on_link_open = self._link_opened
+        self.now = 0.0
+        self.connected = False
+
+    def _link_opened(self, seen: dict[str, Any]) -> None:
+        """Compare the link the engine just saw with the proxy's record of it, then."""
+        conn = self.proxy
+        record = None
+        for session in conn._sessions.values():  # noqa: SLF001 - the oracle reads the core
+            for link in session.links.values():
+                if link.name == seen["name"]:
+                    record = link
+        if record is None:
+            raise Divergence(f"the router attached {seen} which the proxy never recorded")
+        if record.is_sender != seen["client_sender"]:
+            raise Divergence(f"link {seen['name']!r}: the proxy saw sender={record.is_sender}, "
+                             f"the router {seen['client_sender']}")
+        if (record.address or None) != (seen["address"] or None):
+            raise Divergence(f"link {seen['name']!r}: the proxy checked {record.address!r}, "
+                             f"the router attached {seen['address']!r}")
+        group = conn.group
+        if group is None:
+            return
+        user = conn.user or ""
+        address = seen["address"] or None
+        if seen["client_sender"]:
+            reason = decisions.approve_sender(group, user=user, target_address=address,
+                                              open_senders=0)
+        else:
+            reason = decisions.approve_receiver(group, user=user, source_address=address,
+                                                dynamic=seen["dynamic"], open_receivers=0)
+        if reason is not None:
+            raise Divergence(f"the router attached {seen}, which the policy denies: {reason}")
+
+    def feed(self, data: bytes) -> None:
+        """Client bytes into the proxy, then exchange until quiet."""
+        self._run(self.proxy.receive_data(Side.CLIENT, data, self.now))
+        self.pump()
+
+    def _run(self, commands: list[Any]) -> None:
+        for cmd in commands:
+            if type(cmd) is SendData and cmd.side is Side.BROKER:
+                self.router.push(bytes(cmd.data))
+            elif type(cmd) is CloseTransport and cmd.side is Side.BROKER:
+                self.router.close()
+            elif type(cmd) is ConnectBroker and not self.connected:
+                self.connected = True
+                self._run(self.proxy.broker_connected(self.now))
+
+    def pump(self) -> None:
+        """Exchange bytes between the engine and the proxy until neither has more."""
+        for _ in range(100):
+            out = self.router.pull()
+            if not out:
+                return
+            self._run(self.proxy.receive_data(Side.BROKER, out, self.now))
+
+    def check(self) -> None:
+        """The identity and delivery invariants (links are checked as they open)."""
+        conn = self.proxy
+        engine_user = self.router.user
+        if conn.admitted and engine_user is not None and engine_user != conn.user:
+            raise Divergence(f"the router authenticated {engine_user!r}, the proxy admitted "
+                             f"{conn.user!r}")
+        group = conn.group
+        for seen, message in self.router.deliveries:
+            if group is None:
+                continue
+            limit = group.max_message_size
+            if limit is not None and len(message) > limit:
+                raise Divergence(f"a {len(message)}-byte message reached the router past "
+                                 f"maxMessageSize {limit}")
+            view = router_view(message)
+            if seen.get("client_sender") and not seen.get("address"):
+                self._check_relay(view, message)
+            if not group.allow_user_id_proxy and view.valid and view.user_id:
+                if view.user_id != (conn.user or "").encode():
+                    raise Divergence(f"the router read user-id {view.user_id!r} for user "
+                                     f"{conn.user!r}")
+
+    def _check_relay(self, view: Any, message: bytes) -> None:
+        conn = self.proxy
+        if not view.valid:
+            return  # the router rejects it itself: "invalid message format"
+        if view.to_override:
+            raise Divergence("an anonymous-relay message with x-opt-qd.* reached the router")
+        try:
+            ours = read_message_head(message, 0, len(message), last=True).to
+        except AmqpError as exc:
+            raise Divergence(f"the proxy forwarded a message its reader refuses: {exc}") from None
+        theirs = None if view.to is None else view.to.decode("utf-8", "replace")
+        if ours != theirs:
+            raise Divergence(f"relay 'to': the proxy read {ours!r}, the router {theirs!r}")
+        try:
+            decoded = Message()
+            decoded.decode(message)
+            proton_to = decoded.address
+        except Exception:
+            proton_to = ours
+        if proton_to != ours:
+            raise Divergence(f"relay 'to': the proxy read {ours!r}, proton {proton_to!r}")
+        if theirs is not None and not decisions.approve_relay_target(
+                conn.group, user=conn.user or "", to=theirs):
+            raise Divergence(f"a relay message to {theirs!r} reached the router")
+
+
+def opening_bytes(index: int) -> list[bytes]:
+    """The client's bytes up to its Begin for opening ``index``."""
+    sasl = OPENINGS[index % len(OPENINGS)]
+    steps: list[bytes] = []
+    if sasl is not None:
+        steps.append(C.SASL_HEADER + sasl)
+    steps.append(C.AMQP_HEADER + encode_frame(0, Open(
+        container_id="fuzz", hostname="test", max_frame_size=65536,
+        channel_max=16).encode()))
+    steps.append(encode_frame(0, Begin(next_outgoing_id=0, incoming_window=10_000,
+                                       outgoing_window=10_000, handle_max=64).encode()))
+    return steps
+
+
+def run_differential(data: bytes) -> None:
+    """Run one input; raise :class:`Divergence` (or let a core exception out) on a finding."""
+    if not data:
+        return
+    index = data[0] % len(OPENINGS)
+    run = Run(OPENINGS[index])
+    try:
+        for step in opening_bytes(index):
+            run.feed(step)
+        for chunk in _chunks(data):
+            if chunk:
+                run.feed(chunk)
+        run.check()
+    finally:
+        run.router.close()
+
+
+# ------------------------------------------------------------------ seeds
+
+
+def _attach(handle: int, name: str, *, sender: bool, address: str | None,
+            dynamic: bool = False) -> bytes:
+    source = hostile.source(None if sender else address,
+                            dynamic=b"\x41" if dynamic else b"")
+    target = hostile.target(address if sender else None)
+    fields = hostile.attach_fields(name, handle, role=b"\x42" if sender else b"\x41",
+                                   source_=source, target_=target)
+    return hostile.amqp_frame(0, hostile.described(0x12, hostile.list32(fields, 7)))
+
+
+def seeds() -> list[bytes]:
+    """Inputs that open links and send messages, allowed and hostile, for every opening."""
+    body = hostile.body(b"hello")
+    chunks = [
+        [_attach(0, "s0", sender=True, address="public.a"),
+         hostile.transfer(0, 0, 0, hostile.message_to(None) + body),
+         hostile.transfer(0, 0, 1, b"\x00\x53\x75\xa0\x10" + b"x" * 16)],
+        [_attach(1, "relay", sender=True, address=None),
+         hostile.transfer(0, 1, 0, hostile.message_to("public.x")),
+         hostile.transfer(0, 1, 1, hostile.message_to("secret.x")),
+         hostile.transfer(0, 1, 2, hostile.message_to("public.y", user_id=b"carol")),
+         hostile.transfer(0, 1, 3, hostile.message_to("public.z", user_id=b"alice"))],
+        [_attach(2, "r0", sender=False, address="public.b"),
+         _attach(3, "dyn", sender=False, address=None, dynamic=True)],
+        [_attach(4, "big", sender=True, address="public.big"),
+         hostile.transfer(0, 4, 0, b"\x00\x53\x75\xb0\x00\x00\x0f\xa0" + b"y" * 1000,
+                          more=True),
+         hostile.transfer(0, 4, 0, b"y" * 3000)],
+        [hostile.shadow_attach(0, 5, shown="public.d", hidden="secret.f3d")],
+        [hostile.attach_count_exceeds_size(0, 6, shown="public.a")],
+        [hostile.attach_unknown_target_descriptor(0, 7, "secret.t")],
+        [hostile.attach_ubyte_dynamic(0, 8, "secret.d")],
+        [hostile.attach_ubyte_role(0, 9, "public.r")],
+        [_attach(10, "s10", sender=True, address="public.m")]
+        + [hostile.transfer_hidden_more(0, 10, 0, b"\x00\x53\x75\xa0\xf0" + b"z" * 240)] * 20,
+        [_attach(11, "relay2", sender=True, address=None),
+         hostile.transfer(0, 11, 0, hostile.message_described_message_id("public.ok",
+                                                                          "secret.x")),
+         hostile.transfer(0, 11, 1, hostile.message_properties_count_exceeds_size("secret.y")),
+         hostile.transfer(0, 11, 2, hostile.message_router_annotation("public.ok",
+                                                                      "secret.z")),
+         hostile.transfer(0, 11, 3, hostile.message_to("public.after"))],
+    ]
+    out = []
+    for opening in range(len(OPENINGS)):
+        for group in chunks:
+            out.append(encode_input(opening, group))
+    return out
