@@ -143,7 +143,6 @@ def test_the_oracle_sees_a_shadow_attach_when_the_canonical_check_is_off(monkeyp
     # not vacuous: without the canonical check, the proxy decides on one link and the proton
     # engine attaches another (issue 14 finding 3), and the oracle says so
     import amqp_policy_proxy.core.connection as core
-
     from fuzz.differential import Divergence
 
     monkeypatch.setattr(core, "check_performative", lambda buf, pos, end: (0, end, []))
@@ -156,7 +155,6 @@ def test_the_oracle_sees_an_identity_the_router_did_not_authenticate(monkeypatch
     # authenticated user differs from the admitted one
     import amqp_policy_proxy.core.connection as core
     from amqp_policy_proxy.amqp.sasl import SaslIdentity, identity_from_sasl_init
-
     from fuzz.differential import Divergence
 
     def authzid_wins(mechanism, response, **kw):
