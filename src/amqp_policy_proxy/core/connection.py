@@ -1620,11 +1620,21 @@ class ProxyConnection:
         # counted (docs/decisions/0002-withheld-transfers.md).
         link.discarding = True
         link.discard_reason = reason
+        self._log_message_denial(reason, address)
         self._send_aborted(session, link, tag, True, out)
         self._emit(MessageDenied(**self._ctx(now), address=address, reason=reason,
                                  size=link.delivery_bytes), out)
         if not link.in_delivery:
             self._finish_denied_delivery(session, link, now, out)
+
+    def _log_message_denial(self, reason: MessageDenyReason, address: str | None,
+                            detail: str = "") -> None:
+        """One INFO line per refused message, with the same facts as every other denial
+        (user, remote host, vhost, reason), as QDR logs its own."""
+        logger.info("[%s] DENY AMQP Transfer for user '%s', rhost '%s', vhost '%s', address "
+                    "'%s': %s%s", self.conn_id, self.user, self.remote_host,
+                    getattr(self.vhost, "hostname", None), address, reason,
+                    f" ({detail})" if detail else "")
 
     def _send_aborted(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
                       first: bool, out: list[Command]) -> None:
@@ -1653,7 +1663,8 @@ class ProxyConnection:
 
     def _oversize(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
                   first: bool, now: float, out: list[Command]) -> None:
-        logger.warning("[%s] DENY AMQP Transfer maxMessageSize exceeded", self.conn_id)
+        self._log_message_denial(MessageDenyReason.MESSAGE_SIZE, link.address,
+                                 f"maxMessageSize {self._max_message_size} exceeded")
         link.discarding = True
         link.discard_reason = MessageDenyReason.MESSAGE_SIZE
         self._send_aborted(session, link, tag, first, out)
