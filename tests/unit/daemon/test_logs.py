@@ -78,13 +78,13 @@ def test_configure_logging_writes_the_chosen_format() -> None:
     try:
         stream = io.StringIO()
         configure_logging("DEBUG", "json", stream)
-        logging.getLogger("amqp_policy_proxy.test").debug("hello %s", "x\ny")
+        logging.getLogger("test_logs.probe").debug("hello %s", "x\ny")
         assert json.loads(stream.getvalue())["message"] == "hello x\ny"
         stream = io.StringIO()
         configure_logging("info", "text", stream)
-        logging.getLogger("amqp_policy_proxy.test").debug("hidden")
+        logging.getLogger("test_logs.probe").debug("hidden")
         logging.getLogger("proton").info("Connecting to ...")
-        logging.getLogger("amqp_policy_proxy.test").info("shown\nFAKE")
+        logging.getLogger("test_logs.probe").info("shown\nFAKE")
         assert stream.getvalue().count("\n") == 1
         assert stream.getvalue().rstrip().endswith("shown\\nFAKE")
     finally:
