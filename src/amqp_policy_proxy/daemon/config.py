@@ -46,6 +46,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ..policy.model import PolicySettings
+from .logs import escape_control
 
 
 class ConfigError(Exception):
@@ -695,11 +696,12 @@ def format_errors(exc: ValidationError, *, source: str | None = "<config>",
         flag = next((f for k, f in overrides.items()
                      if dotted == k or dotted.startswith(k + ".")), None)
         if flag is not None:
-            lines.append(f"command line: {flag}: {reason}")
+            line = f"command line: {flag}: {reason}"
         elif source is None:
-            lines.append(f"{_key_path(loc) or 'config'}: {reason}")
+            line = f"{_key_path(loc) or 'config'}: {reason}"
         else:
-            lines.append(f"{source}: {_key_path(loc) or '(top level)'}: {reason}")
+            line = f"{source}: {_key_path(loc) or '(top level)'}: {reason}"
+        lines.append(escape_control(line))  # a key or value holding a newline stays on one line
     return lines
 
 

@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amqp_policy_proxy.daemon.cli import EXIT_CONFIG, EXIT_OK, main
 from amqp_policy_proxy.daemon.config import (
@@ -340,3 +342,25 @@ def test_check_accepts_the_example_it_ships(confdir: Path) -> None:
     example = example.replace("/var/log/amqp-policy-proxy/events", "events")
     path = write(confdir, example)
     assert main(["check", "--config", str(path)]) == EXIT_OK
+
+
+# ---------------------------------------------------------------------------------- property
+
+_SCALARS = st.one_of(st.booleans(), st.integers(-5, 70000), st.floats(allow_nan=False),
+                     st.text(max_size=12), st.just("a\nb"), st.sampled_from(["127.0.0.1:0", "[::1]:1", "policy.d"]))
+_KEYS = st.sampled_from(["new\nline", "listener", "upstream", "policy", "metrics", "event_log", "timeouts",
+                         "logging", "address", "tls", "tls_cert", "path", "queue_size",
+                         "connect_seconds", "level", "format", "max_connections", "x"])
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, max_size=6))
+def test_any_toml_shaped_input_is_valid_or_a_config_error(raw: dict) -> None:
+    """No input makes validation raise anything but ConfigError, and every issue is one line."""
+    try:
+        config_from_mapping(raw, source="f.toml", check_files=False)
+    except ConfigError as exc:
+        assert exc.issues
+        assert all(issue.startswith("f.toml: ") and "\n" not in issue for issue in exc.issues)
