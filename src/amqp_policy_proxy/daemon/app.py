@@ -25,7 +25,7 @@ from ..policy.errors import ConfigIssue, PolicyError
 from ..policy.load import load_policy
 from ..policy.model import Policy
 from . import systemd
-from .config import ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
+from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .preauth import PreauthBudget
 from .relay import ClientProtocol
 from .resolver import system_resolver
@@ -80,6 +80,7 @@ class Daemon:
         """SIGHUP reloads whose certificate/key files failed to load (old ones kept)."""
         self._last_status = ""
         self._config_digest: str | None = None
+        self._stop_reason = "requested"
 
     # ------------------------------------------------------------------ plumbing
 
@@ -281,7 +282,8 @@ class Daemon:
         Raises:
             PolicyError: the policy does not load (nothing is bound).
             ConfigError: a TLS certificate, key or CA file does not load (nothing is bound).
-            OSError: a listener cannot bind.
+            BindError: a listener or the metrics endpoint cannot bind its address (a
+                ConfigError naming the key and the address; nothing stays bound).
         """
         self.loop = asyncio.get_running_loop()
         self._wall_offset = time.time() - self.loop.time()
@@ -298,21 +300,25 @@ class Daemon:
             base = server_ssl.get(index)
             ctx = self._listener_ssl(index, base) if base is not None else None
             name = str(listener.address)
-            server = await self.loop.create_server(
-                lambda name=name: ClientProtocol(self, name),
-                listener.address.host, listener.address.port, ssl=ctx, backlog=4096,
-                reuse_address=True,
-                # a TLS handshake must finish within the Open-decision budget
-                ssl_handshake_timeout=self.config.handshake_seconds if ctx else None,
-            )
+            try:
+                server = await self.loop.create_server(
+                    lambda name=name: ClientProtocol(self, name),
+                    listener.address.host, listener.address.port, ssl=ctx, backlog=4096,
+                    reuse_address=True,
+                    # a TLS handshake must finish within the Open-decision budget
+                    ssl_handshake_timeout=self.config.handshake_seconds if ctx else None,
+                )
+            except OSError as exc:
+                await self._undo_start()
+                raise self._bind_error(f"listener[{index}].address", listener.address,
+                                       exc) from None
             self.servers.append(server)
             for sock in server.sockets:
                 addr = sock.getsockname()
                 self.listen_addresses.append((addr[0], addr[1]))
-                logger.info("listening on %s:%s%s (upstreams: %s)", addr[0], addr[1],
-                            " (amqps)" if ctx else "",
-                            ", ".join(str(u.address) for u in self.config.upstreams))
         self._publish_snapshot()
+        line, fields = self.start_line()
+        logger.info(line, extra=fields)
         self._snapshot_task = self.loop.create_task(self._snapshot_loop())
         if announce:
             self.announce_ready()
@@ -324,12 +330,71 @@ class Daemon:
         if self._watchdog_task is None:
             self._watchdog_task = systemd.start_watchdog(self.loop)
 
+    # -- start line and bind failures (issue 15) ---------------------------------------
+
+    def start_line(self) -> tuple[str, dict[str, Any]]:
+        """The one INFO line logged once every listener is bound, and its fields.
+
+        Names the version, the bound listeners (``(amqps)`` for TLS), the upstreams, the
+        policy digest and vhost count, the event-log directory and the metrics URL.
+
+        Returns:
+            ``(line, fields)``: the text, and the same facts as ``extra`` fields for the JSON
+            log format (``event`` is ``"start"``).
+        """
+        from .. import __version__
+
+        listeners = []
+        for server, lc in zip(self.servers, self.config.listeners, strict=False):
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                listeners.append(shown + (" (amqps)" if lc.tls_cert else ""))
+        upstreams = ", ".join(f"{u.address}{' (tls)' if u.tls else ''}"
+                              for u in self.config.upstreams) or "none"
+        policy = self.policy
+        vhosts = len(getattr(policy, "vhosts", ()) or ())
+        metrics = (self.metrics_server.url if self.metrics_server is not None
+                   else "off")
+        digest = getattr(policy, "digest", "-")
+        line = (f"amqp-policy-proxy {__version__} started: listening on "
+                f"{', '.join(listeners) or 'nothing'}; upstreams {upstreams}; policy "
+                f"{digest} ({vhosts} vhost{'s' if vhosts != 1 else ''}"
+                f" from {self.config.policy_path or 'memory'}); event log "
+                f"{self.config.event_log_dir or 'off'}; metrics {metrics}")
+        fields = {"event": "start", "version": __version__, "listeners": listeners,
+                  "upstreams": [str(u.address) for u in self.config.upstreams],
+                  "policy_digest": digest, "vhosts": vhosts,
+                  "policy_path": self.config.policy_path,
+                  "event_log_dir": self.config.event_log_dir,
+                  "metrics": None if self.metrics_server is None else metrics}
+        return line, fields
+
+    def _bind_error(self, key: str, address: Any, exc: OSError) -> BindError:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        where = f"{self.config.source}: " if self.config.source else ""
+        return BindError([f"{where}{key}: cannot listen on {address}: {reason}"])
+
+    async def _undo_start(self) -> None:
+        """Close what :meth:`start` opened before a listener failed to bind."""
+        for server in self.servers:
+            server.close()
+        self.servers.clear()
+        self.listen_addresses.clear()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+            self.metrics_server = None
+        if self.writer is not None:
+            await asyncio.to_thread(self.writer.stop)
+            self.writer = None
+
     def _load_policy(self) -> Policy:
         path = self.config.policy_path
         if path is None:
             raise PolicyError([ConfigIssue(file=None, path="policy.path",
                                            message="no policy path configured")])
-        return load_policy(path, self.config.policy, resolver=system_resolver)
+        return load_policy(path, self.config.policy, resolver=system_resolver,
+                           allow_empty=self.config.allow_empty_policy)
 
     def _start_observability(self) -> None:
         from ..metrics.collectors import LiveCollector
@@ -344,8 +409,10 @@ class Daemon:
             from ..metrics.exposition import start_metrics_server
 
             addr = self.config.metrics_address
-            self.metrics_server = start_metrics_server(registry, addr.host, addr.port)
-            logger.info("metrics on http://%s:%s/metrics", addr.host, self.metrics_server.port)
+            try:
+                self.metrics_server = start_metrics_server(registry, addr.host, addr.port)
+            except OSError as exc:
+                raise self._bind_error("metrics.address", addr, exc) from None
         if self.config.event_log_dir:
             from ..eventlog.sinks import FileEventSink
             from ..eventlog.writer import EventLogWriter
@@ -496,10 +563,17 @@ class Daemon:
                            "and TLS files, restart the service to apply the rest",
                            self.config.source)
 
-    def request_stop(self, force: bool = False) -> None:
-        """Ask the daemon to drain and exit (a second request exits at once)."""
+    def request_stop(self, force: bool = False, reason: str = "requested") -> None:
+        """Ask the daemon to drain and exit (a second request exits at once).
+
+        Args:
+            force: exit without waiting for the drain.
+            reason: why, for the stop line (``SIGTERM``, ``SIGINT``...); the first one counts.
+        """
         if self._stop is None:
             return
+        if not self._stop.is_set():
+            self._stop_reason = reason
         if self._stop.is_set() or force:
             self._force = True
             if self._drained is not None:
@@ -513,8 +587,14 @@ class Daemon:
         await self.shutdown()
 
     async def shutdown(self) -> None:
-        """Drain: stop accepting, Close every client (forced), wait for the grace period."""
+        """Drain: stop accepting, Close every client (forced), wait for the grace period.
+
+        Ends with the stop line: the reason, how many connections closed within the grace
+        period (drained) and how many were cut, and the seconds the shutdown took.
+        """
         self.draining = True
+        stop_began = time.monotonic()
+        open_at_stop = len(self.connections)
         systemd.notify(f"STOPPING=1\nSTATUS=draining {len(self.connections)} connections")
         for server in self.servers:
             server.close()
@@ -531,6 +611,7 @@ class Daemon:
             except TimeoutError:
                 logger.warning("%d connections still open after the grace period",
                                len(self.connections))
+        cut = len(self.connections)
         for proto in list(self.connections.values()):
             proto._abort()
         await asyncio.sleep(0)
@@ -545,12 +626,20 @@ class Daemon:
             self.metrics_server = None
         for server in self.servers:
             await server.wait_closed()
+        drained, seconds = open_at_stop - cut, time.monotonic() - stop_began
+        logger.info("stopped (%s): %d connection%s drained, %d cut after the grace period, "
+                    "in %.1f s", self._stop_reason, drained, "" if drained == 1 else "s", cut,
+                    seconds, extra={"event": "stop", "reason": self._stop_reason,
+                                    "drained": drained, "cut": cut,
+                                    "seconds": round(seconds, 3)})
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: drain (twice: exit now); SIGHUP: reload. Handlers only schedule."""
         loop = self.loop
-        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
-        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGTERM,
+                                functools.partial(self.request_stop, reason="SIGTERM"))
+        loop.add_signal_handler(signal.SIGINT,
+                                functools.partial(self.request_stop, reason="SIGINT"))
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
 
 

@@ -1,23 +1,28 @@
-"""The ``amqp-policy-proxy`` command line (ARCHITECTURE section 4.1).
+"""Daemon layer, the top: the ``amqp-policy-proxy`` command line (ARCHITECTURE section 4.1).
 
-Exit codes: 0 ok, 1 runtime failure, 2 bad configuration or usage.
+Exit codes: 0 ok (``explain``: allowed), 1 runtime failure, 2 bad configuration or usage
+(also: a listener or the metrics port cannot bind), 3 ``explain``: denied.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import ipaddress
+import json
+import os
 import sys
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 from .. import __version__
 from .config import (
+    LOG_FORMATS,
+    LOG_LEVELS,
     ConfigError,
     DaemonConfig,
-    ListenerConfig,
-    UpstreamConfig,
+    config_from_sources,
     load_daemon_config,
     parse_address,
 )
@@ -25,6 +30,42 @@ from .config import (
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
+EXIT_DENY = 3
+"""``explain``: the decision is a denial."""
+
+
+def _address_arg(text: str) -> str:
+    """argparse type: a valid ``HOST:PORT`` (kept as text; the schema parses it again)."""
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _ip_arg(text: str) -> str:
+    """argparse type: an IP address as the socket layer reports it (``[v6]``, zone allowed)."""
+    bare = text.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    try:
+        ipaddress.ip_address(bare.split("%", 1)[0])
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an IP address (give the client's numeric address, e.g. "
+            "10.1.2.3 or ::1)") from None
+    return text
+
+
+def _logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--log-level``/``--log-format``, accepted before and after the subcommand."""
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default=default,
+                        help="debug, info, warning or error (default: [logging] level, "
+                             "else info)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=default,
+                        help="text (one escaped line per record) or json (one object per "
+                             "line); default: [logging] format, else text")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,29 +75,49 @@ def build_parser() -> argparse.ArgumentParser:
         description="AMQP 1.0 proxy enforcing Qpid Dispatch Router connection policy.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    _logging_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the proxy")
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, **kwargs)
+        _logging_options(sp, top=False)
+        return sp
+
+    run = add("run", help="run the proxy",
+              description="Run the proxy until SIGTERM/SIGINT (drain) and reload on SIGHUP. "
+                          "Flags override the config file. Exit 2: invalid configuration or "
+                          "an address that cannot be bound.")
     run.add_argument("--config", help="daemon config file (TOML)")
-    run.add_argument("--listen", action="append", default=[], metavar="HOST:PORT")
-    run.add_argument("--upstream", action="append", default=[], metavar="HOST:PORT")
+    run.add_argument("--listen", action="append", default=[], metavar="HOST:PORT",
+                     type=_address_arg, help="replaces every [[listener]]")
+    run.add_argument("--upstream", action="append", default=[], metavar="HOST:PORT",
+                     type=_address_arg, help="replaces every [[upstream]]")
     run.add_argument("--policy", metavar="PATH", help="policy file or directory")
-    run.add_argument("--metrics", metavar="HOST:PORT")
+    run.add_argument("--metrics", metavar="HOST:PORT", type=_address_arg)
     run.add_argument("--event-log", metavar="DIR")
     run.add_argument("--max-connections", type=int, metavar="N")
     run.add_argument("--default-vhost", metavar="NAME")
 
-    check = sub.add_parser("check", help="validate a config or policy and print every issue")
+    check = add("check", help="validate a config or policy and print every issue",
+                description="Validate the daemon config (types, keys, the files it names) "
+                            "or a policy and print every issue. Exit 0 valid, 2 invalid.")
     g = check.add_mutually_exclusive_group(required=True)
     g.add_argument("--config", help="daemon config file (TOML); its policy is checked too")
     g.add_argument("--policy", metavar="PATH")
+    check.add_argument("--allow-empty", action="store_true",
+                       help="accept a policy that defines no vhost (everyone is denied)")
 
-    explain = sub.add_parser("explain", help="show the admission decision and the rule behind it")
-    explain.add_argument("--policy", required=True, metavar="PATH")
+    explain = add("explain", help="show the admission decision and the rule behind it",
+                  description="Explain whether USER connecting from HOST (and, with --address "
+                              "and --role, its link) is allowed, naming the rule of each step. "
+                              "Exit 0: allowed, 3: denied, 2: usage or policy error.")
+    pg = explain.add_mutually_exclusive_group(required=True)
+    pg.add_argument("--policy", metavar="PATH", help="policy file or directory")
+    pg.add_argument("--config", metavar="FILE",
+                    help="daemon config (TOML): its [policy] path and settings are used")
     explain.add_argument("--user", required=True)
-    explain.add_argument("--host", required=True, metavar="IP")
+    explain.add_argument("--host", required=True, metavar="IP", type=_ip_arg,
+                         help="the client's IP address")
     explain.add_argument("--vhost")
     explain.add_argument("--address")
     explain.add_argument("--role", choices=["sender", "receiver"])
@@ -71,59 +132,50 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--delivery-address", metavar="ADDRESS",
                          help="with --role receiver: a message's address, to show the "
                               "per-delivery decision and durable rewrite")
-    explain.add_argument("--enable-vhost-name-patterns", action="store_true")
-    explain.add_argument("--default-vhost", default="$default")
+    explain.add_argument("--enable-vhost-name-patterns", action="store_true", default=None,
+                         help="default: the config's, else off")
+    explain.add_argument("--default-vhost", help="default: the config's, else $default")
+    explain.add_argument("--json", action="store_true",
+                         help="print the decision as one JSON object")
 
-    report = sub.add_parser("report", help="Spark capacity reports from the event log")
+    report = add("report", help="Spark capacity reports from the event log")
     report.add_argument("kind", choices=["capacity"])
     report.add_argument("args", nargs=argparse.REMAINDER)
 
-    demo = sub.add_parser("demo", help="embedded broker + proxy + demo clients")
+    demo = add("demo", help="embedded broker + proxy + demo clients")
     demo.add_argument("--keep-running", action="store_true",
-                      help="leave the proxy and broker up after the demo clients finish")
+                      help="leave the proxy and broker up until Ctrl-C after the demo clients "
+                           "finish, to connect your own client")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
-    """Build the daemon config: the file (if any), then flags override it.
+    """Build the daemon config: the file (if any) with the flags laid over it, one schema.
 
     Raises:
-        ConfigError: invalid file or flags.
+        ConfigError: invalid file or flags (every problem).
     """
-    config = load_daemon_config(args.config) if args.config else DaemonConfig()
-    issues: list[str] = []
-    try:
-        if args.listen:
-            config = replace(config, listeners=tuple(
-                ListenerConfig(parse_address(a)) for a in args.listen))
-        if args.upstream:
-            config = replace(config, upstreams=tuple(
-                UpstreamConfig(parse_address(a)) for a in args.upstream))
-        if args.metrics:
-            config = replace(config, metrics_address=parse_address(args.metrics))
-    except ValueError as exc:
-        issues.append(f"command line: {exc}")
+    overrides: dict[str, tuple[str, Any]] = {}
+    if args.listen:
+        overrides["listener"] = ("--listen", [{"address": a} for a in args.listen])
+    if args.upstream:
+        overrides["upstream"] = ("--upstream", [{"address": a} for a in args.upstream])
     if args.policy:
-        config = replace(config, policy_path=args.policy)
+        overrides["policy.path"] = ("--policy", os.path.abspath(args.policy))
+    if args.metrics:
+        overrides["metrics.address"] = ("--metrics", args.metrics)
     if args.event_log:
-        config = replace(config, event_log_dir=args.event_log)
-    settings = config.policy
+        overrides["event_log.directory"] = ("--event-log", os.path.abspath(args.event_log))
     if args.max_connections is not None:
-        if args.max_connections < 0:
-            issues.append("command line: --max-connections must be >= 0")
-        settings = replace(settings, max_connections=args.max_connections)
+        overrides["policy.max_connections"] = ("--max-connections", args.max_connections)
     if args.default_vhost is not None:
-        settings = replace(settings, default_vhost=args.default_vhost)
-    config = replace(config, policy=settings)
-    if not config.listeners:
-        issues.append("no listener: give --listen HOST:PORT or [[listener]] in the config")
-    if not config.upstreams:
-        issues.append("no upstream: give --upstream HOST:PORT or [[upstream]] in the config")
-    if not config.policy_path:
-        issues.append("no policy: give --policy PATH or [policy] path in the config")
-    if issues:
-        raise ConfigError(issues)
-    return config
+        overrides["policy.default_vhost"] = ("--default-vhost", args.default_vhost)
+    return config_from_sources(args.config, overrides=overrides)
+
+
+def _print_issues(issues: list[str], file: Any = None) -> None:
+    for issue in issues:
+        print(f"error: {issue}", file=file or sys.stdout)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -135,17 +187,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ConfigError as exc:
-        for issue in exc.issues:
-            print(f"error: {issue}", file=sys.stderr)
+        _print_issues(exc.issues, sys.stderr)
         return EXIT_CONFIG
+    _setup_logging(args, config)
     try:
         return run(run_daemon(config))
     except PolicyError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG
-    except ConfigError as exc:  # TLS files that do not load
-        for issue in exc.issues:
-            print(f"error: {issue}", file=sys.stderr)
+    except ConfigError as exc:  # TLS files that do not load, an address that cannot bind
+        _print_issues(exc.issues, sys.stderr)
         return EXIT_CONFIG
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -161,28 +212,26 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     settings = PolicySettings()
     policy_path = args.policy
+    allow_empty = args.allow_empty
     if args.config:
-        try:
+        try:  # the same schema and file checks as `run`
             config = load_daemon_config(args.config)
         except ConfigError as exc:
-            for issue in exc.issues:
-                print(f"error: {issue}")
+            _print_issues(exc.issues)
             return EXIT_CONFIG
         settings = config.policy
         policy_path = config.policy_path
-        if not policy_path:
-            print(f"error: {args.config}: policy.path: missing")
-            return EXIT_CONFIG
+        allow_empty = allow_empty or config.allow_empty_policy
         from .app import Daemon
 
         try:  # ExecReload runs this before SIGHUP: TLS files are reloaded too
             Daemon(config).build_tls_contexts()
         except ConfigError as exc:
-            for issue in exc.issues:
-                print(f"error: {issue}")
+            _print_issues(exc.issues)
             return EXIT_CONFIG
     try:
-        policy = load_policy(policy_path, settings, resolver=system_resolver)
+        policy = load_policy(policy_path, settings, resolver=system_resolver,
+                             allow_empty=allow_empty)
     except PolicyError as exc:
         print(format_issues(exc.issues))
         return EXIT_CONFIG
@@ -204,10 +253,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ..policy.model import PolicySettings
     from .resolver import system_resolver
 
-    settings = PolicySettings(enable_vhost_name_patterns=args.enable_vhost_name_patterns,
-                              default_vhost=args.default_vhost)
+    settings = PolicySettings()
+    policy_path = args.policy
+    allow_empty = True  # explaining a deny-everything policy is still useful
+    if args.config:
+        try:  # TLS and event-log files are not needed to explain a decision
+            config = load_daemon_config(args.config, check_files=False)
+        except ConfigError as exc:
+            _print_issues(exc.issues)
+            return EXIT_CONFIG
+        settings, policy_path = config.policy, config.policy_path
+    if args.enable_vhost_name_patterns is not None:
+        settings = replace(settings, enable_vhost_name_patterns=True)
+    if args.default_vhost is not None:
+        settings = replace(settings, default_vhost=args.default_vhost)
     try:
-        policy = load_policy(args.policy, settings, resolver=system_resolver)
+        policy = load_policy(policy_path, settings, resolver=system_resolver,
+                             allow_empty=allow_empty)
     except PolicyError as exc:
         print(format_issues(exc.issues))
         return EXIT_CONFIG
@@ -231,8 +293,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
     result = explain(policy, user=args.user, host=args.host, vhost=args.vhost,
                      address=args.address, role=args.role, qos=args.qos, subject=args.subject,
                      wall_now=wall_now, delivery_address=args.delivery_address)
-    print(result.render())
-    return EXIT_OK
+    if args.json:
+        print(json.dumps({
+            "allowed": result.allowed, "reason": result.reason, "steps": list(result.lines),
+            "user": args.user, "host": args.host, "vhost": args.vhost,
+            "address": args.address, "role": args.role, "policy_digest": policy.digest,
+        }, indent=2))
+    else:
+        print(result.render())
+    return EXIT_OK if result.allowed else EXIT_DENY
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -259,10 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return EXIT_CONFIG if exc.code not in (0, None) else EXIT_OK
-    logging.basicConfig(
-        level=getattr(logging, args.log_level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if args.command != "run":  # `run` sets up logging once its config is read
+        _setup_logging(args, None)
     handlers = {
         "run": cmd_run,
         "check": cmd_check,
@@ -274,6 +341,15 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.command](args)
     except KeyboardInterrupt:
         return EXIT_FAILURE
+
+
+def _setup_logging(args: argparse.Namespace, config: DaemonConfig | None) -> None:
+    """Flags first, then the config's ``[logging]``, then info/text."""
+    from .logs import configure_logging
+
+    level = args.log_level or (config.log_level if config else "info")
+    fmt = args.log_format or (config.log_format if config else "text")
+    configure_logging(level, fmt)
 
 
 if __name__ == "__main__":  # pragma: no cover

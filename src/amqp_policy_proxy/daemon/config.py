@@ -1,17 +1,52 @@
-"""Daemon configuration: the TOML file of ARCHITECTURE section 4.2, overridden by CLI flags.
+"""Daemon layer: the TOML configuration file, one typed schema for ``run`` and ``check``.
 
-``load_daemon_config`` only parses and validates; nothing is opened or bound here. Errors are
-collected into one :class:`ConfigError` naming the file and the key path of each problem.
+The file is described once, by the pydantic v2 models below (:class:`ConfigFile` and one model
+per table). ``run`` and ``check`` both go through :func:`load_daemon_config` (``run`` through
+:func:`config_from_sources`, which lays its command-line flags over the file first), so
+``check --config`` accepts exactly what ``run`` starts with. Validation is strict: a TOML string
+is never a boolean or a number (``tls = "false"`` is an error, not true), a table is never a
+string, unknown keys are errors, and files the daemon will open (TLS certificates, keys and CAs,
+the policy path, the event log directory) are checked for existence and access here too.
+Every problem is collected into one :class:`ConfigError`, one line each, as
+``file: key.path: reason`` (``file: line L column C: invalid TOML: ...`` for syntax errors).
+
+The validated result is the frozen dataclasses :class:`DaemonConfig`, :class:`ListenerConfig`,
+:class:`UpstreamConfig` and :class:`Address`: the rest of the daemon, the tests and the demo build
+and ``dataclasses.replace`` those directly. Nothing is opened, bound or connected here.
+
+Adding a table (e.g. ``[admin]``): write a ``_Table`` subclass whose fields use :func:`_key`
+(type name and description: the reference in ``docs/configuration.md`` is generated from them,
+see :func:`reference_markdown`), add it as a field of :class:`ConfigFile` with a default, and
+carry its values into :class:`DaemonConfig` in :meth:`ConfigFile.to_daemon_config`.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
+import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from ..policy.model import PolicySettings
+from .logs import escape_control
 
 
 class ConfigError(Exception):
@@ -21,6 +56,13 @@ class ConfigError(Exception):
         """Create the error from its issues (one line each)."""
         super().__init__("\n".join(issues))
         self.issues = issues
+
+
+class BindError(ConfigError):
+    """A listener or the metrics endpoint cannot bind its configured address (exit 2)."""
+
+
+# ---------------------------------------------------------------------------------- results
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +96,11 @@ def parse_address(text: str) -> Address:
             raise ValueError(f"bad address {text!r}: expected HOST:PORT")
     if not host:
         raise ValueError(f"bad address {text!r}: empty host")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"bad address {text!r}: port is not a number") from None
+    if not port_text.isdigit():
+        raise ValueError(f"bad address {text!r}: port is not a number")
+    port = int(port_text)
     if not 0 <= port <= 65535:
-        raise ValueError(f"bad address {text!r}: port out of range")
+        raise ValueError(f"bad address {text!r}: port out of range 0..65535")
     return Address(host, port)
 
 
@@ -87,6 +128,12 @@ class UpstreamConfig:
     tls_server_name: str | None = None
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""Accepted ``[logging] level`` / ``--log-level`` values (any case)."""
+LOG_FORMATS = ("text", "json")
+"""Accepted ``[logging] format`` / ``--log-format`` values."""
+
+
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
     """Everything ``run`` needs. Times in seconds."""
@@ -105,151 +152,615 @@ class DaemonConfig:
     """Budget (bytes) for what connections not yet admitted hold, process-wide."""
     source: str | None = None
     """The config file this came from, if any."""
+    allow_empty_policy: bool = False
+    """``[policy] allow_empty``: a policy without any vhost is accepted (everyone is denied)."""
+    log_level: str = "info"
+    """``[logging] level``: one of :data:`LOG_LEVELS`."""
+    log_format: str = "text"
+    """``[logging] format``: one of :data:`LOG_FORMATS`."""
 
 
-_TOP_KEYS = {"listener", "upstream", "policy", "metrics", "event_log", "timeouts"}
-_POLICY_KEYS = {
-    "path", "max_connections", "enable_vhost_policy", "enable_vhost_name_patterns",
-    "default_vhost", "max_message_size",
-}
+# ---------------------------------------------------------------------------------- schema
 
 
-def load_daemon_config(path: str | Path) -> DaemonConfig:
-    """Read and validate a TOML daemon config.
+def _key(default: Any = ..., *, toml: str, doc: str, **constraints: Any) -> Any:
+    """A schema field: ``toml`` is the type as the reference names it, ``doc`` its description."""
+    return Field(default, description=doc, json_schema_extra={"toml": toml}, **constraints)
+
+
+def _address(value: Any) -> Address:
+    if not isinstance(value, str):
+        raise PydanticCustomError("address_type", "expected a \"HOST:PORT\" string, got {got}",
+                                  {"got": describe(value)})
+    try:
+        return parse_address(value)
+    except ValueError as exc:
+        raise PydanticCustomError("address", "{reason}", {"reason": str(exc)}) from None
+
+
+def _resolve(value: str, info: ValidationInfo) -> str:
+    """Resolve a path against the config file's directory (``base`` in the context)."""
+    base = (info.context or {}).get("base")
+    path = Path(value)
+    if base is not None and not path.is_absolute():
+        path = Path(base) / path
+    return str(path)
+
+
+def _checking(info: ValidationInfo) -> bool:
+    return bool((info.context or {}).get("check_files", True))
+
+
+def _readable_file(value: str, info: ValidationInfo) -> str:
+    path = _resolve(value, info)
+    if _checking(info):
+        if not os.path.exists(path):
+            raise PydanticCustomError("file", "{path}: no such file", {"path": path})
+        if not os.path.isfile(path):
+            raise PydanticCustomError("file", "{path}: not a regular file", {"path": path})
+        if not os.access(path, os.R_OK):
+            raise PydanticCustomError("file", "{path}: not readable by this user", {"path": path})
+    return path
+
+
+def _policy_path(value: str, info: ValidationInfo) -> str:
+    path = _resolve(value, info)
+    if _checking(info):
+        if not os.path.exists(path):
+            raise PydanticCustomError("file", "{path}: no such file or directory", {"path": path})
+        if not os.access(path, os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
+            raise PydanticCustomError("file", "{path}: not readable by this user", {"path": path})
+    return path
+
+
+def _writable_dir(value: str, info: ValidationInfo) -> str:
+    path = _resolve(value, info)
+    if _checking(info):
+        if os.path.exists(path):
+            if not os.path.isdir(path):
+                raise PydanticCustomError("dir", "{path}: not a directory", {"path": path})
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise PydanticCustomError("dir", "{path}: not writable by this user",
+                                          {"path": path})
+        else:  # created at start: the nearest existing parent must let us
+            parent = Path(path).parent
+            while not parent.exists() and parent != parent.parent:
+                parent = parent.parent
+            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+                raise PydanticCustomError(
+                    "dir", "{path}: does not exist and cannot be created ({parent} is not "
+                    "writable by this user)", {"path": path, "parent": str(parent)})
+    return path
+
+
+def _nonempty(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("empty", "must not be empty")
+    return value
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+AddressKey = Annotated[Address, PlainValidator(_address)]
+ReadableFile = Annotated[str, AfterValidator(_nonempty), AfterValidator(_readable_file)]
+PolicyPath = Annotated[str, AfterValidator(_nonempty), AfterValidator(_policy_path)]
+WritableDir = Annotated[str, AfterValidator(_nonempty), AfterValidator(_writable_dir)]
+
+
+class _Table(BaseModel):
+    """One TOML table: strict types, unknown keys are errors, immutable."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True,
+                              arbitrary_types_allowed=True)
+
+
+class ListenerTable(_Table):
+    """``[[listener]]``: one listening socket for clients (at least one)."""
+
+    address: AddressKey = _key(
+        toml="string HOST:PORT",
+        doc="Address to listen on, e.g. \"0.0.0.0:5672\" or \"[::]:5671\"; port 0 lets the "
+            "kernel choose.")
+    tls_cert: ReadableFile | None = _key(
+        None, toml="path (file)",
+        doc="PEM certificate chain, leaf first. With it the listener speaks amqps (TLS from the "
+            "first byte). Needs tls_key. Re-read on reload.")
+    tls_key: ReadableFile | None = _key(
+        None, toml="path (file)", doc="PEM private key of tls_cert, unencrypted.")
+    tls_ca: ReadableFile | None = _key(
+        None, toml="path (file)",
+        doc="CA bundle that signs client certificates; with it client certificates are "
+            "verified (optional unless require_client_cert). Needs tls_cert.")
+    require_client_cert: bool = _key(
+        False, toml="boolean",
+        doc="Refuse clients without a valid certificate signed by tls_ca. Needs tls_cert and "
+            "tls_ca.")
+
+    @model_validator(mode="after")
+    def _tls_keys_go_together(self) -> ListenerTable:
+        problems = []
+        if (self.tls_cert is None) != (self.tls_key is None):
+            problems.append("tls_cert and tls_key must be given together")
+        elif self.tls_cert is None and (self.tls_ca is not None or self.require_client_cert):
+            problems.append("tls_ca and require_client_cert need tls_cert and tls_key "
+                            "(a plain listener cannot verify client certificates)")
+        if self.require_client_cert and self.tls_ca is None:
+            problems.append("require_client_cert needs tls_ca (the CA that signs client "
+                            "certificates)")
+        if problems:
+            raise PydanticCustomError("listener_tls", "{problems}",
+                                      {"problems": "; ".join(problems)})
+        return self
+
+
+class UpstreamTable(_Table):
+    """``[[upstream]]``: one router or broker (at least one); tried in order when one refuses."""
+
+    address: AddressKey = _key(toml="string HOST:PORT",
+                               doc="The router's AMQP address, e.g. \"127.0.0.1:25672\".")
+    tls: bool = _key(False, toml="boolean",
+                     doc="Connect to the router with TLS (1.2 or later).")
+    tls_ca: ReadableFile | None = _key(
+        None, toml="path (file)",
+        doc="CA bundle to verify the router's certificate; default: the system CA store. "
+            "Needs tls = true.")
+    tls_cert: ReadableFile | None = _key(
+        None, toml="path (file)",
+        doc="The proxy's client certificate (PEM), when the router asks for one. Needs tls_key "
+            "and tls = true.")
+    tls_key: ReadableFile | None = _key(None, toml="path (file)",
+                                        doc="PEM private key of tls_cert, unencrypted.")
+    tls_server_name: Annotated[str, AfterValidator(_nonempty)] | None = _key(
+        None, toml="string",
+        doc="Name the router's certificate must carry; default: the address's host.")
+
+    @model_validator(mode="after")
+    def _tls_keys_go_together(self) -> UpstreamTable:
+        problems = []
+        if (self.tls_cert is None) != (self.tls_key is None):
+            problems.append("tls_cert and tls_key must be given together")
+        unused = [k for k in ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
+                  if getattr(self, k) is not None]
+        if unused and not self.tls:
+            problems.append(f"{', '.join(unused)} set but tls is false (set tls = true)")
+        if problems:
+            raise PydanticCustomError("upstream_tls", "{problems}",
+                                      {"problems": "; ".join(problems)})
+        return self
+
+
+_DEFAULT_SETTINGS = PolicySettings()
+
+
+class PolicyTable(_Table):
+    """``[policy]``: where the policy files are and QDR's global ``policy`` settings."""
+
+    path: PolicyPath = _key(
+        toml="path (file or directory)",
+        doc="Policy directory (every *.json, *.yaml, *.yml directly in it) or one file; QDR "
+            "policyDir. Re-read on reload.")
+    max_connections: int = _key(
+        _DEFAULT_SETTINGS.max_connections, toml="integer >= 0", ge=0,
+        doc="Concurrent client connections accepted; 0 refuses all (QDR maxConnections). "
+            "LimitNOFILE must cover twice this.")
+    enable_vhost_policy: bool = _key(
+        _DEFAULT_SETTINGS.enable_vhost_policy, toml="boolean",
+        doc="false: only max_connections applies (QDR enableVhostPolicy; QDR's default is "
+            "false, the proxy's true).")
+    enable_vhost_name_patterns: bool = _key(
+        _DEFAULT_SETTINGS.enable_vhost_name_patterns, toml="boolean",
+        doc="Vhost hostnames and aliases are address-style patterns (QDR "
+            "enableVhostNamePatterns).")
+    default_vhost: str = _key(
+        _DEFAULT_SETTINGS.default_vhost, toml="string",
+        doc="Vhost used when the Open hostname matches none; \"\" disables it (QDR "
+            "defaultVhost).")
+    max_message_size: int = _key(
+        _DEFAULT_SETTINGS.max_message_size, toml="integer >= 0 (bytes)", ge=0,
+        doc="Global maximum message size; 0 = unlimited. Vhost and group values override it "
+            "(QDR maxMessageSize).")
+    allow_empty: bool = _key(
+        False, toml="boolean",
+        doc="Accept a policy that defines no vhost (every connection is then denied); without "
+            "it such a policy is an error at start, reload and check.")
+
+
+class MetricsTable(_Table):
+    """``[metrics]``: the Prometheus endpoint."""
+
+    address: AddressKey | None = _key(
+        None, toml="string HOST:PORT",
+        doc="Serve http://HOST:PORT/metrics; absent: no metrics endpoint. An explicit host, "
+            "e.g. \"127.0.0.1:9464\".")
+
+
+class EventLogTable(_Table):
+    """``[event_log]``: the JSON Lines event log for audits and capacity reports."""
+
+    directory: WritableDir | None = _key(
+        None, toml="path (directory)",
+        doc="Root of the hourly JSON Lines partitions; created if missing, must be writable. "
+            "Absent: no event log.")
+    queue_size: int = _key(
+        10000, toml="integer > 0 (records)", gt=0,
+        doc="Records buffered for the writer thread; beyond it records are dropped and "
+            "counted.")
+
+
+class TimeoutsTable(_Table):
+    """``[timeouts]``: seconds."""
+
+    handshake_seconds: float = _key(
+        10.0, toml="number > 0 (seconds)", gt=0,
+        doc="From TCP accept (and the TLS handshake) to the client's Open decision.")
+    shutdown_grace_seconds: float = _key(
+        30.0, toml="number > 0 (seconds)", gt=0,
+        doc="Drain budget on SIGTERM; keep the unit's TimeoutStopSec above it.")
+    connect_seconds: float = _key(
+        5.0, toml="number > 0 (seconds)", gt=0,
+        doc="Budget for one TCP (and TLS) connect to an upstream before the next one is "
+            "tried.")
+
+
+class LoggingTable(_Table):
+    """``[logging]``: the daemon's own log on stderr (the journal under systemd)."""
+
+    level: Annotated[Literal["debug", "info", "warning", "error"],
+                     BeforeValidator(_lower)] = _key(
+        "info", toml="string", doc="debug, info, warning or error (any case); --log-level "
+                                   "overrides it.")
+    format: Literal["text", "json"] = _key(
+        "text", toml="string",
+        doc="text: one line per record, control characters escaped; json: one JSON object "
+            "per line. --log-format overrides it.")
+
+
+class DaemonTable(_Table):
+    """``[daemon]``: the process itself."""
+
+    preauth_buffer_bytes: int = _key(
+        64 * 1024 * 1024, toml="integer > 0 (bytes)", gt=0,
+        doc="Memory budget for what connections not yet admitted hold (partial frames, bytes "
+            "waiting for the upstream), summed over the process. Over it those connections "
+            "stop being read and new ones are refused (reason preauth_memory) until the sum "
+            "is back to three quarters.")
+
+
+class ConfigFile(_Table):
+    """The whole file. ``[[listener]]``, ``[[upstream]]`` and ``[policy]`` are required."""
+
+    listener: list[ListenerTable] = _key(toml="array of tables", min_length=1,
+                                         doc="Client listeners.")
+    upstream: list[UpstreamTable] = _key(toml="array of tables", min_length=1,
+                                         doc="Routers or brokers, in order of preference.")
+    policy: PolicyTable = _key(toml="table", doc="Policy files and global settings.")
+    metrics: MetricsTable = _key(MetricsTable(), toml="table", doc="Prometheus endpoint.")
+    event_log: EventLogTable = _key(EventLogTable(), toml="table", doc="JSON Lines event log.")
+    timeouts: TimeoutsTable = _key(TimeoutsTable(), toml="table", doc="Timeouts.")
+    logging: LoggingTable = _key(LoggingTable(), toml="table", doc="The daemon's log.")
+    daemon: DaemonTable = _key(DaemonTable(), toml="table", doc="The process itself.")
+
+    @field_validator("listener")
+    @classmethod
+    def _distinct_listeners(cls, listeners: list[ListenerTable]) -> list[ListenerTable]:
+        seen: dict[Address, int] = {}
+        for i, listener in enumerate(listeners):
+            if listener.address.port and listener.address in seen:
+                raise PydanticCustomError(
+                    "duplicate", "listener[{i}] and listener[{j}] both listen on {addr}",
+                    {"i": seen[listener.address], "j": i, "addr": str(listener.address)})
+            seen[listener.address] = i
+        return listeners
+
+    def to_daemon_config(self, source: str | None) -> DaemonConfig:
+        """The validated file as the daemon's frozen dataclasses."""
+        pol = self.policy
+        return DaemonConfig(
+            listeners=tuple(ListenerConfig(lt.address, lt.tls_cert, lt.tls_key, lt.tls_ca,
+                                           lt.require_client_cert) for lt in self.listener),
+            upstreams=tuple(UpstreamConfig(ut.address, ut.tls, ut.tls_ca, ut.tls_cert,
+                                           ut.tls_key, ut.tls_server_name)
+                            for ut in self.upstream),
+            policy_path=pol.path,
+            policy=PolicySettings(
+                max_connections=pol.max_connections,
+                enable_vhost_policy=pol.enable_vhost_policy,
+                enable_vhost_name_patterns=pol.enable_vhost_name_patterns,
+                default_vhost=pol.default_vhost,
+                max_message_size=pol.max_message_size,
+            ),
+            allow_empty_policy=pol.allow_empty,
+            metrics_address=self.metrics.address,
+            event_log_dir=self.event_log.directory,
+            event_log_queue=self.event_log.queue_size,
+            handshake_seconds=self.timeouts.handshake_seconds,
+            shutdown_grace_seconds=self.timeouts.shutdown_grace_seconds,
+            connect_timeout_seconds=self.timeouts.connect_seconds,
+            log_level=self.logging.level,
+            log_format=self.logging.format,
+            preauth_buffer_bytes=self.daemon.preauth_buffer_bytes,
+            source=source,
+        )
+
+
+# ---------------------------------------------------------------------------------- loading
+
+
+def load_daemon_config(path: str | Path, *, check_files: bool = True) -> DaemonConfig:
+    """Read and validate a TOML daemon config (what ``check --config`` and ``run`` do).
 
     Args:
         path: the file.
+        check_files: also check that the files it names exist with the access the daemon needs.
 
     Returns:
         The config; relative paths in it are resolved against the file's directory.
 
     Raises:
-        ConfigError: unreadable file, TOML syntax error, unknown keys or bad values (all
-            collected).
+        ConfigError: unreadable file, TOML syntax error, or any invalid key or value (all
+            collected, ``file: key.path: reason`` each).
+    """
+    return config_from_sources(path, check_files=check_files)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML file.
+
+    Raises:
+        ConfigError: unreadable file or TOML syntax error (``file: line L column C: ...``).
     """
     p = Path(path)
     try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError([f"{p}: cannot read: {exc.strerror}"]) from None
+        raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{p}: cannot read: not UTF-8 ({exc.reason} at byte "
+                           f"{exc.start})"]) from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{p}: TOML syntax error: {exc}"]) from None
-    return config_from_mapping(raw, source=str(p), base=p.parent)
+        message = str(exc)
+        where = ""
+        if m := re.search(r"\s*\(at line (\d+), column (\d+)\)$", message):
+            where = f"line {m.group(1)} column {m.group(2)}: "
+            message = message[:m.start()]
+        elif m := re.search(r"\s*\(at end of document\)$", message):
+            where = "end of file: "
+            message = message[:m.start()]
+        message = message[:1].lower() + message[1:]
+        raise ConfigError([f"{p}: {where}invalid TOML: {message}"]) from None
 
 
-def config_from_mapping(raw: dict[str, Any], *, source: str = "<config>",
-                        base: Path | None = None) -> DaemonConfig:
-    """Validate an already-parsed config mapping; see :func:`load_daemon_config`."""
-    issues: list[str] = []
+def config_from_sources(path: str | Path | None = None, *,
+                        overrides: Mapping[str, tuple[str, Any]] | None = None,
+                        check_files: bool = True) -> DaemonConfig:
+    """Validate the file (if any) with command-line values laid over it.
 
-    def issue(key: str, msg: str) -> None:
-        issues.append(f"{source}: {key}: {msg}")
+    Args:
+        path: the TOML file, or None for flags only.
+        overrides: ``"table.key"`` (or ``"listener"``/``"upstream"``) -> ``(flag, value)``;
+            the value replaces the file's. Relative paths in flag values must already be
+            absolute (they are relative to the working directory, not the file). Problems in
+            an overridden value are reported as ``command line: --flag: reason``.
+        check_files: check that the named files exist with the access the daemon needs.
 
-    def rel(value: str | None) -> str | None:
-        if value is None or base is None:
-            return value
-        pv = Path(value)
-        return str(pv if pv.is_absolute() else base / pv)
+    Returns:
+        The validated config.
 
-    for key in raw:
-        if key not in _TOP_KEYS:
-            issue(key, "unknown key")
-    listeners = []
-    for i, item in enumerate(_as_list(raw.get("listener", []))):
-        key = f"listener[{i}]"
-        unknown = set(item) - {"address", "tls_cert", "tls_key", "tls_ca", "require_client_cert"}
-        for k in sorted(unknown):
-            issue(f"{key}.{k}", "unknown key")
-        try:
-            addr = parse_address(str(item.get("address", "")))
-        except ValueError as exc:
-            issue(f"{key}.address", str(exc))
-            continue
-        if bool(item.get("tls_cert")) != bool(item.get("tls_key")):
-            issue(key, "tls_cert and tls_key must be given together")
-        listeners.append(ListenerConfig(
-            addr, rel(item.get("tls_cert")), rel(item.get("tls_key")), rel(item.get("tls_ca")),
-            bool(item.get("require_client_cert", False)),
-        ))
-    upstreams = []
-    for i, item in enumerate(_as_list(raw.get("upstream", []))):
-        key = f"upstream[{i}]"
-        unknown = set(item) - {"address", "tls", "tls_ca", "tls_cert", "tls_key",
-                               "tls_server_name"}
-        for k in sorted(unknown):
-            issue(f"{key}.{k}", "unknown key")
-        try:
-            addr = parse_address(str(item.get("address", "")))
-        except ValueError as exc:
-            issue(f"{key}.address", str(exc))
-            continue
-        upstreams.append(UpstreamConfig(
-            addr, bool(item.get("tls", False)), rel(item.get("tls_ca")), rel(item.get("tls_cert")),
-            rel(item.get("tls_key")), item.get("tls_server_name"),
-        ))
-    pol = raw.get("policy", {})
-    for k in sorted(set(pol) - _POLICY_KEYS):
-        issue(f"policy.{k}", "unknown key")
-    settings = PolicySettings()
-    kwargs: dict[str, Any] = {}
-    for k in ("max_connections", "max_message_size"):
-        if k in pol:
-            v = pol[k]
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                issue(f"policy.{k}", "must be an integer >= 0")
-            else:
-                kwargs[k] = v
-    for k in ("enable_vhost_policy", "enable_vhost_name_patterns"):
-        if k in pol:
-            if not isinstance(pol[k], bool):
-                issue(f"policy.{k}", "must be true or false")
-            else:
-                kwargs[k] = pol[k]
-    if "default_vhost" in pol:
-        kwargs["default_vhost"] = str(pol["default_vhost"])
-    settings = replace(settings, **kwargs)
-    metrics = raw.get("metrics", {})
-    metrics_address = None
-    for k in sorted(set(metrics) - {"address"}):
-        issue(f"metrics.{k}", "unknown key")
-    if metrics.get("address"):
-        try:
-            metrics_address = parse_address(str(metrics["address"]))
-        except ValueError as exc:
-            issue("metrics.address", str(exc))
-    ev = raw.get("event_log", {})
-    for k in sorted(set(ev) - {"directory", "queue_size"}):
-        issue(f"event_log.{k}", "unknown key")
-    timeouts = raw.get("timeouts", {})
-    for k in sorted(set(timeouts) - {"handshake_seconds", "shutdown_grace_seconds",
-                                     "connect_seconds"}):
-        issue(f"timeouts.{k}", "unknown key")
-    tvals: dict[str, float] = {}
-    for k, name in (("handshake_seconds", "handshake_seconds"),
-                    ("shutdown_grace_seconds", "shutdown_grace_seconds"),
-                    ("connect_seconds", "connect_timeout_seconds")):
-        if k in timeouts:
-            v = timeouts[k]
-            if not isinstance(v, int | float) or isinstance(v, bool) or v <= 0:
-                issue(f"timeouts.{k}", "must be a number > 0")
-            else:
-                tvals[name] = float(v)
-    if issues:
-        raise ConfigError(issues)
-    return DaemonConfig(
-        listeners=tuple(listeners),
-        upstreams=tuple(upstreams),
-        policy_path=rel(pol.get("path")),
-        policy=settings,
-        metrics_address=metrics_address,
-        event_log_dir=rel(ev.get("directory")),
-        event_log_queue=int(ev.get("queue_size", 10000)),
-        source=source,
-        **tvals,
-    )
+    Raises:
+        ConfigError: every problem, collected.
+    """
+    raw: dict[str, Any] = read_toml(path) if path is not None else {}
+    overrides = overrides or {}
+    for dotted, (_flag, value) in overrides.items():
+        table, _, key = dotted.partition(".")
+        if not key:
+            raw[table] = value
+        else:
+            section = raw.setdefault(table, {})
+            if isinstance(section, dict):
+                section[key] = value
+    source = str(path) if path is not None else None
+    return config_from_mapping(raw, source=source,
+                               base=Path(path).absolute().parent if path is not None else None,
+                               overrides={k: flag for k, (flag, _) in overrides.items()},
+                               check_files=check_files)
 
 
-def _as_list(value: Any) -> list[dict[str, Any]]:
+def config_from_mapping(raw: Mapping[str, Any], *, source: str | None = "<config>",
+                        base: Path | None = None, overrides: Mapping[str, str] | None = None,
+                        check_files: bool = True) -> DaemonConfig:
+    """Validate an already-parsed config mapping; see :func:`config_from_sources`.
+
+    Raises:
+        ConfigError: every problem, collected.
+    """
+    try:
+        model = ConfigFile.model_validate(
+            raw, context={"base": base, "check_files": check_files})
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc, source=source, overrides=overrides or {})
+                          ) from None
+    return model.to_daemon_config(source)
+
+
+# ---------------------------------------------------------------------------------- messages
+
+_TABLE_HINTS = {
+    "listener": "[[listener]] tables (two brackets), each with address = \"HOST:PORT\"",
+    "upstream": "[[upstream]] tables (two brackets), each with address = \"HOST:PORT\"",
+    "policy": "table [policy] with path = \"...\"",
+    "metrics": "table [metrics] with address = \"HOST:PORT\"",
+    "event_log": "table [event_log] with directory = \"...\"",
+    "timeouts": "table [timeouts]",
+    "logging": "table [logging]",
+}
+_MISSING = {
+    "listener": "missing: at least one [[listener]] with address = \"HOST:PORT\" is required "
+                "(or run --listen HOST:PORT)",
+    "upstream": "missing: at least one [[upstream]] with address = \"HOST:PORT\" is required "
+                "(or run --upstream HOST:PORT)",
+    "policy": "missing: a [policy] table with path = \"...\" is required (or run --policy PATH)",
+    "policy.path": "missing: the policy file or directory is required (or run --policy PATH)",
+}
+_EXPECTED = {
+    "bool_type": "true or false",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "string_type": "a string",
+}
+_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="),
+           "less_than": ("lt", "<"), "less_than_equal": ("le", "<=")}
+
+
+def describe(value: Any) -> str:
+    """Name a TOML value's type (and show it when short), for error messages."""
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int):
+        return f"an integer ({value})"
+    if isinstance(value, float):
+        return f"a float ({value})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"a string (\"{shown}\")"
     if isinstance(value, dict):
-        return [value]
-    return [v for v in value if isinstance(v, dict)]
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return f"a {type(value).__name__} ({value})"
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _reason(err: Mapping[str, Any], loc: tuple[Any, ...]) -> str:
+    kind = err["type"]
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    dotted = ".".join(str(p) for p in loc if not isinstance(p, int))
+    if kind == "missing":
+        return _MISSING.get(dotted, "missing: required key")
+    if kind == "extra_forbidden":
+        model: type[BaseModel] = ConfigFile
+        for part in loc[:-1]:
+            if isinstance(part, int):
+                continue
+            annotation = model.model_fields[part].annotation
+            model = getattr(annotation, "__args__", (annotation,))[0]
+        close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1,
+                                          cutoff=0.6)
+        hint = close[0] if close else None
+        return "unknown key" + (f" (did you mean '{hint}'?)" if hint else "")
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {describe(value)}"
+    if kind == "int_from_float":
+        return f"expected an integer, got {describe(value)}"
+    if kind in ("model_type", "dict_type"):
+        top = str(loc[0]) if loc else ""
+        what = "a table" if len(loc) != 1 else f"a {_TABLE_HINTS.get(top, 'table')}"
+        if isinstance(loc[-1], int):
+            what = f"a table ({_TABLE_HINTS.get(top, 'table')})"
+        return f"expected {what}, got {describe(value)}"
+    if kind == "list_type":
+        hint = _TABLE_HINTS.get(str(loc[0]), "an array")
+        extra = ""
+        if isinstance(value, dict):
+            extra = f": write [[{loc[0]}]], not [{loc[0]}]"
+        return f"expected an array of {hint}, got {describe(value)}{extra}"
+    if kind == "too_short":
+        return _MISSING.get(dotted, "must not be empty").removeprefix("missing: ")
+    if kind in _BOUNDS:
+        key, op = _BOUNDS[kind]
+        bound = ctx.get(key)
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)
+        return f"must be {op} {bound}, got {describe(value)}"
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected')}, got {describe(value)}"
+    msg = str(err.get("msg", kind))
+    return msg.removeprefix("Value error, ")
+
+
+def format_errors(exc: ValidationError, *, source: str | None = "<config>",
+                  overrides: Mapping[str, str] | None = None) -> list[str]:
+    """Turn a schema validation error into ``file: key.path: reason`` lines, in schema order.
+
+    Args:
+        exc: the pydantic error.
+        source: the file name (None: the values came from the command line only).
+        overrides: key paths set from the command line -> flag name; their problems are
+            reported as ``command line: --flag: reason``.
+    """
+    overrides = overrides or {}
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        reason = _reason(err, loc)
+        dotted = ".".join(str(p) for p in loc if not isinstance(p, int))
+        flag = next((f for k, f in overrides.items()
+                     if dotted == k or dotted.startswith(k + ".")), None)
+        if flag is not None:
+            line = f"command line: {flag}: {reason}"
+        elif source is None:
+            line = f"{_key_path(loc) or 'config'}: {reason}"
+        else:
+            line = f"{source}: {_key_path(loc) or '(top level)'}: {reason}"
+        lines.append(escape_control(line))  # a key or value holding a newline stays on one line
+    return lines
+
+
+# ---------------------------------------------------------------------------------- reference
+
+
+def reference_markdown() -> str:
+    """The key reference of ``docs/configuration.md``, generated from the schema.
+
+    Returns:
+        Markdown: one section per table with a ``key | type | default | description`` table.
+        A test compares it with the text between the ``BEGIN/END GENERATED`` markers of the
+        document; ``scripts/gen-config-docs.py`` rewrites it.
+    """
+    out: list[str] = []
+    for name, top in ConfigFile.model_fields.items():
+        annotation = top.annotation
+        array = getattr(annotation, "__origin__", None) is list
+        model: type[BaseModel] = annotation.__args__[0] if array else annotation  # type: ignore[union-attr]
+        heading = f"[[{name}]]" if array else f"[{name}]"
+        required = top.is_required()
+        out.append(f"### `{heading}`")
+        out.append("")
+        doc = (model.__doc__ or "").split(":", 1)[-1].strip().replace("``", "`")
+        doc = doc[:1].upper() + doc[1:]
+        out.append(f"{doc} {'Required.' if required else 'Optional.'}".strip())
+        out.append("")
+        out.append("| key | type | default | description |")
+        out.append("| --- | --- | --- | --- |")
+        for key, info in model.model_fields.items():
+            extra = info.json_schema_extra or {}
+            toml = extra.get("toml", "") if isinstance(extra, dict) else ""
+            default = "required" if info.is_required() else _toml_literal(info.default)
+            desc = (info.description or "").replace("|", "\\|")
+            out.append(f"| `{key}` | {toml} | {default} | {desc} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _toml_literal(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    return f"`{value}`"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -470,6 +471,11 @@ def _compile_group(
                            else multiple_token_message(item))
                 if problem:
                     issues.error(file, f"{path}[{i}]", f"{prefix} policy key '{key}' {problem}")
+                for unknown in _UNKNOWN_PLACEHOLDER.findall(item):
+                    issues.error(file, f"{path}[{i}]",
+                                 f"{prefix} policy key '{key}' item '{item}' holds unknown "
+                                 f"placeholder '{unknown}': only '${{user}}' is substituted "
+                                 "(QDR would match it literally)")
             address_items[key] = items
 
     for plain, pattern in (("sources", "sourcePattern"), ("targets", "targetPattern")):
@@ -527,6 +533,11 @@ def _compile_group(
         allow_dynamic_link_routes=values.get("allow_dynamic_link_routes", True),
         allow_admin_status_update=values.get("allow_admin_status_update", True),
     )
+
+
+_UNKNOWN_PLACEHOLDER = re.compile(r"\$\{(?!user\})[^}]*\}")
+"""A ``${...}`` other than ``${user}`` in a sources/targets item: a typo (``${usr}``) that
+QDR would keep as literal text, so the rule would silently match nothing."""
 
 
 def _rules(items: Mapping[str, list[tuple[int, str]]], plain: str, pattern: str) -> AddressRules:

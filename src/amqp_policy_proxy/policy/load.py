@@ -32,6 +32,7 @@ import yaml
 from amqp_policy_proxy.policy.compile import DdsLoader, Document, Resolver, compile_policy
 from amqp_policy_proxy.policy.errors import (
     ERROR,
+    WARNING,
     ConfigIssue,
     PolicyError,
     format_issues,
@@ -52,6 +53,7 @@ def load_policy(
     *,
     resolver: Resolver | None = None,
     dds_loader: DdsLoader | None = None,
+    allow_empty: bool = False,
 ) -> Policy:
     """Load, validate and compile a policy directory or file.
 
@@ -64,15 +66,18 @@ def load_policy(
             :func:`amqp_policy_proxy.daemon.resolver.system_resolver`); without one, host names
             are errors.
         dds_loader: loads DDS permissions documents; default :func:`load_dds_permissions`.
+        allow_empty: accept a policy that defines no vhost (a directory without policy files
+            included): with vhost policy enabled every connection is then denied. Without it
+            such a policy is an error (``check --allow-empty``, ``[policy] allow_empty``).
 
     Returns:
         The compiled policy; ``policy.warnings`` holds the non-fatal issues.
 
     Raises:
-        PolicyError: unreadable or unparsable files, or any invalid content; ``issues`` holds
-            every issue of every file.
+        PolicyError: unreadable or unparsable files, or any invalid content, or no vhost
+            (unless ``allow_empty``); ``issues`` holds every issue of every file.
     """
-    documents, read_issues = read_documents(path)
+    documents, read_issues = read_documents(path, allow_empty=allow_empty)
     try:
         policy = compile_policy(documents, settings, resolver=resolver,
                                 dds_loader=dds_loader or load_dds_permissions)
@@ -80,6 +85,11 @@ def load_policy(
         raise PolicyError([*read_issues, *exc.issues]) from None
     if any(i.is_error for i in read_issues):
         raise PolicyError([*read_issues, *policy.warnings])
+    if not policy.vhosts and policy.settings.enable_vhost_policy and not allow_empty:
+        raise PolicyError([*read_issues, _issue(
+            str(path), "defines no vhost: every connection would be denied (no vhost); "
+                       "if that is intended, use check --allow-empty or [policy] "
+                       "allow_empty = true"), *policy.warnings])
     if read_issues:
         policy = replace(policy, warnings=(*read_issues, *policy.warnings))
     return policy
@@ -125,11 +135,13 @@ def load_dds_permissions(policy_file: str | None, document: str, ca: str) -> tup
     return permissions, digest.hexdigest()[:16]
 
 
-def read_documents(path: str | os.PathLike[str]) -> tuple[list[Document], list[ConfigIssue]]:
+def read_documents(path: str | os.PathLike[str], *, allow_empty: bool = False
+                   ) -> tuple[list[Document], list[ConfigIssue]]:
     """Read and parse the policy files under ``path`` without compiling them.
 
     Args:
         path: a policy directory or file.
+        allow_empty: a directory without policy files is a warning, not an error.
 
     Returns:
         ``(documents, issues)``: the parsed ``(file name, content)`` pairs of every file that
@@ -148,7 +160,8 @@ def read_documents(path: str | os.PathLike[str]) -> tuple[list[Document], list[C
             issues.append(_issue(str(root), f"cannot list directory: {exc.strerror or exc}"))
             return documents, issues
         if not files:
-            issues.append(_issue(str(root), "no policy files (*.json, *.yaml, *.yml) in directory"))
+            issues.append(_issue(str(root), "no policy files (*.json, *.yaml, *.yml) in directory",
+                                 WARNING if allow_empty else ERROR))
     elif root.exists():
         files = [root]
     else:
@@ -188,6 +201,10 @@ def parse_text(text: str, *, yaml_syntax: bool) -> tuple[Any, str | None]:
             mark = getattr(exc, "problem_mark", None)
             where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
             problem = getattr(exc, "problem", None) or str(exc)
+            if (getattr(exc, "context", None) == "while scanning an alias"
+                    or problem.startswith("found undefined alias")):
+                problem += (" (a value starting with '*' is a YAML alias: quote it, e.g. "
+                            "users: '*' or remoteHosts: '*')")
             return None, f"invalid YAML: {where}{problem}"
     try:
         return json.loads(strip_comment_lines(text), object_pairs_hook=_no_duplicates), None

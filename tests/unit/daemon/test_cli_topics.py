@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amqp_policy_proxy.daemon.cli import EXIT_CONFIG, EXIT_OK, main
+from amqp_policy_proxy.daemon.cli import EXIT_CONFIG, EXIT_DENY, EXIT_OK, main
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "policy-topics"
 
@@ -56,7 +56,7 @@ def test_explain_names_the_rule_and_the_delivery(capsys: pytest.CaptureFixture[s
     args = ["explain", "--policy", str(EXAMPLES / "markets.json"), "--vhost", "markets",
             "--user", "dev7", "--host", "10.1.1.1"]
     assert main([*args, "--address", "telemetry/dev7/temp", "--role", "sender",
-                 "--qos", "2"]) == EXIT_OK
+                 "--qos", "2"]) == EXIT_DENY
     out = capsys.readouterr().out.splitlines()
     assert out[-2:] == [
         "topic: permissions: no rule matches publish 'telemetry/dev7/temp' at qos 2 for dev7; "

@@ -1,0 +1,58 @@
+"""``amqp-policy-proxy demo`` as a user runs it (``make demo``): its output (issue 15 point 5)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+CLI = Path(sys.executable).with_name("amqp-policy-proxy")
+
+
+def test_demo_output_has_no_proton_lines_and_says_the_proxy_stopped() -> None:
+    result = subprocess.run([str(CLI), "demo"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    everything = result.stdout + result.stderr
+    assert " proton: " not in everything
+    assert "demo finished: everything behaved as expected" in result.stdout
+    assert "BlockingConnection(" not in result.stdout  # no invitation to a stopped proxy
+    assert result.stdout.rstrip().splitlines()[-1] == (
+        "the proxy and the embedded broker have stopped; run `amqp-policy-proxy demo "
+        "--keep-running` to keep them up and connect your own client.")
+    assert len([line for line in result.stderr.splitlines() if " started: " in line]) == 1
+
+
+def test_demo_keep_running_stays_up_until_ctrl_c() -> None:
+    proc = subprocess.Popen([str(CLI), "demo", "--keep-running"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("press Ctrl-C to stop it"):
+                break
+        assert any(line.startswith("press Ctrl-C to stop it") for line in lines), "".join(lines)
+        time.sleep(0.5)
+        assert proc.poll() is None  # still serving
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    text = "".join(lines) + out
+    assert "connect your own client" in text
+    assert text.rstrip().splitlines()[-1] == "the proxy and the embedded broker have stopped."
+    assert " proton: " not in err

@@ -1,0 +1,366 @@
+"""daemon/config.py: one strict schema for ``check --config`` and ``run`` (issue 15, point 2).
+
+Each broken configuration is checked for its exact message lines and exit code 2: all of them
+through ``check --config`` in-process, a subset through the real console script as a
+subprocess, for ``check`` and for ``run`` alike (``run`` must refuse exactly what ``check``
+refuses, with the same lines on stderr, and no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amqp_policy_proxy.daemon.cli import EXIT_CONFIG, EXIT_OK, main
+from amqp_policy_proxy.daemon.config import (
+    Address,
+    ConfigError,
+    DaemonConfig,
+    ListenerConfig,
+    UpstreamConfig,
+    config_from_mapping,
+    load_daemon_config,
+)
+from amqp_policy_proxy.policy.model import PolicySettings
+
+CLI = Path(sys.executable).with_name("amqp-policy-proxy")
+ROOT = Path(__file__).resolve().parents[3]
+
+LISTENER = '[[listener]]\naddress = "127.0.0.1:5672"\n'
+UPSTREAM = '[[upstream]]\naddress = "127.0.0.1:25672"\n'
+POLICY = '[policy]\npath = "policy.d"\n'
+BASE = LISTENER + UPSTREAM + POLICY
+TLS_LISTENER = ('[[listener]]\naddress = "127.0.0.1:5671"\ntls_cert = "server.crt"\n'
+                'tls_key = "server.key"\ntls_ca = "ca.pem"\n')
+
+# (id, config text, expected lines after "error: <file>: "; {d} is the config's directory)
+CASES: list[tuple[str, str, list[str]]] = [
+    ("tls-string", BASE.replace('25672"\n', '25672"\ntls = "false"\n'),
+     ['upstream[0].tls: expected true or false, got a string ("false")']),
+    ("require-client-cert-string",
+     TLS_LISTENER + 'require_client_cert = "false"\n' + UPSTREAM + POLICY,
+     ['listener[0].require_client_cert: expected true or false, got a string ("false")']),
+    ("metrics-string", 'metrics = "127.0.0.1:9464"\n' + BASE,
+     ['metrics: expected a table [metrics] with address = "HOST:PORT", got a string '
+      '("127.0.0.1:9464")']),
+    ("queue-size-string", BASE + '[event_log]\nqueue_size = "big"\n',
+     ['event_log.queue_size: expected an integer, got a string ("big")']),
+    ("tls-cert-integer",
+     '[[listener]]\naddress = "127.0.0.1:5671"\ntls_cert = 1\ntls_key = "server.key"\n'
+     + UPSTREAM + POLICY,
+     ["listener[0].tls_cert: expected a string, got an integer (1)"]),
+    ("listener-string", 'listener = "0.0.0.0:5672"\n' + UPSTREAM + POLICY,
+     ['listener: expected an array of [[listener]] tables (two brackets), each with address = '
+      '"HOST:PORT", got a string ("0.0.0.0:5672")']),
+    ("listener-single-table", '[listener]\naddress = "0.0.0.0:5672"\n' + UPSTREAM + POLICY,
+     ['listener: expected an array of [[listener]] tables (two brackets), each with address = '
+      '"HOST:PORT", got a table: write [[listener]], not [listener]']),
+    ("listener-array-of-strings", 'listener = ["0.0.0.0:5672"]\n' + UPSTREAM + POLICY,
+     ['listener[0]: expected a table ([[listener]] tables (two brackets), each with address = '
+      '"HOST:PORT"), got a string ("0.0.0.0:5672")']),
+    ("no-listener", UPSTREAM + POLICY,
+     ['listener: missing: at least one [[listener]] with address = "HOST:PORT" is required '
+      "(or run --listen HOST:PORT)"]),
+    ("empty-listener-array", "listener = []\n" + UPSTREAM + POLICY,
+     ['listener: at least one [[listener]] with address = "HOST:PORT" is required '
+      "(or run --listen HOST:PORT)"]),
+    ("no-upstream", LISTENER + POLICY,
+     ['upstream: missing: at least one [[upstream]] with address = "HOST:PORT" is required '
+      "(or run --upstream HOST:PORT)"]),
+    ("no-policy", LISTENER + UPSTREAM,
+     ['policy: missing: a [policy] table with path = "..." is required (or run --policy PATH)']),
+    ("no-policy-path", LISTENER + UPSTREAM + "[policy]\nmax_connections = 10\n",
+     ["policy.path: missing: the policy file or directory is required (or run --policy PATH)"]),
+    ("policy-path-missing", LISTENER + UPSTREAM + '[policy]\npath = "nope.d"\n',
+     ["policy.path: {d}/nope.d: no such file or directory"]),
+    ("unknown-table", BASE + '[metric]\naddress = "127.0.0.1:9464"\n',
+     ["metric: unknown key (did you mean 'metrics'?)"]),
+    ("unknown-key", BASE.replace('25672"\n', '25672"\ntsl = true\n'),
+     ["upstream[0].tsl: unknown key (did you mean 'tls'?)"]),
+    ("address-without-port", BASE.replace('"127.0.0.1:5672"', '"127.0.0.1"'),
+     ["listener[0].address: bad address '127.0.0.1': expected HOST:PORT"]),
+    ("port-out-of-range", BASE.replace('"127.0.0.1:5672"', '"127.0.0.1:70000"'),
+     ["listener[0].address: bad address '127.0.0.1:70000': port out of range 0..65535"]),
+    ("address-integer", BASE.replace('"127.0.0.1:25672"', "25672"),
+     ['upstream[0].address: expected a "HOST:PORT" string, got an integer (25672)']),
+    ("ipv6-without-brackets", BASE.replace('"127.0.0.1:25672"', '"[::1:25672"'),
+     ["upstream[0].address: bad address '[::1:25672': expected [HOST]:PORT"]),
+    ("max-connections-negative", BASE + "max_connections = -1\n",
+     ["policy.max_connections: must be >= 0, got an integer (-1)"]),
+    ("max-connections-float", BASE + "max_connections = 1.5\n",
+     ["policy.max_connections: expected an integer, got a float (1.5)"]),
+    ("enable-vhost-policy-string", BASE + 'enable_vhost_policy = "yes"\n',
+     ['policy.enable_vhost_policy: expected true or false, got a string ("yes")']),
+    ("default-vhost-integer", BASE + "default_vhost = 5\n",
+     ["policy.default_vhost: expected a string, got an integer (5)"]),
+    ("handshake-zero", BASE + "[timeouts]\nhandshake_seconds = 0\n",
+     ["timeouts.handshake_seconds: must be > 0, got an integer (0)"]),
+    ("connect-seconds-string", BASE + '[timeouts]\nconnect_seconds = "5"\n',
+     ['timeouts.connect_seconds: expected a number, got a string ("5")']),
+    ("timeouts-array", "timeouts = [1]\n" + BASE,
+     ["timeouts: expected a table [timeouts], got an array"]),
+    ("log-level", BASE + '[logging]\nlevel = "verbose"\n',
+     ["logging.level: must be 'debug', 'info', 'warning' or 'error', got a string "
+      '("verbose")']),
+    ("log-format", BASE + '[logging]\nformat = "xml"\n',
+     ["logging.format: must be 'text' or 'json', got a string (\"xml\")"]),
+    ("tls-cert-without-key",
+     '[[listener]]\naddress = "127.0.0.1:5671"\ntls_cert = "server.crt"\n' + UPSTREAM + POLICY,
+     ["listener[0]: tls_cert and tls_key must be given together"]),
+    ("client-cert-without-ca",
+     '[[listener]]\naddress = "127.0.0.1:5671"\ntls_cert = "server.crt"\n'
+     'tls_key = "server.key"\nrequire_client_cert = true\n' + UPSTREAM + POLICY,
+     ["listener[0]: require_client_cert needs tls_ca (the CA that signs client certificates)"]),
+    ("client-cert-on-plain-listener",
+     LISTENER + 'tls_ca = "ca.pem"\n' + UPSTREAM + POLICY,
+     ["listener[0]: tls_ca and require_client_cert need tls_cert and tls_key (a plain listener "
+      "cannot verify client certificates)"]),
+    ("upstream-tls-files-without-tls", LISTENER + UPSTREAM + 'tls_ca = "ca.pem"\n' + POLICY,
+     ["upstream[0]: tls_ca set but tls is false (set tls = true)"]),
+    ("tls-cert-missing",
+     '[[listener]]\naddress = "127.0.0.1:5671"\ntls_cert = "missing.crt"\n'
+     'tls_key = "server.key"\n' + UPSTREAM + POLICY,
+     ["listener[0].tls_cert: {d}/missing.crt: no such file"]),
+    ("tls-ca-is-a-directory", LISTENER + UPSTREAM + 'tls = true\ntls_ca = "policy.d"\n' + POLICY,
+     ["upstream[0].tls_ca: {d}/policy.d: not a regular file"]),
+    ("event-log-dir-is-a-file", BASE + '[event_log]\ndirectory = "server.crt"\n',
+     ["event_log.directory: {d}/server.crt: not a directory"]),
+    ("duplicate-listeners", LISTENER + BASE,
+     ["listener: listener[0] and listener[1] both listen on 127.0.0.1:5672"]),
+    ("toml-syntax", '[[listener]]\naddress = 127.0.0.1:5672\n' + UPSTREAM + POLICY,
+     ["line 2 column 16: invalid TOML: expected newline or end of document after a "
+      "statement"]),
+    ("every-problem-at-once",
+     'metrics = "127.0.0.1:9464"\n' + LISTENER + UPSTREAM + 'tls = "false"\n' + POLICY
+     + '[event_log]\nqueue_size = "big"\n',
+     ['upstream[0].tls: expected true or false, got a string ("false")',
+      'metrics: expected a table [metrics] with address = "HOST:PORT", got a string '
+      '("127.0.0.1:9464")',
+      'event_log.queue_size: expected an integer, got a string ("big")']),
+]
+
+# run as subprocesses too (check and run): the issue's own examples and a few others
+SUBPROCESS = {"tls-string", "require-client-cert-string", "metrics-string", "queue-size-string",
+              "tls-cert-integer", "listener-string", "toml-syntax", "every-problem-at-once"}
+
+
+@pytest.fixture
+def confdir(tmp_path: Path) -> Path:
+    """A directory with a valid policy.d and dummy TLS files (content is checked later)."""
+    (tmp_path / "policy.d").mkdir()
+    (tmp_path / "policy.d" / "10-shop.json").write_text(json.dumps(
+        [["vhost", {"hostname": "shop", "groups": {"g": {"users": "*", "remoteHosts": "*"}}}]]))
+    for name in ("server.crt", "server.key", "ca.pem"):
+        (tmp_path / name).write_text("PEM\n")
+    return tmp_path
+
+
+def write(confdir: Path, text: str) -> Path:
+    path = confdir / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def test_there_are_at_least_25_broken_configurations() -> None:
+    assert len(CASES) >= 25
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_check_reports_every_problem(name: str, text: str, expected: list[str], confdir: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(confdir, text)
+    assert main(["check", "--config", str(path)]) == EXIT_CONFIG
+    out = capsys.readouterr()
+    assert out.out.splitlines() == [f"error: {path}: {e.format(d=confdir)}" for e in expected]
+    assert "Traceback" not in out.out + out.err
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [c for c in CASES if c[0] in SUBPROCESS],
+                         ids=sorted(SUBPROCESS, key=[c[0] for c in CASES].index))
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_real_cli_run_and_check_refuse_alike(command: str, name: str, text: str,
+                                             expected: list[str], confdir: Path) -> None:
+    path = write(confdir, text)
+    result = subprocess.run([str(CLI), command, "--config", str(path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == EXIT_CONFIG
+    shown = result.stdout if command == "check" else result.stderr
+    assert shown.splitlines() == [f"error: {path}: {e.format(d=confdir)}" for e in expected]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_valid_file_becomes_the_daemon_dataclasses(confdir: Path) -> None:
+    path = write(confdir, TLS_LISTENER + "require_client_cert = true\n"
+                 + '[[listener]]\naddress = "[::1]:0"\n'
+                 + UPSTREAM + 'tls = true\ntls_server_name = "router"\n'
+                 + POLICY + "max_connections = 7\nallow_empty = true\n"
+                 + '[metrics]\naddress = "127.0.0.1:9464"\n'
+                 + '[event_log]\ndirectory = "events"\nqueue_size = 5\n'
+                 + "[timeouts]\nhandshake_seconds = 2\nshutdown_grace_seconds = 1.5\n"
+                 + "connect_seconds = 3\n[logging]\nlevel = \"DEBUG\"\nformat = \"json\"\n")
+    config = load_daemon_config(path)
+    assert config == DaemonConfig(
+        listeners=(ListenerConfig(Address("127.0.0.1", 5671), str(confdir / "server.crt"),
+                                  str(confdir / "server.key"), str(confdir / "ca.pem"), True),
+                   ListenerConfig(Address("::1", 0))),
+        upstreams=(UpstreamConfig(Address("127.0.0.1", 25672), tls=True,
+                                  tls_server_name="router"),),
+        policy_path=str(confdir / "policy.d"),
+        policy=PolicySettings(max_connections=7),
+        allow_empty_policy=True,
+        metrics_address=Address("127.0.0.1", 9464),
+        event_log_dir=str(confdir / "events"), event_log_queue=5,
+        handshake_seconds=2.0, shutdown_grace_seconds=1.5, connect_timeout_seconds=3.0,
+        log_level="debug", log_format="json", source=str(path),
+    )
+    # the dataclasses stay plain frozen dataclasses for tests and the demo
+    assert replace(config, handshake_seconds=9).handshake_seconds == 9
+
+
+def test_the_shipped_example_is_valid_without_its_files() -> None:
+    config = load_daemon_config(ROOT / "examples" / "etc" / "amqp-policy-proxy" / "config.toml",
+                                check_files=False)
+    assert [str(lc.address) for lc in config.listeners] == ["0.0.0.0:5672"]
+
+
+def test_mapping_without_file_names_no_file() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping({"listener": [{"address": "x"}]}, source=None, check_files=False)
+    assert info.value.issues == [
+        "listener[0].address: bad address 'x': expected HOST:PORT",
+        'upstream: missing: at least one [[upstream]] with address = "HOST:PORT" is required '
+        "(or run --upstream HOST:PORT)",
+        'policy: missing: a [policy] table with path = "..." is required (or run --policy PATH)',
+    ]
+
+
+def test_command_line_values_are_blamed_on_their_flags(confdir: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    path = write(confdir, BASE)
+    code = main(["run", "--config", str(path), "--policy", str(confdir / "gone"),
+                 "--max-connections", "-3"])
+    assert code == EXIT_CONFIG
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: command line: --policy: {confdir}/gone: no such file or directory",
+        "error: command line: --max-connections: must be >= 0, got an integer (-3)",
+    ]
+
+
+def test_flags_complete_a_file_that_lacks_listeners(confdir: Path) -> None:
+    """`run --config f --listen ...`: the merged result is validated, not the file alone."""
+    from amqp_policy_proxy.daemon.cli import build_parser, config_from_args
+
+    path = write(confdir, UPSTREAM + POLICY)
+    args = build_parser().parse_args(["run", "--config", str(path), "--listen", "127.0.0.1:0"])
+    config = config_from_args(args)
+    assert config.listeners == (ListenerConfig(Address("127.0.0.1", 0)),)
+
+
+def test_bad_listen_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--listen", "nowhere"]) == EXIT_CONFIG
+    assert "argument --listen: bad address 'nowhere': expected HOST:PORT" in (
+        capsys.readouterr().err)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_event_log_directory_must_be_writable(confdir: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    locked = confdir / "locked"
+    locked.mkdir(mode=0o500)
+    path = write(confdir, BASE + '[event_log]\ndirectory = "locked/events"\n')
+    assert main(["check", "--config", str(path)]) == EXIT_CONFIG
+    assert capsys.readouterr().out.splitlines() == [
+        f"error: {path}: event_log.directory: {locked}/events: does not exist and cannot be "
+        f"created ({locked} is not writable by this user)"]
+
+
+def test_event_log_directory_that_can_be_created_is_fine(confdir: Path) -> None:
+    path = write(confdir, BASE + '[event_log]\ndirectory = "new/events"\n')
+    assert load_daemon_config(path).event_log_dir == str(confdir / "new" / "events")
+
+
+# ---------------------------------------------------------------------------------- binding
+
+
+def busy_port() -> tuple[socket.socket, int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("what", ["listener", "metrics"])
+def test_a_port_in_use_names_the_address_and_exits_2(what: str, confdir: Path) -> None:
+    sock, port = busy_port()
+    try:
+        listener = port if what == "listener" else 0
+        metrics = port if what == "metrics" else 0
+        path = write(confdir, f'[[listener]]\naddress = "127.0.0.1:{listener}"\n' + UPSTREAM
+                     + POLICY + f'[metrics]\naddress = "127.0.0.1:{metrics}"\n')
+        result = subprocess.run([str(CLI), "run", "--config", str(path)], capture_output=True,
+                                text=True, timeout=60)
+    finally:
+        sock.close()
+    assert result.returncode == EXIT_CONFIG
+    key = "listener[0].address" if what == "listener" else "metrics.address"
+    assert (f"error: {path}: {key}: cannot listen on 127.0.0.1:{port}: Address already in use"
+            in result.stderr.splitlines())
+    assert "Traceback" not in result.stderr and "[Errno" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------- docs
+
+
+def test_configuration_reference_is_generated_from_the_schema() -> None:
+    from amqp_policy_proxy.daemon.config import reference_markdown
+
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    begin, end = "<!-- BEGIN GENERATED: keys -->\n", "<!-- END GENERATED: keys -->"
+    assert begin in text and end in text
+    section = text.split(begin, 1)[1].split(end, 1)[0]
+    assert section.strip() == reference_markdown().strip(), (
+        "docs/configuration.md is out of date: run scripts/gen-config-docs.py")
+    for key in ("connect_seconds", "queue_size", "allow_empty", "require_client_cert"):
+        assert f"`{key}`" in section
+
+
+def test_check_accepts_the_example_it_ships(confdir: Path) -> None:
+    """The example from docs/configuration.md validates (files made relative to confdir)."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    example = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    example = example.replace("/var/log/amqp-policy-proxy/events", "events")
+    path = write(confdir, example)
+    assert main(["check", "--config", str(path)]) == EXIT_OK
+
+
+# ---------------------------------------------------------------------------------- property
+
+_SCALARS = st.one_of(st.booleans(), st.integers(-5, 70000), st.floats(allow_nan=False),
+                     st.text(max_size=12), st.just("a\nb"), st.sampled_from(["127.0.0.1:0", "[::1]:1", "policy.d"]))
+_KEYS = st.sampled_from(["new\nline", "listener", "upstream", "policy", "metrics", "event_log", "timeouts",
+                         "logging", "address", "tls", "tls_cert", "path", "queue_size",
+                         "connect_seconds", "level", "format", "max_connections", "x"])
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, max_size=6))
+def test_any_toml_shaped_input_is_valid_or_a_config_error(raw: dict) -> None:
+    """No input makes validation raise anything but ConfigError, and every issue is one line."""
+    try:
+        config_from_mapping(raw, source="f.toml", check_files=False)
+    except ConfigError as exc:
+        assert exc.issues
+        assert all(issue.startswith("f.toml: ") and "\n" not in issue for issue in exc.issues)
