@@ -340,3 +340,23 @@ def test_second_signal_exits_at_once(broker: Broker, tmp_path: Path) -> None:
                 client.close()
             except Exception:
                 pass
+
+
+def test_a_client_that_never_answers_the_close_is_dropped_after_the_linger(broker: Broker,
+                                                                         tmp_path: Path) -> None:
+    """Issue 15 point 6: a client that never answers the forced Close is dropped after the
+    documented linger (LINGER_SECONDS), not after the whole shutdown grace (seen: 28.9 s)."""
+    from tests.support.rawpeer import RawClient
+
+    daemon = DaemonProcess(tmp_path, broker.address, grace=30)
+    try:
+        with RawClient(daemon.port) as silent:
+            silent.open("$default")  # then reads nothing and answers nothing
+            started = time.monotonic()
+            daemon.signal(signal.SIGTERM)
+            code = daemon.wait(15)
+            elapsed = time.monotonic() - started
+    finally:
+        daemon.kill()
+    assert code == 0, "".join(daemon.lines)
+    assert LINGER_SECONDS * 0.9 <= elapsed < LINGER_SECONDS + 1.5, elapsed

@@ -184,8 +184,10 @@ def test_refusing_router_the_next_upstream_is_tried(upstream):
         for _ in range(3):
             c = streaming_client(proxy.port)
             c.close()
+        # the refusing router is remembered (issue 15 point 6): the next clients go to the
+        # live one first instead of each trying the dead one again
         failed = proxy.events_of(UpstreamConnectFailed)
-        assert [e.upstream for e in failed] == [f"127.0.0.1:{dead}"] * 3
+        assert [e.upstream for e in failed] == [f"127.0.0.1:{dead}"]
         assert upstream.connections_made == 3
         assert wait_until(lambda: counts(proxy) == (0, 0, 0))
 
@@ -216,6 +218,13 @@ def test_black_holed_router_times_out_and_the_next_upstream_is_tried(upstream):
             assert [e.upstream for e in failed] == ["{}:{}".format(*hole.getsockname())]
             assert 0.4 < took < 5, took
             assert upstream.connections_made == 1
+            # the next client does not wait out the connect timeout again: the black hole is
+            # backed off and tried last
+            started = time.monotonic()
+            c = streaming_client(proxy.port)
+            assert time.monotonic() - started < 0.4
+            c.close()
+            assert len(proxy.events_of(UpstreamConnectFailed)) == 1
             assert wait_until(lambda: counts(proxy) == (0, 0, 0))
             assert proxy.daemon.internal_errors == 0
     finally:

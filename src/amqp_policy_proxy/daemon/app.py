@@ -28,6 +28,7 @@ from . import systemd
 from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .preauth import PreauthBudget
 from .relay import ClientProtocol
+from .upstreams import UpstreamHealth
 from .resolver import system_resolver
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class Daemon:
         self.config = config
         self.policy: Policy | None = policy
         self.ledger = ConnectionLedger(config.policy.max_connections)
+        self.upstream_health: UpstreamHealth[UpstreamConfig] = UpstreamHealth()
+        """Failed upstreams are tried last for a back-off period (exponential, capped)."""
         self.preauth = PreauthBudget(config.preauth_buffer_bytes)
         """Bytes held by connections not yet admitted, under a process-wide budget."""
         self.connections: dict[str, ClientProtocol] = {}
@@ -601,8 +604,9 @@ class Daemon:
         for proto in list(self.connections.values()):
             conn = proto.conn
             if conn is not None and not proto.closed:
-                proto._run(functools.partial(conn.begin_shutdown,
-                                             grace=self.config.shutdown_grace_seconds))
+                # each client has the linger time to answer the Close; the grace period
+                # bounds the whole drain
+                proto._run(conn.begin_shutdown)
         if self.connections and not self._force:
             assert self._drained is not None
             try:

@@ -317,7 +317,7 @@ class ClientProtocol(asyncio.Protocol):
     async def _connect_upstream(self) -> None:
         daemon = self.daemon
         loop = daemon.loop
-        for upstream in daemon.config.upstreams:
+        for upstream in daemon.upstream_health.order(daemon.config.upstreams, loop.time()):
             if self.closed:
                 return
             ctx: ssl.SSLContext | None = daemon.upstream_ssl_context(upstream)
@@ -349,6 +349,7 @@ class ClientProtocol(asyncio.Protocol):
             if self.closed:
                 proto.transport.close()  # type: ignore[union-attr]
                 return
+            daemon.upstream_health.succeeded(upstream)
             self.broker = proto  # type: ignore[assignment]
             conn = self.conn
             assert conn is not None
@@ -361,7 +362,10 @@ class ClientProtocol(asyncio.Protocol):
             self._resume_client()
 
     def _upstream_failed(self, upstream: Any, exc: BaseException) -> None:
-        logger.warning("[%s] upstream %s failed: %s", self.conn_id, upstream.address, exc)
+        daemon = self.daemon
+        backoff = daemon.upstream_health.failed(upstream, daemon.loop.time())
+        logger.warning("[%s] upstream %s failed: %s (tried last for the next %.0f s)",
+                       self.conn_id, upstream.address, exc, backoff)
         self.daemon.emit(UpstreamConnectFailed(
             conn_id=self.conn_id, at=self.daemon.loop.time(), remote_host="",
             listener=self.listener, upstream=str(upstream.address),
