@@ -28,8 +28,8 @@ from . import systemd
 from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .preauth import PreauthBudget
 from .relay import ClientProtocol
-from .upstreams import UpstreamHealth
 from .resolver import system_resolver
+from .upstreams import UpstreamHealth
 
 logger = logging.getLogger(__name__)
 
