@@ -269,7 +269,8 @@ class Daemon:
 
         Raises:
             PolicyError: the policy does not load (nothing is bound).
-            ConfigError: a TLS certificate, key or CA file does not load (nothing is bound).
+            ConfigError: a TLS certificate, key or CA file does not load, or the event log
+                directory cannot be created or written (nothing is bound).
             OSError: a listener cannot bind.
         """
         self.loop = asyncio.get_running_loop()
@@ -329,22 +330,27 @@ class Daemon:
         self.registry = registry
         self.observer = MetricsObserver(registry)
         registry.register(LiveCollector(lambda: self._snapshot))
+        if self.config.event_log_dir:  # first: an unusable directory stops the start here
+            from ..eventlog.sinks import FileEventSink
+            from ..eventlog.writer import EventLogWriter
+
+            observer = self.observer
+            writer = EventLogWriter(
+                FileEventSink(self.config.event_log_dir), max_queue=self.config.event_log_queue,
+                on_drop=observer.event_log_dropped, on_error=observer.event_log_errors,
+                retention_days=self.config.event_log_retention_days,
+            )
+            try:
+                writer.start()
+            except OSError as exc:
+                raise ConfigError([f"event_log.directory: {exc}"]) from None
+            self.writer = writer
         if self.config.metrics_address is not None:
             from ..metrics.exposition import start_metrics_server
 
             addr = self.config.metrics_address
             self.metrics_server = start_metrics_server(registry, addr.host, addr.port)
             logger.info("metrics on http://%s:%s/metrics", addr.host, self.metrics_server.port)
-        if self.config.event_log_dir:
-            from ..eventlog.sinks import FileEventSink
-            from ..eventlog.writer import EventLogWriter
-
-            observer = self.observer
-            self.writer = EventLogWriter(
-                FileEventSink(self.config.event_log_dir), max_queue=self.config.event_log_queue,
-                on_drop=lambda n: observer.event_log_dropped(n),
-            )
-            self.writer.start()
 
     def status_line(self) -> str:
         """One-line status for systemd ``STATUS=``."""

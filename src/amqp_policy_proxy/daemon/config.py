@@ -98,6 +98,8 @@ class DaemonConfig:
     metrics_address: Address | None = None
     event_log_dir: str | None = None
     event_log_queue: int = 10000
+    event_log_retention_days: int | None = None
+    """Delete event log day partitions older than this many days; None keeps them all."""
     handshake_seconds: float = 10.0
     shutdown_grace_seconds: float = 30.0
     connect_timeout_seconds: float = 5.0
@@ -216,8 +218,12 @@ def config_from_mapping(raw: dict[str, Any], *, source: str = "<config>",
         except ValueError as exc:
             issue("metrics.address", str(exc))
     ev = raw.get("event_log", {})
-    for k in sorted(set(ev) - {"directory", "queue_size"}):
+    for k in sorted(set(ev) - {"directory", "queue_size", "retention_days"}):
         issue(f"event_log.{k}", "unknown key")
+    retention = ev.get("retention_days")
+    if retention is not None and (not isinstance(retention, int) or isinstance(retention, bool)
+                                  or retention < 1):
+        issue("event_log.retention_days", "must be an integer >= 1 (days)")
     timeouts = raw.get("timeouts", {})
     for k in sorted(set(timeouts) - {"handshake_seconds", "shutdown_grace_seconds",
                                      "connect_seconds"}):
@@ -242,6 +248,7 @@ def config_from_mapping(raw: dict[str, Any], *, source: str = "<config>",
         metrics_address=metrics_address,
         event_log_dir=rel(ev.get("directory")),
         event_log_queue=int(ev.get("queue_size", 10000)),
+        event_log_retention_days=retention,
         source=source,
         **tvals,
     )

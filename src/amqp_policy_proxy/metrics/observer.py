@@ -61,6 +61,7 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_policy_info",
         "amqp_proxy_upstream_connect_failures_total",
         "amqp_proxy_event_log_dropped_total",
+        "amqp_proxy_event_log_errors_total",
     }
 )
 
@@ -198,6 +199,10 @@ class MetricsObserver:
             "amqp_proxy_event_log_dropped_total",
             "Event log records dropped (writer queue full, writer stopped or sink failure).",
         )
+        self.event_log_errors_total = counter(
+            "amqp_proxy_event_log_errors_total",
+            "Failed event log disk operations (a batch write or flush, a retention pass).",
+        )
         self.open_decision = Histogram(
             "amqp_proxy_open_decision_seconds",
             "Time to decide on a client's Open (vhost, group, remoteHosts, limits), seconds.",
@@ -223,6 +228,7 @@ class MetricsObserver:
                     self.upstream_connect_failures,
                     self.policy_reloads,
                     self.event_log_dropped_total,
+                    self.event_log_errors_total,
                     self.open_decision,
                     self.connection_duration,
                 )
@@ -288,6 +294,21 @@ class MetricsObserver:
         """
         if n:
             self.event_log_dropped_total.inc(n)
+
+    def event_log_errors(self, n: int = 1) -> None:
+        """Count failed event log disk operations (``amqp_proxy_event_log_errors_total``).
+
+        Suitable as :class:`~amqp_policy_proxy.eventlog.writer.EventLogWriter`'s ``on_error``
+        (called from the writer thread; the counter is thread-safe).
+
+        Args:
+            n: number of failures (0 is a no-op).
+
+        Raises:
+            ValueError: ``n`` is negative (counters only go up).
+        """
+        if n:
+            self.event_log_errors_total.inc(n)
 
     # One handler per event type; names follow the event class.
 

@@ -207,6 +207,16 @@ def test_event_log_dropped(registry, observer):
         observer.event_log_dropped(-1)
 
 
+def test_event_log_errors(registry, observer):
+    assert value(registry, "amqp_proxy_event_log_errors_total") == 0
+    observer.event_log_errors()
+    observer.event_log_errors(2)
+    observer.event_log_errors(0)
+    assert value(registry, "amqp_proxy_event_log_errors_total") == 3
+    with pytest.raises(ValueError):
+        observer.event_log_errors(-1)
+
+
 def test_precreated_zero_series(registry, observer):
     for result in ("ok", "error"):
         assert value(registry, "amqp_proxy_policy_reloads_total", result=result) == 0
