@@ -57,6 +57,7 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_open_decision_seconds",
         "amqp_proxy_connection_duration_seconds",
         "amqp_proxy_limit",
+        "amqp_proxy_limit_bytes",
         "amqp_proxy_policy_reloads_total",
         "amqp_proxy_policy_info",
         "amqp_proxy_upstream_connect_failures_total",

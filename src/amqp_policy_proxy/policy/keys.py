@@ -209,7 +209,12 @@ LIMIT_NAMES: Final = (
     "maxConnections", "maxConnectionsPerUser", "maxConnectionsPerHost", "maxSessions",
     "maxSenders", "maxReceivers", "maxFrameSize", "maxMessageSize", "maxSessionWindow",
 )
-"""Values of the ``limit`` label of the ``amqp_proxy_limit`` gauge."""
+"""Values of the ``limit`` label of the ``amqp_proxy_limit`` (counts) and
+``amqp_proxy_limit_bytes`` (:data:`BYTE_LIMIT_NAMES`) gauges."""
+
+BYTE_LIMIT_NAMES: Final = frozenset({"maxFrameSize", "maxMessageSize", "maxSessionWindow"})
+"""The limits whose values are bytes (exported as ``amqp_proxy_limit_bytes``); the others
+count connections, sessions or links."""
 
 _SNAKE_BY_CAMEL: Final = MappingProxyType(
     {s.camel: s.snake for s in (*_GROUP_SPECS, *_VHOST_SPECS) if s.camel != "id"}

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqp_policy_proxy.ingress.remote_hosts import RemoteHosts
 from amqp_policy_proxy.limits.addresses import AddressRules
+from amqp_policy_proxy.policy.keys import LINK_LIMIT_MAX
 
 if TYPE_CHECKING:
     from amqp_policy_proxy.policy.errors import ConfigIssue
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from amqp_policy_proxy.policy.topics import TopicAuthorizer
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+_LINK_LIMITS = frozenset({"maxSenders", "maxReceivers"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,15 +148,18 @@ class Policy:
     """Pattern tree of vhost names and aliases; set when name patterns are enabled."""
 
     def limits_table(self) -> list[tuple[str, str, str, int]]:
-        """Configured limits for the ``amqp_proxy_limit`` gauge.
+        """Configured limits for the ``amqp_proxy_limit`` and ``amqp_proxy_limit_bytes`` gauges.
 
         Returns:
-            ``(vhost, group, limit_name, value)`` rows, sorted. Vhost-level rows have group
-            ``""``: ``maxConnections``, ``maxConnectionsPerUser``, ``maxConnectionsPerHost``.
-            Each group has its *effective* ``maxConnectionsPerUser`` / ``maxConnectionsPerHost``
-            (group value, else the vhost's) and, only when set (not unlimited),
-            ``maxSessions``, ``maxSenders``, ``maxReceivers``, ``maxFrameSize``,
-            ``maxMessageSize`` and ``maxSessionWindow``.
+            ``(vhost, group, limit_name, value)`` rows, sorted; values are counts, or bytes for
+            the names in :data:`~amqp_policy_proxy.policy.keys.BYTE_LIMIT_NAMES`. Vhost-level
+            rows have group ``""``: ``maxConnections``, ``maxConnectionsPerUser``,
+            ``maxConnectionsPerHost``. Each group has its *effective*
+            ``maxConnectionsPerUser`` / ``maxConnectionsPerHost`` (group value, else the
+            vhost's) and, only when limited, ``maxSessions``, ``maxSenders``, ``maxReceivers``,
+            ``maxFrameSize``, ``maxMessageSize`` and ``maxSessionWindow``. Unlimited settings
+            have no row: ``None`` (QDR's 0), and ``maxSenders`` / ``maxReceivers`` at QDR's
+            default 2147483647 (the largest C ``int``: no limit in practice).
         """
         rows: list[tuple[str, str, str, int]] = []
         for vname, vhost in self.vhosts.items():
@@ -176,6 +181,7 @@ class Policy:
                     ("maxMessageSize", group.max_message_size),
                     ("maxSessionWindow", group.max_session_window),
                 )
-                rows.extend((vname, gname, n, v) for n, v in optional if v is not None)
+                rows.extend((vname, gname, n, v) for n, v in optional
+                            if v is not None and not (n in _LINK_LIMITS and v >= LINK_LIMIT_MAX))
         rows.sort()
         return rows
