@@ -280,6 +280,7 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         if self.policy is None:
             self.policy = await asyncio.to_thread(self._load_policy)
+            _log_policy_warnings(self.policy)
         self.ledger.max_connections = self.config.policy.max_connections
         server_ssl, self._upstream_ssl = await asyncio.to_thread(self.build_tls_contexts)
         self._config_digest = await asyncio.to_thread(self._config_file_digest)
@@ -447,6 +448,7 @@ class Daemon:
                                      result="error", issues=(str(exc),)))
             return False
         self.policy = new
+        _log_policy_warnings(new)
         self.emit(PolicyReloaded(at=now, digest=new.digest, result="ok",
                                  issues=tuple(str(i) for i in new.warnings)))
         self._publish_snapshot()
@@ -547,6 +549,13 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         loop.add_signal_handler(signal.SIGINT, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
+
+
+def _log_policy_warnings(policy: Policy) -> None:
+    """Log each warning of a loaded policy (the lines ``check`` prints), e.g. a QDR key that
+    is accepted but not enforced, or a session window smaller than a frame."""
+    for issue in policy.warnings:
+        logger.warning("policy: %s", issue)
 
 
 async def run_daemon(config: DaemonConfig) -> int:
