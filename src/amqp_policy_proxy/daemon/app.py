@@ -406,7 +406,7 @@ class Daemon:
         self._publish_snapshot()
 
     async def reload(self) -> bool:
-        """SIGHUP: reload policy files and TLS files off the event loop (decision 7).
+        """SIGHUP: reload policy files and TLS files off the event loop.
 
         The policy is swapped atomically only when the whole new policy is valid: new
         connections use it, existing ones keep the snapshot they were admitted with, and the

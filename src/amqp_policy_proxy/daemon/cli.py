@@ -1,4 +1,4 @@
-"""The ``amqp-policy-proxy`` command line (ARCHITECTURE section 4.1).
+"""The ``amqp-policy-proxy`` command line: ``run``, ``check``, ``explain``, ``report``, ``demo``.
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad configuration or usage.
 """

@@ -1,4 +1,4 @@
-"""Daemon configuration: the TOML file of ARCHITECTURE section 4.2, overridden by CLI flags.
+"""Daemon configuration: the TOML file (docs/configuration.md), overridden by CLI flags.
 
 ``load_daemon_config`` only parses and validates; nothing is opened or bound here. Errors are
 collected into one :class:`ConfigError` naming the file and the key path of each problem.

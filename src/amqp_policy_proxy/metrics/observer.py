@@ -1,9 +1,9 @@
-"""Shell-side. Turns core events into Prometheus counters and histograms (ARCHITECTURE §4.3).
+"""Shell-side. Turns core events into Prometheus counters and histograms (docs/observability.md).
 
 The daemon fans every :mod:`amqp_policy_proxy.core.events` event out to
 :meth:`MetricsObserver.handle` on the event loop thread. Counters and histograms live here;
 gauges and traffic counters that describe live state come from
-:class:`~amqp_policy_proxy.metrics.collectors.LiveCollector` at scrape time (STYLE §4.6).
+:class:`~amqp_policy_proxy.metrics.collectors.LiveCollector` at scrape time.
 
 Label discipline (the contract): labels only from ``vhost``, ``group``, ``reason``, ``role``,
 ``side``, ``condition``, ``result``, ``upstream``, ``direction``. Never a user, remote host,
@@ -40,7 +40,7 @@ __all__ = [
     "MetricsObserver",
 ]
 
-#: Every ``amqp_proxy_`` family the daemon exports, as written in ARCHITECTURE §4.3 (counters
+#: Every ``amqp_proxy_`` family the daemon exports, as documented in docs/observability.md (counters
 #: with their ``_total``; histograms without ``_bucket``/``_sum``/``_count``). Includes the
 #: families of :class:`~amqp_policy_proxy.metrics.collectors.LiveCollector`.
 METRIC_NAMES: frozenset[str] = frozenset(
@@ -116,7 +116,7 @@ class _NoCreatedSeries:
     """Collector exposing a fixed set of metrics without their ``_created`` samples.
 
     prometheus_client adds a ``<name>_created`` series to every counter and histogram child.
-    They are not part of the §4.3 contract and double the series count, so the observer's
+    They are not part of the documented metrics and double the series count, so the observer's
     metrics are built unregistered and exported through this filter instead. This keeps the
     filter local to our registry (``disable_created_metrics()`` would be process-global).
     """
@@ -137,7 +137,7 @@ class _NoCreatedSeries:
 
 
 class MetricsObserver:
-    """Counts core events into the §4.3 counters and histograms of one registry.
+    """Counts core events into the counters and histograms of one registry.
 
     Args:
         registry: the daemon's dedicated registry (:func:`~.registry.build_registry`); the
