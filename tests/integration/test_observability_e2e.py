@@ -77,6 +77,18 @@ def test_metrics_and_event_log_after_real_traffic(broker_address, policy_path, t
                      vhost="e2e", direction="broker_to_client") == 4
         assert value(samples, "amqp_proxy_limit", vhost="e2e", group="",
                      limit="maxConnections") == 20
+        # counts and bytes are separate families; unlimited settings have no sample
+        assert value(samples, "amqp_proxy_limit", vhost="e2e", group="traders",
+                     limit="maxSenders") == 2
+        assert value(samples, "amqp_proxy_limit_bytes", vhost="e2e", group="traders",
+                     limit="maxMessageSize") == 2000
+        assert ("amqp_proxy_limit", (("group", "traders"), ("limit", "maxMessageSize"),
+                                     ("vhost", "e2e"))) not in samples
+        assert ("amqp_proxy_limit", (("group", "guests"), ("limit", "maxSenders"),
+                                     ("vhost", "e2e"))) not in samples  # QDR default: none
+        assert not [line for line in text.splitlines()
+                    if line.startswith("amqp_proxy_limit") and "2.147483647e+09" in line]
+        assert value(samples, "amqp_proxy_event_log_errors_total") == 0
         assert value(samples, "amqp_proxy_open_decision_seconds_count") == 4
         for line in text.splitlines():  # never a user, host or address in a label
             assert "alice" not in line and "127.0.0.1" not in line and "orders" not in line

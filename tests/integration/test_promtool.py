@@ -96,7 +96,7 @@ def endpoint() -> Iterator[tuple[MetricsServer, MetricsObserver]]:
         connections_active={("vh1", "g1"): 4},
         bytes_total={("vh1", "client_to_broker"): 100, ("vh1", "broker_to_client"): 200},
         transfers_total={("vh1", "client_to_broker"): 1, ("vh1", "broker_to_client"): 2},
-        limits=(("vh1", "", "maxConnections", 10),),
+        limits=(("vh1", "", "maxConnections", 10), ("vh1", "g1", "maxFrameSize", 16384)),
         policy_digest="abc",
     )
     LiveCollector(lambda: snapshot, registry=registry)
@@ -149,6 +149,8 @@ def test_promtool_check_metrics_on_a_real_scrape(endpoint):
     with urllib.request.urlopen(server.url, timeout=5) as response:
         text = response.read().decode()
     assert 'amqp_proxy_connections_denied_total{reason="remote_host",vhost="vh1"} 3.0' in text
+    assert 'amqp_proxy_limit_bytes{group="g1",limit="maxFrameSize",vhost="vh1"} 16384.0' in text
+    assert "amqp_proxy_event_log_errors_total 0.0" in text
     result = promtool("check", "metrics", stdin=text)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "" and result.stderr.strip() == ""

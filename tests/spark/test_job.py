@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import re
 import subprocess
 import sys
@@ -55,6 +56,71 @@ def test_usage_errors_exit_2(fixtures, tmp_path, argv, capsys):
     argv = [a.format(ev=fixtures, out=tmp_path) for a in argv]
     assert main(argv) == 2
     assert "error" in capsys.readouterr().err
+
+
+BAD_POLICIES = {
+    # what `check` rejects, and the report must refuse the same way
+    "unknown-key.json": '[["vhost", {"hostname": "v1", "maxConections": 4}]]',
+    "bad-limit.json": '[["vhost", {"hostname": "v1", "maxConnections": 70000}]]',
+    "bad-bool.yaml": '- [vhost, {hostname: v1, allowUnknownUser: "True"}]\n',
+    "two-groups.json": ('[["vhost", {"hostname": "v1", "groups": {"a": {"users": "u"}, '
+                        '"b": {"users": "u"}}}]]'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_POLICIES))
+@pytest.mark.parametrize("flag", ["--policy", "--whatif"])
+def test_a_policy_check_rejects_is_refused_with_checks_messages(fixtures, tmp_path, capsys,
+                                                                   name, flag):
+    from amqp_policy_proxy.daemon.cli import main as cli_main
+
+    policy = tmp_path / name
+    policy.write_text(BAD_POLICIES[name])
+    assert cli_main(["check", "--policy", str(policy)]) == 2
+    check_says = capsys.readouterr().out.strip()
+    assert "\nerror: " in f"\n{check_says}"
+    assert main(["--events", str(fixtures), "--out", str(tmp_path / "out"),
+                 flag, str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == check_says
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_missing_policy_is_refused_like_check(fixtures, tmp_path, capsys):
+    from amqp_policy_proxy.daemon.cli import main as cli_main
+
+    absent = str(tmp_path / "absent")
+    assert cli_main(["check", "--policy", absent]) == 2
+    check_says = capsys.readouterr().out.strip()
+    assert main(["--events", str(fixtures), "--out", str(tmp_path), "--policy", absent]) == 2
+    assert capsys.readouterr().err.strip() == check_says
+
+
+def test_policy_warnings_are_printed_like_check(tmp_path, capsys):
+    policy = tmp_path / "p.json"
+    policy.write_text('[["vhost", {"hostname": "v1", "groups": {"g": {"users": "u", '
+                      '"maxFrameSize": 222222, "maxSessionWindow": 9999}}}]]')
+    opts = capacity.parse_options(["--events", str(tmp_path), "--out", str(tmp_path / "o"),
+                                   "--policy", str(policy)])
+    assert opts.policy is not None and set(opts.policy.vhosts) == {"v1"}
+    err = capsys.readouterr().err.splitlines()
+    assert f"warning: {policy}: vhost[v1].groups.g: no remoteHosts: every connection in this " \
+        "group is denied (as in QDR; use '*' to allow any host)" in err
+    assert any("the session window becomes 1 frame" in line for line in err)
+
+
+def test_console_progress_only_on_a_terminal(tmp_path):
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    with open(tmp_path / "log", "w") as f:
+        assert capacity.console_progress(f) == "false"
+    assert capacity.console_progress(Tty()) == "true"
+    assert capacity.console_progress(object()) == "false"
+    closed = open(tmp_path / "log")
+    closed.close()
+    assert capacity.console_progress(closed) == "false"
 
 
 def test_help_exits_0(capsys):
@@ -116,8 +182,9 @@ def test_partition_pruning_and_lookback(spark, fixtures, tmp_path):
 def end_to_end_argv(tmp_path: Path, fixtures: Path) -> tuple[list[str], Path]:
     """Arguments of a whole run on overlap.jsonl, and its output directory.
 
-    The log is laid out by hour under ``tmp_path/ev``; the policy gives vhost v1 limits 4
-    connections, 3 per user, 2 per host; the what-if lowers the vhost limit to 2; window
+    The log is laid out by hour under ``tmp_path/ev``; the policy gives vhost v1 limits 5
+    connections (more than the peak of 3 needs: the recommendation lowers it), 3 per user,
+    2 per host; the what-if lowers the vhost limit to 2; window
     10:00-10:05 on a 1-minute grid; three bad lines in the 10:00 file (skipped, counted).
     No ``--master``. Answers: :func:`check_csv_answers`.
     """
@@ -129,7 +196,7 @@ def end_to_end_argv(tmp_path: Path, fixtures: Path) -> tuple[list[str], Path]:
                 "not json at all\n"
                 '{"ts":"yesterday","event":"connection_opened","conn_id":"c9","vhost":"v1"}\n')
     policy = tmp_path / "policy.json"
-    policy.write_text('[["vhost", {"hostname": "v1", "maxConnections": 4, '
+    policy.write_text('[["vhost", {"hostname": "v1", "maxConnections": 5, '
                       '"maxConnectionsPerUser": 3, "maxConnectionsPerHost": 2}]]')
     whatif = tmp_path / "whatif.yaml"
     whatif.write_text("- [vhost, {hostname: v1, maxConnections: 2}]\n")
@@ -159,22 +226,33 @@ def check_csv_answers(out: Path) -> None:
     assert [(r["vhost"], r["scope"], r["key"], r["would_deny"])
             for r in _csv(out / "whatif.csv")] == [("v1", "vhost", "v1", "1")]
     recs = _csv(out / "recommendations.csv")
-    assert list(recs[0]) == ["vhost", "group", "setting", "current", "recommended"]
-    assert {(r["setting"], r["current"], r["recommended"]) for r in recs} == {
-        ("maxConnections", "4", "4"), ("maxConnectionsPerUser", "3", "3"),
-        ("maxConnectionsPerHost", "2", "3")}
+    assert list(recs[0]) == ["vhost", "group", "setting", "current", "recommended", "change"]
+    assert {(r["setting"], r["current"], r["recommended"], r["change"]) for r in recs} == {
+        ("maxConnections", "5", "4", "lower"), ("maxConnectionsPerUser", "3", "3", "keep"),
+        ("maxConnectionsPerHost", "2", "3", "raise")}
 
 
-def test_end_to_end(spark, fixtures, tmp_path):
+def test_end_to_end(spark, fixtures, tmp_path, caplog):
     """The whole job on a partitioned copy of overlap.jsonl, reusing the test session.
 
     The window and the expected numbers are those of test_transforms; here the point is the
     wiring: every output of ARCHITECTURE 4.5 with its exact columns, and the HTML report.
     """
     argv, out = end_to_end_argv(tmp_path, fixtures)
-    assert main([*argv, "--master", "local[1]"]) == 0
+    with caplog.at_level(logging.INFO, logger="amqp_policy_proxy.spark_reports.capacity"):
+        assert main([*argv, "--master", "local[1]"]) == 0
     assert spark.sparkContext._jsc is not None  # main reused the session and left it running
     check_csv_answers(out)
+    # progress: one line per stage, with its own and the elapsed seconds
+    progress = [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith(("stage ", "branch "))]
+    stages = [m.split(":")[0] for m in progress]
+    assert stages == sorted(set(stages), key=stages.index)  # each stage once
+    for name in ("read and prepare the event log", "concurrency sweeps", "what-if replay",
+                 "headroom and recommendations", "HTML report"):
+        assert any(m.split(":")[0].endswith(name) for m in progress), name
+    assert all(re.fullmatch(r"(stage|branch) [^:]+: \d+\.\d s \(\d+\.\d s elapsed\)", m)
+               for m in progress), progress
 
     for name, schema in (("concurrency", schemas.CONCURRENCY), ("headroom", schemas.HEADROOM),
                          ("denials", schemas.DENIALS), ("whatif", schemas.WHATIF)):
@@ -190,6 +268,9 @@ def test_end_to_end(spark, fixtures, tmp_path):
 
     html = (out / "report.html").read_text()
     assert "3 records of the event log were skipped" in html
+    assert "1 recommendation(s) would <b>lower</b> a configured limit" in html
+    assert ("<tr class=lower><td>v1</td><td></td><td>maxConnections</td><td>5</td><td>4</td>"
+            "<td>lower</td></tr>") in html
     images = re.findall(r'<img src="([^"]+)"', html)
     assert "img/concurrency.png" in images and "img/whatif.png" in images
     for src in images:

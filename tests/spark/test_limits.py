@@ -1,14 +1,15 @@
-"""spark_reports.limits: the connection-limit reader for policy files. Pure Python, no Spark."""
+"""spark_reports.limits: the connection limits of a policy loaded as `check` loads it. No Spark."""
 
 from __future__ import annotations
 
 import pytest
 
+from amqp_policy_proxy.daemon.cli import main as cli_main
 from amqp_policy_proxy.spark_reports.limits import (
     DEFAULT_LIMIT,
     LimitsError,
+    load_checked_limits,
     load_limits,
-    strip_comment_lines,
 )
 
 # Modelled on QDR's tests/policy-1 files: licence-style '#' lines, CSV user lists, groups
@@ -95,31 +96,40 @@ def test_yaml_directory_and_rows(tmp_path):
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ('[["vhost", {"hostname": "a", "maxConnections": 70000}]]', "outside 0..65535"),
-    ('[["vhost", {"hostname": "a", "maxConnections": "lots"}]]', "must be an integer"),
-    ('[["vhost", {"hostname": "a", "maxConnections": true}]]', "must be an integer"),
+    ('[["vhost", {"hostname": "a", "maxConnections": 70000}]]', "is above maximum '65535'"),
+    ('[["vhost", {"hostname": "a", "maxConnections": "lots"}]]', "maxConnections"),
+    ('[["vhost", {"hostname": "a", "maxConnections": true}]]', "maxConnections"),
     ('[["vhost", {"hostname": "a", "groups": {"x": {"users": "u"}, "y": {"users": ["u"]}}}]]',
      "in multiple user groups"),
-    ('[["vhost", {"hostname": "a"}], ["vhost", {"hostname": "b", "aliases": "a"}]]',
-     "defined more than once"),
-    ('[["vhost", {"maxConnections": 1}]]', "no 'hostname'"),
-    ('{"hostname": "a"}', "expected a list"),
-    ("[nonsense", "invalid JSON"),
+    ('[["vhost", {"hostname": "a"}], ["vhost", {"hostname": "b", "aliases": "a"}]]', "'a'"),
+    ('[["vhost", {"maxConnections": 1}]]', "hostname"),
+    ('{"hostname": "a"}', "expected 'vhosts'"),
+    ("[nonsense", "JSON"),
+    ('[["vhost", {"hostname": "a", "maxConections": 1}]]', "maxConections"),  # unknown key
 ])
-def test_invalid_policies(tmp_path, text, message):
-    with pytest.raises(LimitsError, match=message):
-        load_limits(_write(tmp_path, "p.json", text))
+def test_invalid_policies_are_refused_with_checks_text(tmp_path, capsys, text, message):
+    path = _write(tmp_path, "p.json", text)
+    with pytest.raises(LimitsError, match=message) as caught:
+        load_limits(path)
+    assert cli_main(["check", "--policy", str(path)]) == 2
+    assert str(caught.value) == capsys.readouterr().out.strip()
+    assert caught.value.issues
 
 
-def test_missing_paths(tmp_path):
-    with pytest.raises(LimitsError, match="no such policy"):
-        load_limits(tmp_path / "absent")
-    with pytest.raises(LimitsError, match="no \\*.json"):
-        load_limits(tmp_path)
+def test_missing_paths(tmp_path, capsys):
+    for path in (tmp_path / "absent", tmp_path):
+        with pytest.raises(LimitsError) as caught:
+            load_limits(path)
+        assert cli_main(["check", "--policy", str(path)]) == 2
+        assert str(caught.value) == capsys.readouterr().out.strip()
 
 
-def test_strip_comment_lines_keeps_line_numbers():
-    assert strip_comment_lines("# a\n  # b\n[1,\n2]") == "\n\n[1,\n2]"
+def test_warnings_are_returned_as_check_prints_them(tmp_path, capsys):
+    path = _write(tmp_path, "safari.json", QDR_FILE)
+    limits, warnings = load_checked_limits(path)
+    assert set(limits.vhosts) == {"safari"}
+    assert cli_main(["check", "--policy", str(path)]) == 0
+    assert warnings and warnings in capsys.readouterr().out
 
 
 def _write(d, name, text):

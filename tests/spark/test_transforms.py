@@ -351,15 +351,21 @@ def test_headroom_and_recommendations(spark, overlap, tmp_path):
     rec = tf.recommendations(peaks, pairs, lt)
     assertSchemaEqual(rec.schema, schemas.RECOMMENDATIONS)
     assertDataFrameEqual(rec, [
-        Row(vhost="v1", group="", setting="maxConnections", current=4, recommended=4),
-        Row(vhost="v1", group="", setting="maxConnectionsPerUser", current=3, recommended=3),
-        Row(vhost="v1", group="g2", setting="maxConnectionsPerUser", current=1, recommended=2),
-        Row(vhost="v1", group="", setting="maxConnectionsPerHost", current=2, recommended=3),
-        Row(vhost="v1", group="g2", setting="maxConnectionsPerHost", current=4, recommended=3),
+        Row(vhost="v1", group="", setting="maxConnections", current=4, recommended=4,
+            change="keep"),
+        Row(vhost="v1", group="", setting="maxConnectionsPerUser", current=3, recommended=3,
+            change="keep"),
+        Row(vhost="v1", group="g2", setting="maxConnectionsPerUser", current=1, recommended=2,
+            change="raise"),
+        Row(vhost="v1", group="", setting="maxConnectionsPerHost", current=2, recommended=3,
+            change="raise"),
+        # g2's per-host limit 4 is more than its peak needs: marked as lowering the limit
+        Row(vhost="v1", group="g2", setting="maxConnectionsPerHost", current=4, recommended=3,
+            change="lower"),
     ])
-    # Without a policy: vhost rows only, no current value.
+    # Without a policy: vhost rows only, no current value, so no change either.
     assertDataFrameEqual(tf.recommendations(peaks, pairs, None), [
-        Row(vhost="v1", group="", setting=s, current=None, recommended=r)
+        Row(vhost="v1", group="", setting=s, current=None, recommended=r, change=None)
         for s, r in (("maxConnections", 4), ("maxConnectionsPerUser", 3),
                      ("maxConnectionsPerHost", 3))])
 

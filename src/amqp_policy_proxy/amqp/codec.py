@@ -89,7 +89,7 @@ def decode_value(data: bytes | bytearray | memoryview) -> tuple[Any, int]:
         raise DecodeError(f"malformed AMQP value: {exc}") from None
     except RecursionError:
         # proton's Python decoder recurses once per nesting level: a deeply nested value from
-        # a peer is malformed input, not an internal error (issue 14 finding 10)
+        # a peer is malformed input, not an internal error (it used to log a 155 KB traceback)
         raise DecodeError("malformed AMQP value: nested too deeply") from None
     return value, consumed
 

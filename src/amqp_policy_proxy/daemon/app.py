@@ -284,7 +284,8 @@ class Daemon:
 
         Raises:
             PolicyError: the policy does not load (nothing is bound).
-            ConfigError: a TLS certificate, key or CA file does not load (nothing is bound).
+            ConfigError: a TLS certificate, key or CA file does not load, or the event log
+                directory cannot be created or written (nothing is bound).
             BindError: a listener or the metrics endpoint cannot bind its address (a
                 ConfigError naming the key and the address; nothing stays bound).
         """
@@ -295,6 +296,7 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         if self.policy is None:
             self.policy = await asyncio.to_thread(self._load_policy)
+            _log_policy_warnings(self.policy)
         self.ledger.max_connections = self.config.policy.max_connections
         server_ssl, self._upstream_ssl = await asyncio.to_thread(self.build_tls_contexts)
         self._config_digest = await asyncio.to_thread(self._config_file_digest)
@@ -333,7 +335,7 @@ class Daemon:
         if self._watchdog_task is None:
             self._watchdog_task = systemd.start_watchdog(self.loop)
 
-    # -- start line and bind failures (issue 15) ---------------------------------------
+    # -- start line and bind failures ---------------------------------------
 
     def start_line(self) -> tuple[str, dict[str, Any]]:
         """The one INFO line logged once every listener is bound, and its fields.
@@ -408,6 +410,21 @@ class Daemon:
         self.registry = registry
         self.observer = MetricsObserver(registry)
         registry.register(LiveCollector(lambda: self._snapshot))
+        if self.config.event_log_dir:  # first: an unusable directory stops the start here
+            from ..eventlog.sinks import FileEventSink
+            from ..eventlog.writer import EventLogWriter
+
+            observer = self.observer
+            writer = EventLogWriter(
+                FileEventSink(self.config.event_log_dir), max_queue=self.config.event_log_queue,
+                on_drop=observer.event_log_dropped, on_error=observer.event_log_errors,
+                retention_days=self.config.event_log_retention_days,
+            )
+            try:
+                writer.start()
+            except OSError as exc:
+                raise ConfigError([f"event_log.directory: {exc}"]) from None
+            self.writer = writer
         if self.config.metrics_address is not None:
             from ..metrics.exposition import start_metrics_server
 
@@ -416,16 +433,6 @@ class Daemon:
                 self.metrics_server = start_metrics_server(registry, addr.host, addr.port)
             except OSError as exc:
                 raise self._bind_error("metrics.address", addr, exc) from None
-        if self.config.event_log_dir:
-            from ..eventlog.sinks import FileEventSink
-            from ..eventlog.writer import EventLogWriter
-
-            observer = self.observer
-            self.writer = EventLogWriter(
-                FileEventSink(self.config.event_log_dir), max_queue=self.config.event_log_queue,
-                on_drop=lambda n: observer.event_log_dropped(n),
-            )
-            self.writer.start()
 
     def status_line(self) -> str:
         """One-line status for systemd ``STATUS=``."""
@@ -480,7 +487,7 @@ class Daemon:
         self._publish_snapshot()
 
     async def reload(self) -> bool:
-        """SIGHUP: reload policy files and TLS files off the event loop (decision 7).
+        """SIGHUP: reload policy files and TLS files off the event loop.
 
         The policy is swapped atomically only when the whole new policy is valid: new
         connections use it, existing ones keep the snapshot they were admitted with, and the
@@ -522,6 +529,7 @@ class Daemon:
                                      result="error", issues=(str(exc),)))
             return False
         self.policy = new
+        _log_policy_warnings(new)
         self.emit(PolicyReloaded(at=now, digest=new.digest, result="ok",
                                  issues=tuple(str(i) for i in new.warnings)))
         self._publish_snapshot()
@@ -645,6 +653,13 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT,
                                 functools.partial(self.request_stop, reason="SIGINT"))
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
+
+
+def _log_policy_warnings(policy: Policy) -> None:
+    """Log each warning of a loaded policy (the lines ``check`` prints), e.g. a QDR key that
+    is accepted but not enforced, or a session window smaller than a frame."""
+    for issue in policy.warnings:
+        logger.warning("policy: %s", issue)
 
 
 async def run_daemon(config: DaemonConfig) -> int:

@@ -1,4 +1,5 @@
-"""Daemon layer, the top: the ``amqp-policy-proxy`` command line (ARCHITECTURE section 4.1).
+"""Daemon layer, the top: the ``amqp-policy-proxy`` command line: ``run``, ``check``, ``explain``,
+``report``, ``demo``.
 
 Exit codes: 0 ok (``explain``: allowed), 1 runtime failure, 2 bad configuration or usage
 (also: a listener or the metrics port cannot bind), 3 ``explain``: denied.

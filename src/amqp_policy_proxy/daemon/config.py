@@ -145,6 +145,8 @@ class DaemonConfig:
     metrics_address: Address | None = None
     event_log_dir: str | None = None
     event_log_queue: int = 10000
+    event_log_retention_days: int | None = None
+    """Delete event log day partitions older than this many days; None keeps them all."""
     handshake_seconds: float = 10.0
     shutdown_grace_seconds: float = 30.0
     connect_timeout_seconds: float = 5.0
@@ -387,6 +389,10 @@ class EventLogTable(_Table):
         10000, toml="integer > 0 (records)", gt=0,
         doc="Records buffered for the writer thread; beyond it records are dropped and "
             "counted.")
+    retention_days: int | None = _key(
+        None, toml="integer >= 1 (days)", ge=1,
+        doc="Delete dt=YYYY-MM-DD partitions older than this many days (at start and daily "
+            "after UTC midnight; never the current one). Absent: keep everything.")
 
 
 class TimeoutsTable(_Table):
@@ -475,6 +481,7 @@ class ConfigFile(_Table):
             metrics_address=self.metrics.address,
             event_log_dir=self.event_log.directory,
             event_log_queue=self.event_log.queue_size,
+            event_log_retention_days=self.event_log.retention_days,
             handshake_seconds=self.timeouts.handshake_seconds,
             shutdown_grace_seconds=self.timeouts.shutdown_grace_seconds,
             connect_timeout_seconds=self.timeouts.connect_seconds,

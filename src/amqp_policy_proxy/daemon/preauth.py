@@ -5,7 +5,7 @@ A connection holds bytes before its Open is decided: a partial frame (at most on
 connection, frames pipelined behind the Open. Each connection is bounded, but their sum grows
 with the number of unauthenticated connections: 2,000 of them holding one 64 KiB partial frame
 each took a process from 47 to 178 MiB, and the global connection limit (65,535 by default)
-allowed about 4 GiB (issue 14 finding 12).
+allowed about 4 GiB.
 
 :class:`PreauthBudget` keeps the sum under a process-wide budget. Over the budget, every
 connection still before its admission stops being read (it waits: its bytes stay where they

@@ -2,7 +2,7 @@
 
 The policy compiler never resolves names itself: the daemon passes :func:`system_resolver` to
 :func:`amqp_policy_proxy.policy.load.load_policy`. QDR resolves with ``getaddrinfo`` at
-configuration time only (QDR-POLICY 2.6); so does the proxy, at every (re)load.
+configuration time only; so does the proxy, at every (re)load.
 """
 
 from __future__ import annotations

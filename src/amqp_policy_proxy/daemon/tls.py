@@ -1,4 +1,4 @@
-"""TLS facts about an accepted client transport (the daemon shell's side of decision 2)."""
+"""TLS facts about an accepted client transport: TLS ends at the proxy, which must see frames."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def peer_subject(transport: Any) -> str | None:
         e.g. ``"CN=alice,O=Example"`` (RFC 4514 order: most specific first, as
         ``cryptography``'s ``Name.rfc4514_string`` writes it), or None for a plain TCP
         transport, a TLS client that presented no certificate, or a listener that does not
-        verify client certificates. DDS permission grants
-        (ARCHITECTURE 4.6) match against it.
+        verify client certificates. DDS permission grants (docs/dds-permissions.md) match
+        against it.
     """
     ssl_object = transport.get_extra_info("ssl_object")
     if ssl_object is None or ssl_object.context.verify_mode == ssl.CERT_NONE:

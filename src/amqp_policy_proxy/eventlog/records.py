@@ -1,9 +1,9 @@
-"""Sans-IO. Maps core events to event log records, schema v1 (ARCHITECTURE §4.4).
+"""Sans-IO. Maps core events to event log records, schema v1 (docs/observability.md, "Event log").
 
 No I/O and no clock reads: the wall-clock offset comes in as an argument (the daemon computes
 ``time.time() - loop.time()``), so the same event always gives the same record.
 
-Redaction lives here (STYLE §4.6): a record is assembled field by field from the schema's
+Redaction lives here: a record is assembled field by field from the schema's
 allow-list (:data:`~amqp_policy_proxy.eventlog.schema.COMMON_FIELDS` plus the event's
 :data:`~amqp_policy_proxy.eventlog.schema.EVENT_FIELDS`), so nothing else an event may carry
 (SASL responses, passwords, channel numbers, future fields) can reach the log.

@@ -1,4 +1,4 @@
-"""Event log schema, version 1 (ARCHITECTURE section 4.4). Dependency-free.
+"""Event log schema, version 1 (docs/observability.md, "Event log"). Dependency-free.
 
 This module is the single source of truth for event names and field names. It is imported by
 the daemon's writer and by ``spark_reports`` (which builds its explicit Spark schemas from it),

@@ -1,20 +1,25 @@
 """Shell-side. Where event log records go: memory (tests) or partitioned JSON Lines files.
 
 The writer thread (:mod:`amqp_policy_proxy.eventlog.writer`) calls a sink; the event loop never
-does. Same interface for a test sink and a production sink, as aioquic's ``QuicLogger`` and
-``QuicFileLogger`` (STYLE §2.C).
+does. A test sink and the production sink have the same interface (as aioquic's ``QuicLogger``
+and ``QuicFileLogger``), so tests exercise the writer exactly as the daemon runs it.
 
-File layout (ARCHITECTURE §4.4): ``DIR/dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl``, UTC,
-partitioned by each record's own ``ts`` (not the time of writing), appended to, one JSON object
-per line. One process writes its own files only (pid in the name), so lines never interleave.
+File layout (docs/observability.md, "Files and partitioning"):
+``DIR/dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl``, UTC, partitioned by each record's own
+``ts`` (not the time of writing), appended to, one JSON object per line. One process writes its
+own files only (pid in the name), so lines never interleave. Retention removes whole
+``dt=YYYY-MM-DD`` directories (:meth:`FileEventSink.prune`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,7 +27,13 @@ from typing import IO, Any, Protocol
 
 from amqp_policy_proxy.eventlog import schema
 
-__all__ = ["EventSink", "FileEventSink", "MemoryEventSink", "dumps_record"]
+__all__ = [
+    "EventLogDirectoryError",
+    "EventSink",
+    "FileEventSink",
+    "MemoryEventSink",
+    "dumps_record",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +43,28 @@ _UNSAFE_HOST_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _FILE_MODE = 0o640  # records name users and client addresses: not world-readable
 _DIR_MODE = 0o750
+_DAY_PARTITION = re.compile(r"dt=(\d{4}-\d{2}-\d{2})")
+
+
+class EventLogDirectoryError(OSError):
+    """The event log directory cannot be created or is not writable.
+
+    Raised by :meth:`FileEventSink.open` (so by
+    :meth:`~amqp_policy_proxy.eventlog.writer.EventLogWriter.start`) before anything runs.
+    ``str()`` names the directory and the reason, e.g. ``event log directory
+    /var/log/amqp-policy-proxy/events is not writable: [Errno 13] Permission denied``.
+
+    Attributes:
+        directory: the configured directory.
+    """
+
+    def __init__(self, directory: Path, reason: str, errno: int | None = None) -> None:
+        super().__init__(errno, f"event log directory {directory} {reason}")
+        self.directory = directory
+
+    def __str__(self) -> str:
+        """The message alone (OSError would prefix ``[Errno N]``)."""
+        return str(self.strerror)
 
 
 def dumps_record(record: Mapping[str, Any]) -> str:
@@ -53,8 +86,13 @@ def dumps_record(record: Mapping[str, Any]) -> str:
 class EventSink(Protocol):
     """What :class:`~amqp_policy_proxy.eventlog.writer.EventLogWriter` needs from a sink.
 
-    Calls come from one thread at a time (the writer's).
+    Calls come from one thread at a time (the writer's), except :meth:`open`, which
+    :meth:`~amqp_policy_proxy.eventlog.writer.EventLogWriter.start` calls before the thread runs.
     """
+
+    def open(self) -> None:
+        """Check that records can be written (create what is missing); raise OSError if not."""
+        ...
 
     def write(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Append a batch of records in order; return how many were written.
@@ -71,6 +109,10 @@ class EventSink(Protocol):
         """Flush and release resources."""
         ...
 
+    def prune(self, before: dt.date) -> int:
+        """Delete the records of UTC days before ``before``; return how many days went."""
+        ...
+
 
 class MemoryEventSink:
     """Keeps records in a list (tests). Records go through JSON like a file sink's would.
@@ -85,6 +127,11 @@ class MemoryEventSink:
         self.records: list[dict[str, Any]] = []
         self.flushes = 0
         self.closed = False
+        self.opened = False
+
+    def open(self) -> None:
+        """Mark the sink opened (memory is always writable)."""
+        self.opened = True
 
     def write(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Append ``records``; see :meth:`EventSink.write`.
@@ -114,10 +161,30 @@ class MemoryEventSink:
         """Mark the sink closed; records stay readable."""
         self.closed = True
 
+    def prune(self, before: dt.date) -> int:
+        """Forget the records whose ``ts`` is on a UTC day before ``before``.
+
+        Returns:
+            The number of distinct days removed.
+        """
+        cutoff = before.isoformat()
+        days = {r["ts"][:10] for r in self.records if str(r.get("ts", ""))[:10] < cutoff}
+        self.records = [r for r in self.records if str(r.get("ts", ""))[:10] >= cutoff]
+        return len(days)
+
 
 def _safe_host(host: str) -> str:
     """Make a host name safe for a file name: keep ``[A-Za-z0-9._-]``, replace the rest."""
     return _UNSAFE_HOST_CHARS.sub("_", host) or "unknown"
+
+
+def _reason(exc: OSError, directory: Path) -> str:
+    """``[Errno 13] Permission denied`` from an OSError; the file name only when it is not
+    ``directory`` itself (e.g. the parent that is a file)."""
+    if exc.errno is None or not exc.strerror:
+        return str(exc)
+    where = f": {exc.filename}" if exc.filename and str(exc.filename) != str(directory) else ""
+    return f"[Errno {exc.errno}] {exc.strerror}{where}"
 
 
 def _make_dirs(path: Path) -> None:
@@ -127,6 +194,8 @@ def _make_dirs(path: Path) -> None:
     """
     missing = []
     while not path.is_dir():
+        if path.exists():  # a file where a directory should be
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
         missing.append(path)
         if path.parent == path:
             break
@@ -145,7 +214,9 @@ class FileEventSink:
     One file is open at a time; a record whose ``ts`` falls in another UTC hour (or day) closes
     it and opens (appending) that hour's file, creating ``dt=``/``hour=`` directories as needed.
     Files are created with mode 0640 and directories 0750 (less the umask): records name users
-    and client addresses.
+    and client addresses. After a failed write or flush the file is closed and its unwritten
+    lines are discarded (they are counted as lost by the writer), so the next batch starts
+    from a fresh ``open`` instead of retrying stale buffered data.
 
     Args:
         directory: the event log root (``[event_log] directory``); created if missing.
@@ -184,6 +255,75 @@ class FileEventSink:
         """
         dt, hour = self._partition_of(ts)
         return self.directory / schema.partition_path(dt, int(hour), self.host, self.pid)
+
+    def open(self) -> None:
+        """Create the event log root if missing and check that files can be created in it.
+
+        The check creates and removes an empty probe file (``.write-test-<pid>``): permission
+        bits alone say nothing for root, nor about read-only mounts.
+
+        Raises:
+            EventLogDirectoryError: the root (or a parent) cannot be created, is not a
+                directory, or does not accept new files; the message names the directory.
+        """
+        directory = self.directory
+        if directory.exists() and not directory.is_dir():
+            raise EventLogDirectoryError(directory, "is not a directory")
+        try:
+            _make_dirs(directory)
+        except OSError as exc:
+            raise EventLogDirectoryError(directory, f"cannot be created: {_reason(exc, directory)}",
+                                         exc.errno) from exc
+        probe = directory / f".write-test-{self.pid}"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        except FileExistsError:  # left by a crashed process with the same pid: reuse it
+            fd = None
+        except OSError as exc:
+            raise EventLogDirectoryError(directory, f"is not writable: {_reason(exc, directory)}",
+                                         exc.errno) from exc
+        if fd is not None:
+            os.close(fd)
+        try:
+            probe.unlink()
+        except OSError as exc:
+            raise EventLogDirectoryError(directory, f"is not writable: {_reason(exc, directory)}",
+                                         exc.errno) from exc
+
+    def prune(self, before: dt.date) -> int:
+        """Delete the day partitions ``dt=YYYY-MM-DD`` dated before ``before`` (UTC).
+
+        Only directories directly under the root whose name is exactly ``dt=`` and a valid
+        date are considered; anything else (other files, malformed names) is left alone. The
+        partition of the file currently open is never deleted, whatever its date.
+
+        Args:
+            before: the first day to keep.
+
+        Returns:
+            The number of day partitions deleted.
+
+        Raises:
+            OSError: the root cannot be listed, or a partition cannot be deleted (partitions
+                deleted before the failure stay deleted).
+        """
+        keep = self._partition[0] if self._partition is not None else None
+        removed = 0
+        with os.scandir(self.directory) as entries:
+            names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        for name in names:
+            match = _DAY_PARTITION.fullmatch(name)
+            if match is None or match.group(1) == keep:
+                continue
+            try:
+                day = dt.date.fromisoformat(match.group(1))
+            except ValueError:
+                continue
+            if day < before:
+                shutil.rmtree(self.directory / name)
+                removed += 1
+                logger.info("event log retention: removed %s", self.directory / name)
+        return removed
 
     @property
     def current_path(self) -> Path | None:
@@ -234,10 +374,14 @@ class FileEventSink:
         return written
 
     def _append(self, partition: tuple[str, str], lines: list[str]) -> int:
-        if partition != self._partition or self._file is None:
-            self._switch(partition)
-        assert self._file is not None
-        self._file.write("\n".join(lines) + "\n")
+        try:
+            if partition != self._partition or self._file is None:
+                self._switch(partition)
+            assert self._file is not None
+            self._file.write("\n".join(lines) + "\n")
+        except OSError:
+            self._discard_file()
+            raise
         return len(lines)
 
     def _switch(self, partition: tuple[str, str]) -> None:
@@ -264,6 +408,13 @@ class FileEventSink:
                 self._file = None
                 self._partition = None
 
+    def _discard_file(self) -> None:
+        """Close the open file after a failure, dropping lines it could not write."""
+        try:
+            self._close_file()
+        except OSError:
+            pass  # close() released the descriptor; the lost lines are already counted
+
     def flush(self) -> None:
         """Push buffered lines of the open file to the operating system (no fsync).
 
@@ -271,7 +422,11 @@ class FileEventSink:
             OSError: the write-back failed (e.g. disk full).
         """
         if self._file is not None:
-            self._file.flush()
+            try:
+                self._file.flush()
+            except OSError:
+                self._discard_file()
+                raise
 
     def close(self) -> None:
         """Flush and close the open file. A later :meth:`write` opens it again.

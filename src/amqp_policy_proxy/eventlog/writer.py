@@ -1,14 +1,22 @@
-"""Shell-side. Background event log writer: bounded queue, one thread, batches (ARCHITECTURE §4.4).
+"""Shell-side. Background event log writer: bounded queue, one thread, batches.
 
 The event loop calls :meth:`EventLogWriter.submit`, which never blocks and never touches the
 disk: it puts the record in a bounded queue, or drops and counts it when the queue is full.
 A daemon thread takes records in batches, hands each batch to the sink and flushes it, so under
 load batches grow and the cost per record falls. :meth:`EventLogWriter.stop` drains everything
 submitted before it and closes the sink.
+
+Failures: :meth:`EventLogWriter.start` fails at once when the sink cannot be written (so the
+daemon refuses to start instead of losing every record). A write that fails later costs the
+batch (counted as dropped) and one error (``on_error``); the log gets at most one line per
+``error_log_interval`` seconds, however many records fail. With ``retention_days`` the thread
+also deletes day partitions older than that many days, at start and just after each UTC
+midnight (docs/observability.md, "Retention").
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import queue
 import threading
@@ -24,6 +32,12 @@ logger = logging.getLogger(__name__)
 
 _STOP: Final = object()
 """Queue sentinel: everything before it is written, then the thread closes the sink and ends."""
+
+_DAY: Final = 86400.0
+PRUNE_AFTER_MIDNIGHT: Final = 60.0
+"""Seconds after each UTC midnight at which the daily retention pass runs."""
+_MAX_WAIT: Final = 3600.0
+"""Longest idle wait of the thread when retention is on, so a wall-clock jump is noticed."""
 
 
 class EventLogWriter:
@@ -42,9 +56,21 @@ class EventLogWriter:
             reach the file at most about this much later (plus the write) and the thread
             wakes at most ~1/linger times a second. The queue must absorb
             ``linger`` × peak record rate (20 ms × 100 000/s = 2 000 records).
+        on_error: called with 1 for every failed sink operation (a batch that could not be
+            written or flushed, a failed retention pass), from the writer thread, e.g.
+            :meth:`~amqp_policy_proxy.metrics.observer.MetricsObserver.event_log_errors`.
+            Its exceptions are logged.
+        error_log_interval: seconds between two log lines about failures (the first failure
+            is logged at once; later ones are summed into the next line).
+        retention_days: delete the sink's day partitions dated more than this many days
+            before the current UTC day (``dt=`` of today and of the last ``retention_days``
+            days stay). None keeps everything.
+        clock: monotonic seconds, for the log throttle (tests inject a fake one).
+        wall_clock: POSIX seconds, for retention (tests inject a fake one).
 
     Raises:
-        ValueError: ``max_queue`` or ``max_batch`` is below 1, or ``linger`` is negative.
+        ValueError: ``max_queue`` or ``max_batch`` is below 1, ``linger`` or
+            ``error_log_interval`` is negative, or ``retention_days`` is below 1.
     """
 
     def __init__(
@@ -55,6 +81,11 @@ class EventLogWriter:
         on_drop: Callable[[int], None] | None = None,
         max_batch: int = 1000,
         linger: float = 0.02,
+        on_error: Callable[[int], None] | None = None,
+        error_log_interval: float = 60.0,
+        retention_days: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
@@ -62,7 +93,25 @@ class EventLogWriter:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if linger < 0:
             raise ValueError(f"linger must be >= 0, got {linger}")
+        if error_log_interval < 0:
+            raise ValueError(f"error_log_interval must be >= 0, got {error_log_interval}")
+        if retention_days is not None and retention_days < 1:
+            raise ValueError(f"retention_days must be >= 1, got {retention_days}")
         self._linger = linger
+        self._on_error = on_error
+        self._error_log_interval = error_log_interval
+        self._retention_days = retention_days
+        self._clock = clock
+        self._wall_clock = wall_clock
+        # Writer-thread state: failures since the last log line, and when that line was.
+        self._errors = 0
+        self._unreported_failures = 0
+        self._unreported_lost = 0
+        self._last_error_log: float | None = None
+        self._last_failure: tuple[str, BaseException] = ("write", OSError())
+        self._failing = False
+        self._recovery_pending = False
+        self._next_prune: float | None = None
         self._sink = sink
         self._on_drop = on_drop
         self._max_batch = max_batch
@@ -88,14 +137,22 @@ class EventLogWriter:
         return self._written
 
     @property
+    def errors(self) -> int:
+        """Failed sink operations so far (writes, flushes, retention passes)."""
+        return self._errors
+
+    @property
     def queued(self) -> int:
         """Records waiting for the writer thread (approximate while it runs)."""
         return self._queue.qsize()
 
     def start(self) -> None:
-        """Start the writer thread.
+        """Check the sink (``sink.open()``), then start the writer thread.
 
         Raises:
+            OSError: the sink cannot be written, e.g.
+                :class:`~amqp_policy_proxy.eventlog.sinks.EventLogDirectoryError`; no thread
+                was started and :meth:`start` may be called again.
             RuntimeError: already started, or already stopped.
         """
         with self._lock:
@@ -103,6 +160,7 @@ class EventLogWriter:
                 raise RuntimeError("event log writer already stopped")
             if self._thread is not None:
                 raise RuntimeError("event log writer already started")
+            self._sink.open()
             self._start_thread()
 
     def _start_thread(self) -> None:
@@ -178,12 +236,104 @@ class EventLogWriter:
         except Exception:
             logger.exception("event log on_drop callback failed")
 
+    def _report_error(self) -> None:
+        self._errors += 1
+        if self._on_error is None:
+            return
+        try:
+            self._on_error(1)
+        except Exception:
+            logger.exception("event log on_error callback failed")
+
+    def _failed(self, what: str, exc: BaseException, lost: int) -> None:
+        """Count one failed sink operation (``what``: write, retention) and report it."""
+        self._report_error()
+        self._failing = True
+        self._recovery_pending = False
+        self._unreported_failures += 1
+        self._unreported_lost += lost
+        self._last_failure = (what, exc)
+        self._report_failures()
+
+    def _succeeded(self) -> None:
+        """A write went through: after failures, report the recovery."""
+        if self._failing:
+            self._failing = False
+            self._recovery_pending = True
+            self._report_failures()
+
+    def _report_due_in(self) -> float | None:
+        """Seconds until a pending report may be logged; None when nothing is pending."""
+        if not (self._unreported_failures or self._recovery_pending):
+            return None
+        if self._last_error_log is None:
+            return 0.0
+        return max(0.0, self._last_error_log + self._error_log_interval - self._clock())
+
+    def _report_failures(self, force: bool = False) -> None:
+        """Log what is pending in one line, unless a line went out less than
+        ``error_log_interval`` seconds ago (and not ``force``): at most one line per interval,
+        however many records fail."""
+        due = self._report_due_in()
+        if due is None or (due > 0 and not force):
+            return
+        failures, lost = self._unreported_failures, self._unreported_lost
+        if self._recovery_pending:
+            logger.warning("event log writes succeed again (%d more failures, %d more records "
+                           "dropped since the last error line)", failures, lost)
+        else:
+            what, exc = self._last_failure
+            if self._last_error_log is None:
+                tail = (f"; further failures are logged at most every "
+                        f"{self._error_log_interval:.0f} s")
+            else:
+                tail = f" ({failures} failures since the last error line)"
+            dropped = f"; {lost} records dropped" if lost or what == "write" else ""
+            logger.error("event log %s failed: %s%s%s", what, exc, dropped, tail,
+                         exc_info=(type(exc), exc, exc.__traceback__)
+                         if not isinstance(exc, OSError) else None)
+        self._last_error_log = self._clock()
+        self._unreported_failures = self._unreported_lost = 0
+        self._recovery_pending = False
+
+    def _prune(self) -> None:
+        """Delete partitions older than the retention; schedule the next pass."""
+        assert self._retention_days is not None
+        now = self._wall_clock()
+        today = dt.datetime.fromtimestamp(now, dt.UTC).date()
+        before = today - dt.timedelta(days=self._retention_days)
+        self._next_prune = (now // _DAY + 1) * _DAY + PRUNE_AFTER_MIDNIGHT
+        try:
+            removed = self._sink.prune(before)
+        except Exception as exc:
+            self._failed("retention", exc, 0)
+            return
+        if removed:
+            logger.info("event log retention (%d days): removed %d day partitions before %s",
+                        self._retention_days, removed, before.isoformat())
+
+    def _wait(self) -> float | None:
+        """Seconds the idle thread may block: until the next retention pass or pending
+        failure report is due (None: until a record arrives)."""
+        waits = [w for w in (self._report_due_in(),) if w is not None]
+        if self._next_prune is not None:
+            waits.append(min(_MAX_WAIT, max(0.0, self._next_prune - self._wall_clock())))
+        return min(waits) if waits else None
+
     def _run(self) -> None:
         """The writer thread: batch, write, flush; on the sentinel close the sink and end."""
         stopping = False
         backlog = False  # the last batch was full: more is waiting, don't linger
+        if self._retention_days is not None:
+            self._prune()
         while not stopping:
-            item = self._queue.get()
+            if self._next_prune is not None and self._wall_clock() >= self._next_prune:
+                self._prune()
+            self._report_failures()
+            try:
+                item = self._queue.get(timeout=self._wait())
+            except queue.Empty:
+                continue
             if self._linger > 0 and not backlog and item is not _STOP:
                 # Let a batch accumulate: fewer wake-ups, writes and flushes, and less
                 # competition with the event loop for the GIL than one wake-up per record.
@@ -207,15 +357,18 @@ class EventLogWriter:
             self._sink.close()
         except Exception:
             logger.exception("event log sink failed to close")
+        self._report_failures(force=True)
 
     def _write(self, batch: list[Mapping[str, Any]]) -> None:
         try:
             written = self._sink.write(batch)
             self._sink.flush()
-        except Exception:
+        except Exception as exc:
             # The thread must outlive a full disk or a vanished directory: count and go on.
-            logger.exception("event log sink failed; %d records dropped", len(batch))
             written = 0
+            self._failed("write", exc, len(batch))
+        else:
+            self._succeeded()
         self._written += written
         lost = len(batch) - written
         if lost > 0:

@@ -1,8 +1,8 @@
 """Sans-IO. Normalisation of the client's address into the ``rhost`` string policy uses.
 
-QDR uses ``getnameinfo(NI_NUMERICHOST)`` of the peer (QDR-POLICY 2.3): a numeric IP without a
+QDR uses ``getnameinfo(NI_NUMERICHOST)`` of the peer: a numeric IP without a
 port. On a dual-stack socket an IPv4 client shows up as ``::ffff:a.b.c.d``; the proxy reports
-and matches it as the IPv4 address (ARCHITECTURE decision 6). The same string keys the
+and matches it as the IPv4 address (docs/qdr-compatibility.md). The same string keys the
 per-host connection counts, so one client must always produce one string.
 """
 

@@ -1,6 +1,7 @@
 """Sans-IO. QDR ``remoteHosts``: which client addresses a policy group may connect from.
 
-QDR-POLICY 2.6, with the fixes and extension of ARCHITECTURE decision 6:
+QDR's ``policy_util.py`` (``HostStruct``, ``HostAddr``), with the fixes and the extension listed
+in docs/qdr-compatibility.md:
 
 * ``*`` matches every IPv4 and IPv6 address; it cannot be combined with other text.
 * A single IPv4 or IPv6 address matches only itself.
@@ -64,7 +65,7 @@ def _parse_ip(text: str) -> IPAddr | None:
 
 
 def split_spec(spec: str | Iterable[str]) -> tuple[str, ...]:
-    """Split a ``remoteHosts`` value into trimmed items (QDR-POLICY 1.3).
+    """Split a ``remoteHosts`` value into trimmed items (as QDR's ``PolicyCompiler``).
 
     Args:
         spec: a comma-separated string (items trimmed of spaces, as QDR does) or a list of

@@ -3,7 +3,8 @@
 Compiled once per group at policy load, consulted on every Attach and on every anonymous-relay
 message, so matching uses precompiled sets, tuples and plain string operations, no regex.
 
-Rules (QDR-POLICY section 4), with the fixes of ARCHITECTURE decision 6:
+Rules (QDR's ``_qd_policy_approve_link_name`` and ``_qd_policy_approve_link_name_tree``), with
+the fixes listed in docs/qdr-compatibility.md:
 
 * An empty address never matches; an empty rule set denies everything; matching is
   case-sensitive.
@@ -127,7 +128,7 @@ def match_tokens(pattern: tuple[str, ...], tokens: tuple[str, ...]) -> bool:
 
 
 def multiple_token_message(item: str) -> str | None:
-    """QDR's complaint when an item holds ``${user}`` more than once (QDR-POLICY 1.3).
+    """QDR's complaint when an item holds ``${user}`` more than once (QDR's ``PolicyCompiler``).
 
     Returns:
         The tail of QDR's message (``"item 'X' contains multiple user subtitution tokens"``,
@@ -141,7 +142,7 @@ def multiple_token_message(item: str) -> str | None:
 def pattern_item_message(item: str) -> str | None:
     """Why a ``sourcePattern``/``targetPattern`` item is invalid, or None when it is valid.
 
-    ``${user}`` must occur at most once and be the whole first or last token (QDR-POLICY 4.2;
+    ``${user}`` must occur at most once and be the whole first or last token (pattern mode;
     QDR only enforced "string prefix or suffix" and silently never matched partial tokens).
 
     Args:
@@ -242,7 +243,7 @@ class AddressRules:
 
     @classmethod
     def from_list(cls, items: Iterable[str]) -> AddressRules:
-        """Compile ``sources``/``targets`` items (QDR-POLICY 4.1).
+        """Compile ``sources``/``targets`` items (list mode, QDR ``_qd_policy_approve_link_name``).
 
         Items are trimmed of spaces; empty items are dropped; duplicates are dropped keeping
         the first (QDR lost the order through a ``set``; order only matters for
@@ -296,7 +297,7 @@ class AddressRules:
 
     @classmethod
     def from_patterns(cls, items: Iterable[str]) -> AddressRules:
-        """Compile ``sourcePattern``/``targetPattern`` items (QDR-POLICY 4.2).
+        """Compile ``sourcePattern``/``targetPattern`` items (QDR ``_qd_policy_approve_link_name_tree``).
 
         Args:
             items: pattern items, e.g. ``["#"]``, ``["${user}.#", "public.*"]``.

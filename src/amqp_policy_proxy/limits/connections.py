@@ -1,14 +1,14 @@
 """Sans-IO. The connection ledger: global socket count and per-vhost/user/host counts.
 
-QDR-POLICY 2.1 (stage 0, global ``maxConnections`` at TCP accept) and 2.7
-(``PolicyAppConnectionMgr.can_connect``: vhost, per-user and per-host counts at Open).
+QDR's stage 0 (``qd_policy_socket_accept``: the global ``maxConnections`` at TCP accept) and
+QDR's ``PolicyAppConnectionMgr.can_connect`` (vhost, per-user and per-host counts at Open).
 
 Plain Python, O(1) per operation, used only on the event-loop thread. The metrics thread reads
 :meth:`ConnectionLedger.snapshot`, an immutable copy. Memory matters (tens of thousands of idle
 connections): one small tuple per connection; per-user and per-host entries are deleted when
 they drop to zero (QDR left empty lists behind).
 
-Differences from QDR, on purpose (ARCHITECTURE decision 6): the limits checked are those of
+Differences from QDR, on purpose (docs/qdr-compatibility.md): the limits checked are those of
 the vhost and group objects passed in (the snapshot the connection is admitted under), so a
 reload never swaps the per-user and per-host limits; counts are keyed by vhost *name* and so
 carry over across reloads exactly.
@@ -66,7 +66,7 @@ class ConnectionLedger:
     # -------------------------------------------------------------- stage 0 (TCP accept)
 
     def try_accept(self) -> bool:
-        """Count a new transport if the global limit allows it (QDR-POLICY 2.1).
+        """Count a new transport if the global limit allows it (QDR ``qd_policy_socket_accept``).
 
         Returns:
             True when ``current < max_connections`` (the transport is now counted); False
@@ -99,7 +99,7 @@ class ConnectionLedger:
         Per-user limit: ``group.max_connections_per_user``, else the vhost's; per-host
         likewise. ``n_user`` counts all of the user's connections in the vhost whatever their
         group; ``n_host`` counts the vhost's connections from that IP string. A limit of 0
-        denies every connection (QDR-POLICY 2.7).
+        denies every connection (as QDR's ``can_connect``).
 
         Args:
             conn_id: unique connection id; recorded on success.

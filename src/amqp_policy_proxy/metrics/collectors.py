@@ -1,10 +1,11 @@
-"""Shell-side. Scrape-time collector for live state (ARCHITECTURE §4.3, STYLE §2.F and §4.6).
+"""Shell-side. Scrape-time collector for live state (the gauges of docs/observability.md).
 
 The event loop owns the live state (connection ledger, traffic counters, policy). It publishes
 an immutable :class:`MetricsSnapshot` by swapping one reference; :class:`LiveCollector` runs on
-the exporter's HTTP thread and reads only that snapshot, once per scrape, never a live dict.
-The pattern is prometheus_client's ``ProcessCollector``: an injected data source, fresh metric
-families built on every ``collect()``.
+the exporter's HTTP thread and reads only that snapshot, once per scrape, never a live dict, so
+no lock is shared with the event loop. The pattern is prometheus_client's
+``ProcessCollector``: an injected data source, fresh metric families built on every
+``collect()``.
 
 May import prometheus_client; must not import the daemon.
 """
@@ -17,6 +18,8 @@ from types import MappingProxyType
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from amqp_policy_proxy.policy.keys import BYTE_LIMIT_NAMES
 
 __all__ = ["DIRECTIONS", "LiveCollector", "MetricsSnapshot"]
 
@@ -44,8 +47,11 @@ class MetricsSnapshot:
     """Cumulative Transfer frames per ``(vhost, direction)`` since the daemon started."""
     limits: tuple[tuple[str, str, str, float], ...] = field(default=())
     """Configured limits as ``(vhost, group, limit, value)``: ``limit`` is the QDR key
-    (``maxConnections``, ``maxConnectionsPerUser``, ...), ``group`` is ``""`` for vhost-level
-    limits. Omit unlimited settings rather than exporting 0."""
+    (``maxConnections``, ``maxConnectionsPerUser``, ``maxFrameSize``, ...), ``group`` is ``""``
+    for vhost-level limits, ``value`` a count or, for
+    :data:`~amqp_policy_proxy.policy.keys.BYTE_LIMIT_NAMES`, bytes. Omit unlimited settings
+    (no row, so no sample) rather than exporting 0 or a huge number
+    (:meth:`~amqp_policy_proxy.policy.model.Policy.limits_table` does)."""
     policy_digest: str = ""
     """Digest of the running policy; ``""`` before one is loaded (no ``policy_info`` sample)."""
 
@@ -53,10 +59,12 @@ class MetricsSnapshot:
 class LiveCollector:
     """Exports the current :class:`MetricsSnapshot` at scrape time.
 
-    Families (ARCHITECTURE §4.3): ``amqp_proxy_connections_active{vhost,group}`` (gauge),
+    Families: ``amqp_proxy_connections_active{vhost,group}`` (gauge),
     ``amqp_proxy_bytes_total{vhost,direction}`` and ``amqp_proxy_transfers_total{vhost,direction}``
-    (counters), ``amqp_proxy_limit{vhost,group,limit}`` (gauge) and
-    ``amqp_proxy_policy_info{digest}`` (gauge, always 1). Families are yielded even when empty.
+    (counters), ``amqp_proxy_limit{vhost,group,limit}`` (gauge, count limits),
+    ``amqp_proxy_limit_bytes{vhost,group,limit}`` (gauge, byte-valued limits: ``maxFrameSize``,
+    ``maxMessageSize``, ``maxSessionWindow``) and ``amqp_proxy_policy_info{digest}`` (gauge,
+    always 1). Families are yielded even when empty; an unlimited setting has no sample.
 
     Args:
         source: zero-argument callable returning the current snapshot. It is called exactly
@@ -83,7 +91,7 @@ class LiveCollector:
         return list(self._families(MetricsSnapshot()))
 
     def collect(self) -> Iterator[Metric]:
-        """Read the snapshot once and yield the five families built from it."""
+        """Read the snapshot once and yield the six families built from it."""
         return self._families(self._source())
 
     @staticmethod
@@ -117,12 +125,21 @@ class LiveCollector:
 
         limit = GaugeMetricFamily(
             "amqp_proxy_limit",
-            "Configured policy limits (QDR setting names), for utilisation panels.",
+            "Configured policy count limits (connections, sessions, links) by QDR setting "
+            "name; no sample when unlimited.",
+            labels=("vhost", "group", "limit"),
+        )
+        limit_bytes = GaugeMetricFamily(
+            "amqp_proxy_limit_bytes",
+            "Configured policy size limits in bytes (maxFrameSize, maxMessageSize, "
+            "maxSessionWindow); no sample when unlimited.",
             labels=("vhost", "group", "limit"),
         )
         for vhost, group, name, value in snap.limits:
-            limit.add_metric((vhost, group, name), value)
+            family = limit_bytes if name in BYTE_LIMIT_NAMES else limit
+            family.add_metric((vhost, group, name), value)
         yield limit
+        yield limit_bytes
 
         info = GaugeMetricFamily(
             "amqp_proxy_policy_info",

@@ -1,4 +1,4 @@
-"""Shell-side. Serves a registry over HTTP for Prometheus (ARCHITECTURE §4.2 ``[metrics]``).
+"""Shell-side. Serves a registry over HTTP for Prometheus (the config's ``[metrics] address``).
 
 A thin wrapper over prometheus_client's ``start_http_server`` (a WSGI server on a daemon
 thread, returning ``(httpd, thread)``) that adds what the daemon needs: the actual port when

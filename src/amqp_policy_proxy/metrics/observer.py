@@ -1,9 +1,9 @@
-"""Shell-side. Turns core events into Prometheus counters and histograms (ARCHITECTURE §4.3).
+"""Shell-side. Turns core events into Prometheus counters and histograms (docs/observability.md).
 
 The daemon fans every :mod:`amqp_policy_proxy.core.events` event out to
 :meth:`MetricsObserver.handle` on the event loop thread. Counters and histograms live here;
 gauges and traffic counters that describe live state come from
-:class:`~amqp_policy_proxy.metrics.collectors.LiveCollector` at scrape time (STYLE §4.6).
+:class:`~amqp_policy_proxy.metrics.collectors.LiveCollector` at scrape time.
 
 Label discipline (the contract): labels only from ``vhost``, ``group``, ``reason``, ``role``,
 ``side``, ``condition``, ``result``, ``upstream``, ``direction``. Never a user, remote host,
@@ -40,7 +40,7 @@ __all__ = [
     "MetricsObserver",
 ]
 
-#: Every ``amqp_proxy_`` family the daemon exports, as written in ARCHITECTURE §4.3 (counters
+#: Every ``amqp_proxy_`` family the daemon exports, as documented in docs/observability.md (counters
 #: with their ``_total``; histograms without ``_bucket``/``_sum``/``_count``). Includes the
 #: families of :class:`~amqp_policy_proxy.metrics.collectors.LiveCollector`.
 METRIC_NAMES: frozenset[str] = frozenset(
@@ -57,10 +57,12 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_open_decision_seconds",
         "amqp_proxy_connection_duration_seconds",
         "amqp_proxy_limit",
+        "amqp_proxy_limit_bytes",
         "amqp_proxy_policy_reloads_total",
         "amqp_proxy_policy_info",
         "amqp_proxy_upstream_connect_failures_total",
         "amqp_proxy_event_log_dropped_total",
+        "amqp_proxy_event_log_errors_total",
     }
 )
 
@@ -114,7 +116,7 @@ class _NoCreatedSeries:
     """Collector exposing a fixed set of metrics without their ``_created`` samples.
 
     prometheus_client adds a ``<name>_created`` series to every counter and histogram child.
-    They are not part of the §4.3 contract and double the series count, so the observer's
+    They are not part of the documented metrics and double the series count, so the observer's
     metrics are built unregistered and exported through this filter instead. This keeps the
     filter local to our registry (``disable_created_metrics()`` would be process-global).
     """
@@ -135,7 +137,7 @@ class _NoCreatedSeries:
 
 
 class MetricsObserver:
-    """Counts core events into the §4.3 counters and histograms of one registry.
+    """Counts core events into the counters and histograms of one registry.
 
     Args:
         registry: the daemon's dedicated registry (:func:`~.registry.build_registry`); the
@@ -198,6 +200,10 @@ class MetricsObserver:
             "amqp_proxy_event_log_dropped_total",
             "Event log records dropped (writer queue full, writer stopped or sink failure).",
         )
+        self.event_log_errors_total = counter(
+            "amqp_proxy_event_log_errors_total",
+            "Failed event log disk operations (a batch write or flush, a retention pass).",
+        )
         self.open_decision = Histogram(
             "amqp_proxy_open_decision_seconds",
             "Time to decide on a client's Open (vhost, group, remoteHosts, limits), seconds.",
@@ -223,6 +229,7 @@ class MetricsObserver:
                     self.upstream_connect_failures,
                     self.policy_reloads,
                     self.event_log_dropped_total,
+                    self.event_log_errors_total,
                     self.open_decision,
                     self.connection_duration,
                 )
@@ -288,6 +295,21 @@ class MetricsObserver:
         """
         if n:
             self.event_log_dropped_total.inc(n)
+
+    def event_log_errors(self, n: int = 1) -> None:
+        """Count failed event log disk operations (``amqp_proxy_event_log_errors_total``).
+
+        Suitable as :class:`~amqp_policy_proxy.eventlog.writer.EventLogWriter`'s ``on_error``
+        (called from the writer thread; the counter is thread-safe).
+
+        Args:
+            n: number of failures (0 is a no-op).
+
+        Raises:
+            ValueError: ``n`` is negative (counters only go up).
+        """
+        if n:
+            self.event_log_errors_total.inc(n)
 
     # One handler per event type; names follow the event class.
 

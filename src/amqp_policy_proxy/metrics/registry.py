@@ -1,4 +1,4 @@
-"""Shell-side. The daemon's dedicated Prometheus registry (ARCHITECTURE §4.3, STYLE §2.F).
+"""Shell-side. The daemon's dedicated Prometheus registry (docs/observability.md).
 
 Application code never touches prometheus_client's global ``REGISTRY``: the daemon builds one
 registry here, hands it to :class:`~amqp_policy_proxy.metrics.observer.MetricsObserver` and

@@ -1,11 +1,13 @@
 """Sans-IO. Pure policy decisions, in QDR's order; denials are values, never exceptions.
 
-* :func:`approve_open`: vhost -> group -> remoteHosts (QDR-POLICY 2.4 to 2.6). Connection
+* :func:`approve_open`: vhost -> group -> remoteHosts (QDR's order). Connection
   *counts* are the ledger's job (:class:`amqp_policy_proxy.limits.connections.ConnectionLedger`).
-* :func:`approve_sender` / :func:`approve_receiver`: link Attach checks (QDR-POLICY 3.3, 3.4).
-* :func:`approve_relay_target`: an anonymous-relay message's ``to`` (QDR-POLICY 3.6.1).
+* :func:`approve_sender` / :func:`approve_receiver`: link Attach checks (QDR ``qd_policy_approve_amqp_sender_link`` /
+  ``..._receiver_link``).
+* :func:`approve_relay_target`: an anonymous-relay message's ``to`` (QDR
+  ``qd_policy_approve_message_target``).
 
-The reason strings are the ``reason`` label values of ARCHITECTURE 4.3. Whether vhost policy is
+The reason strings are the ``reason`` label values of docs/observability.md. Whether vhost policy is
 enabled at all (``settings.enable_vhost_policy``) is for the caller to check first.
 """
 
@@ -40,7 +42,8 @@ class OpenAllowed:
 
 @dataclass(frozen=True, slots=True)
 class OpenDenied:
-    """The Open is denied: Open+Close ``amqp:resource-limit-exceeded`` (QDR-POLICY 2.9)."""
+    """The Open is denied: Open+Close ``amqp:resource-limit-exceeded`` (QDR
+    ``qd_policy_private_deny_amqp_connection``)."""
 
     reason: str
     """``"no_vhost"``, ``"unknown_user"`` or ``"remote_host"``."""
@@ -92,7 +95,8 @@ def approve_open(
 def approve_sender(
     group: GroupSettings, *, user: str, target_address: str | None, open_senders: int
 ) -> str | None:
-    """Decide a client sender's Attach (the router's incoming link), QDR-POLICY 3.3.
+    """Decide a client sender's Attach (the router's incoming link), as QDR's
+    ``qd_policy_approve_amqp_sender_link``.
 
     Order: ``maxSenders`` -> target address rules -> anonymous sender. A sender with a dynamic
     target has no address and so is an anonymous sender.
@@ -123,7 +127,8 @@ def approve_receiver(
     dynamic: bool,
     open_receivers: int,
 ) -> str | None:
-    """Decide a client receiver's Attach (the router's outgoing link), QDR-POLICY 3.4.
+    """Decide a client receiver's Attach (the router's outgoing link), as QDR's
+    ``qd_policy_approve_amqp_receiver_link``.
 
     Order: ``maxReceivers`` -> dynamic source (``allowDynamicSource`` alone decides; sources
     are not consulted) -> source address rules -> no address (always denied).
@@ -149,7 +154,8 @@ def approve_receiver(
 
 
 def approve_relay_target(group: GroupSettings, *, user: str, to: str) -> bool:
-    """Decide one anonymous-relay message's destination, QDR-POLICY 3.6.1.
+    """Decide one anonymous-relay message's destination, as QDR's
+    ``qd_policy_approve_message_target``.
 
     The caller skips the check for a message without a destination (QDR does); an empty
     ``to`` passed here is denied. A denial is a rejected disposition,

@@ -4,7 +4,7 @@ It follows the same order and uses the same lookups as the live decisions
 (:mod:`amqp_policy_proxy.policy.decisions`) and names the rule that decided each step: how the
 vhost was found, why the user got its group, which ``remoteHosts`` item matched, and, with an
 address and a role, which ``sources``/``targets`` item or pattern allowed the link, then each
-topic model of the group (ARCHITECTURE 4.6: ``topicTree`` node, ``permissions`` rule, DDS grant
+topic model of the group (docs/topic-authorization.md: ``topicTree`` node, ``permissions`` rule, DDS grant
 and rule) and, for a per-delivery subscription, the decision for one message's address.
 Live counts (connections, sessions, links) are not considered; the output says so.
 """
@@ -245,7 +245,7 @@ def _address_step(rules: AddressRules, pattern_key: str, list_key: str, user: st
 def _topic_step(group: GroupSettings, principal: Principal, address: str, role: str, qos: int,
                 wall_now: float | None, delivery_address: str | None,
                 lines: list[str]) -> str | None:
-    """The topic models' lines (ARCHITECTURE 4.6); the denial reason or None."""
+    """The topic models' lines; the denial reason or None."""
     topics = group.topics
     if topics is None:
         if delivery_address is not None:

@@ -3,10 +3,10 @@
 Every key a policy file may use is listed here with its level (``vhost`` or ``group``), its
 kind, its range, its QDR default, and whether the proxy enforces it. Keys that QDR accepts but
 the proxy does not enforce load with a warning; keys missing from the table are errors
-(ARCHITECTURE decision 8; QDR itself only warned, QDR-POLICY 1.2 and 1.3).
+(docs/qdr-compatibility.md; QDR itself only warned about unknown group keys).
 
 Sources: ``PolicyKeys`` and ``PolicyCompiler`` in QDR's ``policy_local.py`` and the ``vhost`` /
-``vhostUserGroupSettings`` entities of ``qdrouter.json`` (QDR-POLICY sections 1.1 to 1.3).
+``vhostUserGroupSettings`` entities of ``qdrouter.json``.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from types import MappingProxyType
 from typing import Final
 
 USER_TOKEN: Final = "${user}"
-"""The only substitution token in source and target items (QDR-POLICY 4.3)."""
+"""The only substitution token in source and target items."""
 DEFAULT_GROUP: Final = "$default"
-"""Group for unknown users when ``allowUnknownUser`` is true (QDR-POLICY 1.4)."""
+"""Group for unknown users when ``allowUnknownUser`` is true."""
 CONNECTOR_GROUP: Final = "$connector"
 """Group QDR applies to outgoing connector connections; accepted, unused by the proxy."""
 ANY_USER: Final = "*"
-"""The ``users`` item that catches every user not listed elsewhere (QDR-POLICY 2.5)."""
+"""The ``users`` item that catches every user not listed elsewhere (QDR ``lookup_user``)."""
 LIST_SEPARATOR: Final = ","
 """Separator of items in CSV string values (QDR ``KC_CONFIG_LIST_SEP``)."""
 
@@ -54,17 +54,17 @@ class Kind(StrEnum):
     LIST = "list"
     """A comma-separated string or a list of strings (``users``, ``aliases``)."""
     HOSTS = "hosts"
-    """``remoteHosts``: a list of host specs (QDR-POLICY 2.6)."""
+    """``remoteHosts``: a list of host specs (docs/policy.md, "Remote hosts")."""
     ADDRESSES = "addresses"
-    """``sources`` / ``targets`` items (QDR-POLICY 4.1)."""
+    """``sources`` / ``targets`` items (list mode)."""
     PATTERNS = "patterns"
-    """``sourcePattern`` / ``targetPattern`` items (QDR-POLICY 4.2)."""
+    """``sourcePattern`` / ``targetPattern`` items (pattern mode)."""
     GROUPS = "groups"
     """The map of group name to group settings."""
     METADATA = "metadata"
     """Management metadata (``name``, ``identity``, ``type``); any value, ignored."""
     TOPICS = "topics"
-    """Topic authorization keys (ARCHITECTURE 4.6, an extension over QDR): compiled together
+    """Topic authorization keys (docs/topic-authorization.md, an extension over QDR): compiled together
     into ``GroupSettings.topics`` by :mod:`amqp_policy_proxy.policy.topics.config`."""
 
 
@@ -105,7 +105,7 @@ _V, _G = Level.VHOST, Level.GROUP
 _VHOST_SPECS: Final = (
     _spec("hostname", "hostname", _V, Kind.NAME, doc="vhost name matched against Open hostname"),
     _spec("id", "hostname", _V, Kind.NAME, enforced=False,
-          doc="deprecated synonym of hostname (QDR-POLICY 1.2)"),
+          doc="deprecated synonym of hostname (QDR vhost entity)"),
     _spec("aliases", "aliases", _V, Kind.LIST, default=(), doc="alternative vhost names"),
     _spec("maxConnections", "max_connections", _V, Kind.INT, default=65535, minimum=0,
           maximum=CONNECTION_LIMIT_MAX, doc="concurrent connections to the vhost; 0 denies all"),
@@ -203,13 +203,18 @@ POLICY_SETTINGS_KEYS: Final = MappingProxyType({
     "maxMessageSize": "max_message_size",
     "policyDir": "path",
 })
-"""Global QDR ``policy`` entity attributes -> daemon config ``[policy]`` keys (QDR-POLICY 1.1)."""
+"""Global QDR ``policy`` entity attributes -> daemon config ``[policy]`` keys."""
 
 LIMIT_NAMES: Final = (
     "maxConnections", "maxConnectionsPerUser", "maxConnectionsPerHost", "maxSessions",
     "maxSenders", "maxReceivers", "maxFrameSize", "maxMessageSize", "maxSessionWindow",
 )
-"""Values of the ``limit`` label of the ``amqp_proxy_limit`` gauge."""
+"""Values of the ``limit`` label of the ``amqp_proxy_limit`` (counts) and
+``amqp_proxy_limit_bytes`` (:data:`BYTE_LIMIT_NAMES`) gauges."""
+
+BYTE_LIMIT_NAMES: Final = frozenset({"maxFrameSize", "maxMessageSize", "maxSessionWindow"})
+"""The limits whose values are bytes (exported as ``amqp_proxy_limit_bytes``); the others
+count connections, sessions or links."""
 
 _SNAKE_BY_CAMEL: Final = MappingProxyType(
     {s.camel: s.snake for s in (*_GROUP_SPECS, *_VHOST_SPECS) if s.camel != "id"}
@@ -247,7 +252,7 @@ _HYPHEN_RE: Final = re.compile(r"-([a-zA-Z0-9])")
 def hyphen_to_camel(key: str) -> str:
     """Convert a hyphenated attribute name to camelCase, as QDR's config loader does.
 
-    QDR-POLICY 1.6: top-level attribute keys of policyDir entities are converted
+    As QDR's ``policyDir`` loader: top-level attribute keys of policyDir entities are converted
     (``max-connections`` -> ``maxConnections``); keys inside ``groups`` are not.
 
     Args:

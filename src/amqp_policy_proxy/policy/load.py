@@ -3,7 +3,7 @@
 The only I/O of the policy package lives here: reading a policy directory or file. Accepted:
 
 * QDR ``policyDir`` JSON (``*.json``): a list of ``[entityType, {attributes}]`` pairs. Lines
-  whose first non-blank character is ``#`` are blanked before parsing (QDR-POLICY 1.6; line
+  whose first non-blank character is ``#`` are blanked before parsing (as QDR's loader does; line
   numbers in parse errors stay those of the file).
 * YAML (``*.yaml``, ``*.yml``, safe loader) or plain JSON with the same keys: the list-of-pairs
   form, a list of vhost mappings, or ``{"vhosts": [...]}``.
@@ -12,7 +12,7 @@ A directory contributes every ``*.json``, ``*.yaml`` and ``*.yml`` file directly
 recursive), sorted by name; dotfiles and other names (``*.json.in`` templates, backups) are
 skipped. Host-name resolution is injected (``resolver``), never done here.
 
-A vhost's DDS ``permissionsDocument`` / ``permissionsCa`` (ARCHITECTURE 4.6) are read here too,
+A vhost's DDS ``permissionsDocument`` / ``permissionsCa`` (docs/dds-permissions.md) are read here too,
 relative to the directory of the policy file that names them, by :func:`load_dds_permissions`,
 which the compiler calls through its ``dds_loader`` argument.
 """

@@ -1,4 +1,5 @@
-"""Sans-IO. Vhost and user-group resolution (QDR-POLICY 2.4 and 2.5).
+"""Sans-IO. Vhost and user-group resolution (QDR's ``PolicyLocal.lookup_vhost_alias`` and
+``PolicyLocal.lookup_user``).
 
 * Vhost: exact name, then alias, then (``enable_vhost_name_patterns``) the hostname pattern
   tree, then ``settings.default_vhost`` when non-empty and defined. An absent Open hostname is
@@ -153,7 +154,7 @@ class GroupMatch:
 
 
 def resolve_vhost(policy: Policy, hostname: str | None) -> VhostMatch | None:
-    """Resolve an Open hostname to a vhost, saying how (QDR-POLICY 2.4).
+    """Resolve an Open hostname to a vhost, saying how (QDR ``lookup_vhost_alias``).
 
     Args:
         policy: the policy snapshot.
@@ -183,7 +184,7 @@ def resolve_vhost(policy: Policy, hostname: str | None) -> VhostMatch | None:
 
 
 def lookup_vhost(policy: Policy, hostname: str | None) -> VhostPolicy | None:
-    """The vhost that governs a connection asking for ``hostname`` (QDR-POLICY 2.4).
+    """The vhost that governs a connection asking for ``hostname`` (QDR ``lookup_vhost_alias``).
 
     Args:
         policy: the policy snapshot.
@@ -197,7 +198,7 @@ def lookup_vhost(policy: Policy, hostname: str | None) -> VhostPolicy | None:
 
 
 def resolve_group(vhost: VhostPolicy, user: str) -> GroupMatch | None:
-    """Assign ``user`` to a group of ``vhost``, saying how (QDR-POLICY 2.5).
+    """Assign ``user`` to a group of ``vhost``, saying how (QDR ``lookup_user``).
 
     Args:
         vhost: the resolved vhost.
@@ -218,7 +219,7 @@ def resolve_group(vhost: VhostPolicy, user: str) -> GroupMatch | None:
 
 
 def lookup_group(vhost: VhostPolicy, user: str) -> GroupSettings | None:
-    """The group whose settings apply to ``user`` in ``vhost`` (QDR-POLICY 2.5).
+    """The group whose settings apply to ``user`` in ``vhost`` (QDR ``lookup_user``).
 
     Args:
         vhost: the resolved vhost.

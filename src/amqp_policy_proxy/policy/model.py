@@ -4,7 +4,7 @@ A :class:`Policy` is a snapshot: built once by :func:`amqp_policy_proxy.policy.c
 never mutated, shared by every connection admitted under it, replaced as a whole on reload.
 QDR's "0 means no limit / use the listener value" is turned into ``None`` at compile time, so
 no field holds a magic zero; the connection limits are the exception (0 there really means
-"deny every connection", QDR-POLICY section 9 item 2).
+"deny every connection", as in QDR's C code).
 
 Field names are the snake_case forms of QDR's keys (:mod:`amqp_policy_proxy.policy.keys`).
 No I/O, no clock.
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqp_policy_proxy.ingress.remote_hosts import RemoteHosts
 from amqp_policy_proxy.limits.addresses import AddressRules
+from amqp_policy_proxy.policy.keys import LINK_LIMIT_MAX
 
 if TYPE_CHECKING:
     from amqp_policy_proxy.policy.errors import ConfigIssue
@@ -26,11 +27,12 @@ if TYPE_CHECKING:
     from amqp_policy_proxy.policy.topics import TopicAuthorizer
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+_LINK_LIMITS = frozenset({"maxSenders", "maxReceivers"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicySettings:
-    """The global QDR ``policy`` entity (QDR-POLICY 1.1), from the daemon's ``[policy]`` section.
+    """The global QDR ``policy`` entity from the daemon's ``[policy]`` section.
 
     Unlike QDR (whose ``enableVhostPolicy`` defaults to false) the proxy enforces vhost policy
     by default: enforcing it is the proxy's purpose.
@@ -41,7 +43,7 @@ class PolicySettings:
     enable_vhost_policy: bool = True
     """False: only ``max_connections`` applies, no vhost/group/link/message checks."""
     enable_vhost_name_patterns: bool = False
-    """True: vhost hostnames and aliases are address-style patterns (QDR-POLICY 2.4)."""
+    """True: vhost hostnames and aliases are address-style patterns (QDR ``enableVhostNamePatterns``)."""
     default_vhost: str = "$default"
     """Vhost used when the Open hostname matches nothing; ignored when empty or undefined."""
     max_message_size: int = 0
@@ -50,7 +52,7 @@ class PolicySettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GroupSettings:
-    """One user group of a vhost (QDR ``vhostUserGroupSettings``, QDR-POLICY 1.3)."""
+    """One user group of a vhost (QDR ``vhostUserGroupSettings``)."""
 
     name: str
     """Group name, e.g. ``admins`` or ``$default``."""
@@ -69,7 +71,7 @@ class GroupSettings:
     max_session_window: int | None = None
     """Incoming session window in bytes; None = not rewritten."""
     max_message_size: int | None = None
-    """Bytes, already resolved group -> vhost -> global (QDR-POLICY 3.6.3); None = unlimited."""
+    """Bytes, already resolved group -> vhost -> global (QDR ``lookup_settings``); None = unlimited."""
     max_senders: int | None = None
     """Concurrent client sender links; None = unlimited (QDR's 0)."""
     max_receivers: int | None = None
@@ -93,14 +95,14 @@ class GroupSettings:
     allow_admin_status_update: bool = True
     """Accepted for QDR compatibility, not enforced (router management plane)."""
     topics: TopicAuthorizer | None = None
-    """Topic authorization (ARCHITECTURE 4.6): the vhost's ``topicTree`` and DDS
+    """Topic authorization (docs/topic-authorization.md): the vhost's ``topicTree`` and DDS
     ``permissionsDocument`` and this group's ``permissions``, combined. None when none of
     them applies, so links and messages pay nothing."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VhostPolicy:
-    """One vhost (QDR ``vhost`` entity, QDR-POLICY 1.2)."""
+    """One vhost (QDR ``vhost`` entity)."""
 
     hostname: str
     """The vhost name (a pattern when name patterns are enabled); ``""`` is legal."""
@@ -146,15 +148,18 @@ class Policy:
     """Pattern tree of vhost names and aliases; set when name patterns are enabled."""
 
     def limits_table(self) -> list[tuple[str, str, str, int]]:
-        """Configured limits for the ``amqp_proxy_limit`` gauge.
+        """Configured limits for the ``amqp_proxy_limit`` and ``amqp_proxy_limit_bytes`` gauges.
 
         Returns:
-            ``(vhost, group, limit_name, value)`` rows, sorted. Vhost-level rows have group
-            ``""``: ``maxConnections``, ``maxConnectionsPerUser``, ``maxConnectionsPerHost``.
-            Each group has its *effective* ``maxConnectionsPerUser`` / ``maxConnectionsPerHost``
-            (group value, else the vhost's) and, only when set (not unlimited),
-            ``maxSessions``, ``maxSenders``, ``maxReceivers``, ``maxFrameSize``,
-            ``maxMessageSize`` and ``maxSessionWindow``.
+            ``(vhost, group, limit_name, value)`` rows, sorted; values are counts, or bytes for
+            the names in :data:`~amqp_policy_proxy.policy.keys.BYTE_LIMIT_NAMES`. Vhost-level
+            rows have group ``""``: ``maxConnections``, ``maxConnectionsPerUser``,
+            ``maxConnectionsPerHost``. Each group has its *effective*
+            ``maxConnectionsPerUser`` / ``maxConnectionsPerHost`` (group value, else the
+            vhost's) and, only when limited, ``maxSessions``, ``maxSenders``, ``maxReceivers``,
+            ``maxFrameSize``, ``maxMessageSize`` and ``maxSessionWindow``. Unlimited settings
+            have no row: ``None`` (QDR's 0), and ``maxSenders`` / ``maxReceivers`` at QDR's
+            default 2147483647 (the largest C ``int``: no limit in practice).
         """
         rows: list[tuple[str, str, str, int]] = []
         for vname, vhost in self.vhosts.items():
@@ -176,6 +181,7 @@ class Policy:
                     ("maxMessageSize", group.max_message_size),
                     ("maxSessionWindow", group.max_session_window),
                 )
-                rows.extend((vname, gname, n, v) for n, v in optional if v is not None)
+                rows.extend((vname, gname, n, v) for n, v in optional
+                            if v is not None and not (n in _LINK_LIMITS and v >= LINK_LIMIT_MAX))
         rows.sort()
         return rows

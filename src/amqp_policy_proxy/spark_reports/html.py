@@ -12,6 +12,7 @@ import datetime as dt
 import html
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,7 +174,8 @@ def _esc(v: Any) -> str:
     return html.escape(str(v))
 
 
-def _table(rows: list[dict[str, Any]], cols: list[str], pct: tuple[str, ...] = ()) -> str:
+def _table(rows: list[dict[str, Any]], cols: list[str], pct: tuple[str, ...] = (),
+           row_class: Callable[[dict[str, Any]], str | None] | None = None) -> str:
     if not rows:
         return "<p class=empty>No rows.</p>"
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
@@ -184,8 +186,15 @@ def _table(rows: list[dict[str, Any]], cols: list[str], pct: tuple[str, ...] = (
             v = r.get(c)
             text = f"{v * 100:.1f} %" if c in pct and v is not None else _esc(v)
             cells.append(f"<td>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
+        cls = row_class(r) if row_class is not None else None
+        tr = f"<tr class={cls}>" if cls else "<tr>"
+        body.append(tr + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _lowers(row: dict[str, Any]) -> str | None:
+    """The row class of a recommendation below the configured limit."""
+    return "lower" if row.get("change") == "lower" else None
 
 
 def _img(path: str | None, alt: str) -> str:
@@ -202,6 +211,7 @@ td,th{border:1px solid #ddd;padding:.2em .5em;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 img{max-width:100%;display:block;margin:.5em 0}.empty{color:#888}
 .note{background:#fff4e0;border-left:4px solid #e69500;padding:.4em .8em}
+tr.lower td,span.lower{background:#fde8e8;color:#a40000;font-weight:bold}
 """
 
 
@@ -369,7 +379,15 @@ def write_report(out_dir: str, data: ReportData) -> str:
     add("<h2>5. Recommendations</h2>")
     add("<p>recommended = ceil(per-proxy peak &times; headroom factor), at least 1, at most "
         "65535 (see docs/spark-reports.md).</p>")
-    add(_table(data.recommendations, ["vhost", "group", "setting", "current", "recommended"]))
+    lowered = sum(1 for r in data.recommendations if r.get("change") == "lower")
+    if lowered:
+        add(f"<p class=note>{lowered} recommendation(s) would <b>lower</b> a configured limit "
+            "(marked <span class=lower>lower</span>): the observed peak needs less, but "
+            "lowering leaves less headroom for growth and bursts the log did not see. Check "
+            "them before applying.</p>")
+    add(_table(data.recommendations,
+               ["vhost", "group", "setting", "current", "recommended", "change"],
+               row_class=_lowers))
     if data.whatif is not None:
         add("<h2>What-if replay</h2>")
         add(f"<p>{data.whatif_total:,} connections would have been denied. Vhosts replayed "

@@ -1,34 +1,29 @@
-"""Connection limits read from QDR policy files, for the capacity reports. No Spark, no I/O
-beyond reading the given files; imports only the standard library and PyYAML.
+"""Connection limits of a policy, for the capacity reports. No Spark.
 
-This is deliberately *not* the policy loader (``amqp_policy_proxy.policy``): the reports need
-only the connection-count settings, and must run where the daemon's dependencies are not
-installed (a Spark cluster). It reads exactly these keys and ignores everything else:
+:func:`load_limits` loads a policy file or directory with the daemon's own loader
+(:func:`amqp_policy_proxy.policy.load.load_policy`, what ``amqp-policy-proxy check`` runs), so
+the report accepts exactly the policies ``check`` accepts and refuses the others with the same
+messages. From the compiled policy it keeps the connection-count settings the reports need:
 
-- vhost: ``hostname`` (or its deprecated synonym ``id``), ``aliases`` (comma-separated string
-  or list), ``maxConnections``, ``maxConnectionsPerUser``, ``maxConnectionsPerHost`` (each
-  defaulting to QDR's 65535), ``allowUnknownUser`` (default false) and ``groups``;
-- group: ``users`` (comma-separated string or list; ``*`` = any user not listed elsewhere),
-  ``maxConnectionsPerUser`` and ``maxConnectionsPerHost`` (absent = the vhost's value).
+- vhost: name, aliases, ``maxConnections``, ``maxConnectionsPerUser``,
+  ``maxConnectionsPerHost`` (QDR default 65535), ``allowUnknownUser`` and its groups;
+- group: ``users`` (``*`` = any user not listed elsewhere), ``maxConnectionsPerUser`` and
+  ``maxConnectionsPerHost`` (absent = the vhost's value).
 
-Formats (ARCHITECTURE decision 8): a file or a directory of ``*.json``, ``*.yaml``, ``*.yml``
-files (not recursive, sorted by name); JSON files have lines whose first non-blank character is
-``#`` removed before parsing (QDR ``policyDir`` files load unchanged). The document is a list
-of ``["vhost", {attributes}]`` pairs (other entity types are skipped); a bare list of vhost
-attribute objects is accepted too. Top-level vhost keys are converted from ``max-connections``
-to ``maxConnections`` as QDR does; keys inside ``groups`` are not.
-
-Validation is limited to what these reports need (the limits are integers 0..65535, a user is
-in at most one group of a vhost, a vhost or alias is defined once); ``amqp-policy-proxy check``
-is the full validator.
+The dataclasses below are plain Python (standard library only): Spark ships them to the
+executors for the what-if replay, which never imports the policy loader (the loader, with
+its netaddr and PyYAML dependencies, runs on the driver only).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from amqp_policy_proxy.policy.model import Policy
 
 #: QDR's default for the three vhost connection limits, and their maximum.
 DEFAULT_LIMIT = 65535
@@ -37,11 +32,18 @@ DEFAULT_GROUP = "$default"
 #: The ``users`` item that catches every user not listed explicitly.
 ANY_USER = "*"
 
-_POLICY_SUFFIXES = (".json", ".yaml", ".yml")
-
 
 class LimitsError(ValueError):
-    """A policy file could not be read or has an invalid connection limit."""
+    """The policy does not load: ``str()`` is the text ``amqp-policy-proxy check`` prints.
+
+    Attributes:
+        issues: the :class:`~amqp_policy_proxy.policy.errors.ConfigIssue` list (errors and
+            warnings), empty for an unreadable path.
+    """
+
+    def __init__(self, text: str, issues: Sequence[Any] = ()) -> None:
+        super().__init__(text)
+        self.issues = tuple(issues)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class VhostLimits:
     """Groups by name."""
 
     def lookup_group(self, user: str | None) -> str | None:
-        """Return the group a user belongs to, in QDR's order (QDR-POLICY 2.5).
+        """Return the group a user belongs to, in QDR's order (QDR ``lookup_user``).
 
         Args:
             user: the authenticated user name (exact, case-sensitive); ``None`` matches only
@@ -196,177 +198,70 @@ class ConnectionLimits:
                 for g in v.groups.values() for u in sorted(g.users) if u != ANY_USER]
 
 
-def strip_comment_lines(text: str) -> str:
-    """Remove the lines whose first non-blank character is ``#`` (QDR ``policyDir`` files).
+def limits_from_policy(policy: Policy) -> ConnectionLimits:
+    """Keep the connection limits of a compiled policy.
 
     Args:
-        text: the file contents.
+        policy: a policy from :func:`amqp_policy_proxy.policy.load.load_policy`.
 
     Returns:
-        The text with those lines blanked (line numbers in JSON errors stay right).
+        Its vhosts (in load order) with their connection limits, groups and members, and the
+        files they came from.
     """
-    return "\n".join("" if line.lstrip().startswith("#") else line
-                     for line in text.split("\n"))
-
-
-def _policy_files(path: str) -> list[str]:
-    if os.path.isdir(path):
-        files = sorted(os.path.join(path, n) for n in os.listdir(path)
-                       if n.endswith(_POLICY_SUFFIXES)
-                       and os.path.isfile(os.path.join(path, n)))
-        if not files:
-            raise LimitsError(f"{path}: no *.json, *.yaml or *.yml policy files")
-        return files
-    if os.path.isfile(path):
-        return [path]
-    raise LimitsError(f"{path}: no such policy file or directory")
-
-
-def _parse_file(path: str) -> object:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise LimitsError(f"{path}: {e.strerror or e}") from e
-    if path.endswith((".yaml", ".yml")):
-        import yaml  # PyYAML: a base dependency; imported lazily so JSON needs nothing
-
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise LimitsError(f"{path}: invalid YAML: {e}") from e
-    try:
-        return json.loads(strip_comment_lines(text))
-    except json.JSONDecodeError as e:
-        raise LimitsError(f"{path}: invalid JSON: {e}") from e
-
-
-def _camel(key: str) -> str:
-    head, *rest = key.split("-")
-    return head + "".join(p[:1].upper() + p[1:] for p in rest)
-
-
-def _limit(where: str, key: str, value: object) -> int:
-    if isinstance(value, bool):
-        raise LimitsError(f"{where} option '{key}' must be an integer, not {value!r}")
-    try:
-        n = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        raise LimitsError(f"{where} option '{key}' must be an integer, not {value!r}") from None
-    if not 0 <= n <= DEFAULT_LIMIT:
-        raise LimitsError(f"{where} option '{key}' value {n} is outside 0..{DEFAULT_LIMIT}")
-    return n
-
-
-def _names(value: object) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [item.strip(" ") for item in value.split(",") if item.strip(" ")]
-    if isinstance(value, list):
-        return [str(item) for item in value]
-    raise TypeError(type(value).__name__)
-
-
-def _bool(value: object) -> bool:
-    if isinstance(value, str):
-        return value == "true"  # QDR converts only the exact lower-case string
-    return bool(value)
-
-
-def _vhost(where: str, attrs: Mapping[str, object]) -> VhostLimits:
-    attrs = {_camel(k): v for k, v in attrs.items()}
-    name = attrs.get("hostname", attrs.get("id"))
-    if not isinstance(name, str):
-        raise LimitsError(f"{where}: a vhost has no 'hostname'")
-    where = f"{where}: vhost '{name}'"
-    try:
-        aliases = tuple(_names(attrs.get("aliases")))
-    except TypeError:
-        raise LimitsError(f"{where} option 'aliases' must be a string or a list") from None
-    groups_in = attrs.get("groups") or {}
-    if not isinstance(groups_in, Mapping):
-        raise LimitsError(f"{where} option 'groups' must be an object")
-    groups: dict[str, GroupLimits] = {}
-    owner: dict[str, str] = {}
-    for gname, gattrs in groups_in.items():
-        gwhere = f"{where} group '{gname}'"
-        if not isinstance(gattrs, Mapping):
-            raise LimitsError(f"{gwhere} must be an object")
-        try:
-            users = frozenset(_names(gattrs.get("users")))
-        except TypeError:
-            raise LimitsError(f"{gwhere} option 'users' must be a string or a list") from None
-        for u in users:
-            if u in owner:
-                raise LimitsError(f"{where} user '{u}' is in multiple user groups "
-                                  f"'{owner[u]}' and '{gname}'")
-            owner[u] = gname
-        per_user = gattrs.get("maxConnectionsPerUser")
-        per_host = gattrs.get("maxConnectionsPerHost")
-        groups[str(gname)] = GroupLimits(
-            name=str(gname), users=users,
-            max_connections_per_user=None if per_user is None
-            else _limit(gwhere, "maxConnectionsPerUser", per_user),
-            max_connections_per_host=None if per_host is None
-            else _limit(gwhere, "maxConnectionsPerHost", per_host))
-    return VhostLimits(
-        hostname=name,
-        max_connections=_limit(where, "maxConnections",
-                               attrs.get("maxConnections", DEFAULT_LIMIT)),
-        max_connections_per_user=_limit(where, "maxConnectionsPerUser",
-                                        attrs.get("maxConnectionsPerUser", DEFAULT_LIMIT)),
-        max_connections_per_host=_limit(where, "maxConnectionsPerHost",
-                                        attrs.get("maxConnectionsPerHost", DEFAULT_LIMIT)),
-        allow_unknown_user=_bool(attrs.get("allowUnknownUser", False)),
-        aliases=aliases,
-        groups=groups,
-    )
-
-
-def _entries(path: str, doc: object) -> Iterable[Mapping[str, object]]:
-    if doc is None:
-        return []
-    if not isinstance(doc, list):
-        raise LimitsError(f"{path}: expected a list of [\"vhost\", {{...}}] pairs")
-    out = []
-    for item in doc:
-        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
-            if item[0] != "vhost":
-                continue  # QDR validates and discards other entity types
-            if not isinstance(item[1], Mapping):
-                raise LimitsError(f"{path}: vhost attributes must be an object")
-            out.append(item[1])
-        elif isinstance(item, Mapping):
-            out.append(item)
-        else:
-            raise LimitsError(f"{path}: expected [\"vhost\", {{...}}] pairs, got {item!r:.60}")
-    return out
+    vhosts = {}
+    for name, v in policy.vhosts.items():
+        groups = {g.name: GroupLimits(name=g.name, users=frozenset(g.users),
+                                      max_connections_per_user=g.max_connections_per_user,
+                                      max_connections_per_host=g.max_connections_per_host)
+                  for g in v.groups.values()}
+        vhosts[name] = VhostLimits(
+            hostname=v.hostname, max_connections=v.max_connections,
+            max_connections_per_user=v.max_connections_per_user,
+            max_connections_per_host=v.max_connections_per_host,
+            allow_unknown_user=v.allow_unknown_user, aliases=tuple(v.aliases), groups=groups)
+    return ConnectionLimits(vhosts=vhosts, sources=tuple(policy.files))
 
 
 def load_limits(path: str | os.PathLike[str]) -> ConnectionLimits:
-    """Read the connection limits of every vhost from a policy file or directory.
+    """Load a policy file or directory exactly as ``amqp-policy-proxy check --policy`` does.
 
     Args:
-        path: a policy file (JSON with ``#`` comment lines, or YAML) or a directory of them.
+        path: a policy file (QDR JSON with ``#`` comment lines, plain JSON or YAML) or a
+            directory of them.
 
     Returns:
-        The limits of every vhost found (possibly none).
+        The connection limits of every vhost (:func:`limits_from_policy`).
 
     Raises:
-        LimitsError: unreadable or unparsable file, a limit that is not an integer in
-            0..65535, a user in two groups of one vhost, or a vhost/alias defined twice.
+        LimitsError: see :func:`load_checked_limits`.
     """
+    return load_checked_limits(path)[0]
+
+
+def load_checked_limits(path: str | os.PathLike[str]) -> tuple[ConnectionLimits, str]:
+    """:func:`load_limits`, also returning the policy's warnings as ``check`` prints them.
+
+    Host names in ``remoteHosts`` are resolved (as ``check`` does), so a name that does not
+    resolve is an error here too.
+
+    Returns:
+        ``(limits, warnings)``: ``warnings`` is one ``warning: FILE: KEY PATH: message`` line
+        per warning, ``""`` when there is none.
+
+    Raises:
+        LimitsError: the policy does not load; ``str()`` is what ``check`` prints, one issue
+            per line (``error: FILE: KEY PATH: reason``, then any warnings), and ``issues``
+            holds them.
+    """
+    from amqp_policy_proxy.daemon.resolver import system_resolver
+    from amqp_policy_proxy.policy.errors import PolicyError, format_issues
+    from amqp_policy_proxy.policy.load import load_policy
+
     path = os.fspath(path)
-    files = _policy_files(path)
-    vhosts: dict[str, VhostLimits] = {}
-    names: set[str] = set()
-    for f in files:
-        for attrs in _entries(f, _parse_file(f)):
-            v = _vhost(f, attrs)
-            for n in (v.hostname, *v.aliases):
-                if n in names:
-                    raise LimitsError(f"{f}: vhost or alias '{n}' is defined more than once")
-                names.add(n)
-            vhosts[v.hostname] = v
-    return ConnectionLimits(vhosts=vhosts, sources=tuple(files))
+    try:
+        policy = load_policy(path, resolver=system_resolver)
+    except PolicyError as exc:
+        raise LimitsError(format_issues(exc.issues), exc.issues) from None
+    except OSError as exc:  # as check reports it
+        raise LimitsError(f"error: {path}: {exc.strerror or exc}") from None
+    return limits_from_policy(policy), format_issues(policy.warnings)

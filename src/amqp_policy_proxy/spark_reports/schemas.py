@@ -71,18 +71,19 @@ def _struct(*cols: tuple[str, T.DataType]) -> T.StructType:
 _S, _L, _I, _D, _TS = T.StringType(), T.LongType(), T.IntegerType(), T.DoubleType(), \
     T.TimestampType()
 
-#: ARCHITECTURE 4.5 ``DIR/concurrency/``: one row per (scope, vhost, key).
+#: ``DIR/concurrency/``: one row per (scope, vhost, key).
 CONCURRENCY = _struct(("scope", _S), ("vhost", _S), ("key", _S), ("peak", _L), ("p50", _L),
                       ("p95", _L), ("p99", _L), ("peak_ts", _TS))
-#: ARCHITECTURE 4.5 ``DIR/headroom/``.
+#: ``DIR/headroom/``.
 HEADROOM = _struct(("scope", _S), ("vhost", _S), ("key", _S), ("limit", _L), ("peak", _L),
                    ("utilisation", _D))
-#: ARCHITECTURE 4.5 ``DIR/denials/``.
+#: ``DIR/denials/``.
 DENIALS = _struct(("vhost", _S), ("reason", _S), ("window_start", _TS), ("count", _L))
-#: ARCHITECTURE 4.5 ``DIR/recommendations.csv``.
+#: ``DIR/recommendations.csv``; ``change`` is ``lower``, ``raise``, ``keep`` or null (no
+#: configured value): ``lower`` marks a recommendation below the configured limit.
 RECOMMENDATIONS = _struct(("vhost", _S), ("group", _S), ("setting", _S), ("current", _L),
-                          ("recommended", _L))
-#: ARCHITECTURE 4.5 ``DIR/whatif/``.
+                          ("recommended", _L), ("change", _S))
+#: ``DIR/whatif/``.
 WHATIF = _struct(("vhost", _S), ("scope", _S), ("key", _S), ("would_deny", _L))
 #: Extra table ``DIR/timeline/``: per vhost and group and grid bucket, the maximum concurrency.
 TIMELINE = _struct(("scope", _S), ("vhost", _S), ("key", _S), ("window_start", _TS),

@@ -833,7 +833,7 @@ def name_keys(stats: DataFrame, keys: DataFrame, scopes: Iterable[str] = SCOPES)
 
 
 def concurrency(sweep: Sweep, scopes: Iterable[str] = SCOPES) -> DataFrame:
-    """Compute the ``concurrency`` table (ARCHITECTURE 4.5) for the given scopes.
+    """Compute the ``concurrency`` table (docs/spark-reports.md) for the given scopes.
 
     Args:
         sweep: from :func:`prepare_sweep`.
@@ -1056,7 +1056,9 @@ def recommendations(peaks: DataFrame, pairs: DataFrame, lt: LimitTables | None,
 
     Returns:
         ``vhost``, ``group`` (``""`` for vhost settings), ``setting``, ``current`` (null when
-        unknown), ``recommended``.
+        unknown), ``recommended``, ``change``: ``lower`` when applying the recommendation
+        would lower the configured limit (less headroom than today: check before applying),
+        ``raise``, ``keep``, or null when there is no current value.
     """
     if lt is not None:
         r = resolve_limits(pairs, lt)
@@ -1107,8 +1109,13 @@ def recommendations(peaks: DataFrame, pairs: DataFrame, lt: LimitTables | None,
     res = out[0]
     for o in out[1:]:
         res = res.unionByName(o)
-    return res.select("vhost", "group", "setting", F.col("current").cast("long"),
-                      F.col("recommended").cast("long"))
+    current, recommended = F.col("current"), F.col("recommended")
+    change = (F.when(current.isNull(), F.lit(None).cast("string"))
+              .when(recommended < current, F.lit("lower"))
+              .when(recommended > current, F.lit("raise"))
+              .otherwise(F.lit("keep")))
+    return res.select("vhost", "group", "setting", current.cast("long").alias("current"),
+                      recommended.cast("long").alias("recommended"), change.alias("change"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1123,7 +1130,7 @@ def replay_admissions(rows: Iterable[tuple]) -> Counter:
     at the same instant in ``conn_id`` order. Each proxy process counts its own connections,
     as the daemon's ledger does.
 
-    An open is admitted when, in QDR's order (QDR-POLICY 2.7), the vhost has fewer than
+    An open is admitted when, in QDR's order (``PolicyAppConnectionMgr.can_connect``), the vhost has fewer than
     ``max_connections`` admitted connections, the user fewer than ``per_user`` and the remote
     host fewer than ``per_host`` (both counted over the vhost, whatever the group). A denied
     connection never occupies a slot: its close is ignored. A connection closed at the very

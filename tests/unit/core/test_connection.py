@@ -248,6 +248,24 @@ class TestSessions:
         flow = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Flow)][0]
         assert int(flow.incoming_window) == 10
 
+    @pytest.mark.parametrize("router_max_frame", [65536, 4294967295])
+    def test_qdr_window_smaller_than_a_frame_becomes_one_frame(self, router_max_frame):
+        """QDR's system-test group (maxFrameSize 222222, maxSessionWindow 9999) loads with a
+        warning and gives each session a window of 1 frame, whatever the router's frame size."""
+        policy = make_policy({"qdr": {"users": "alice", "remoteHosts": "*", "sources": "*",
+                                      "targets": "*", "maxFrameSize": 222222,
+                                      "maxSessionWindow": 9999}})
+        assert [w.message for w in policy.warnings] == [
+            "maxSessionWindow 9999 is smaller than maxFrameSize 222222: the session window "
+            "becomes 1 frame"]
+        s = Script(policy)
+        s.open(user="alice", router_max_frame=router_max_frame)
+        open_ = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Open)][0]
+        assert int(open_.max_frame_size) == min(router_max_frame, 222222)
+        s.begin(0, router_channel=4)
+        begin = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Begin)][0]
+        assert int(begin.incoming_window) == 1
+
 
 class TestFraming:
     def test_frame_over_advertised_max_frame_size_is_a_framing_error(self):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import os
@@ -10,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from amqp_policy_proxy.eventlog.sinks import FileEventSink, MemoryEventSink, dumps_record
+from amqp_policy_proxy.eventlog.sinks import (
+    EventLogDirectoryError,
+    FileEventSink,
+    MemoryEventSink,
+    dumps_record,
+)
 
 
 def rec(ts: str, conn_id: str = "c1", **extra: object) -> dict[str, object]:
@@ -158,3 +164,115 @@ def test_dumps_record_is_compact():
     assert dumps_record({"a": 1, "b": None, "c": "é"}) == '{"a":1,"b":null,"c":"\\u00e9"}'
     with pytest.raises(ValueError):
         dumps_record({"x": math.nan})
+
+
+# ------------------------------------------------------------------ open: fail early, say where
+
+
+def test_open_creates_a_missing_directory_and_leaves_no_probe(tmp_path):
+    root = tmp_path / "var" / "events"
+    FileEventSink(root, host="h", pid=1).open()
+    assert root.is_dir()
+    assert list(root.iterdir()) == []
+    assert stat.S_IMODE(root.parent.stat().st_mode) == 0o750 & ~_umask()
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
+def test_open_refuses_a_directory_below_a_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    root = tmp_path / "file" / "events"
+    with pytest.raises(EventLogDirectoryError) as caught:
+        FileEventSink(root, host="h", pid=1).open()
+    assert str(caught.value) == (f"event log directory {root} cannot be created: "
+                                 f"[Errno 20] Not a directory: {tmp_path / 'file'}")
+    assert caught.value.directory == root
+
+
+def test_open_refuses_a_file(tmp_path):
+    (tmp_path / "events").write_text("x")
+    with pytest.raises(EventLogDirectoryError) as caught:
+        FileEventSink(tmp_path / "events", host="h", pid=1).open()
+    assert str(caught.value) == f"event log directory {tmp_path / 'events'} is not a directory"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_open_refuses_a_read_only_directory(tmp_path):
+    root = tmp_path / "events"
+    root.mkdir(mode=0o555)
+    try:
+        with pytest.raises(EventLogDirectoryError) as caught:
+            FileEventSink(root, host="h", pid=1).open()
+    finally:
+        root.chmod(0o755)
+    assert str(caught.value) == (f"event log directory {root} is not writable: "
+                                 "[Errno 13] Permission denied")
+
+
+def test_a_failed_flush_drops_the_buffered_lines_and_the_next_write_reopens(tmp_path):
+    """A real ENOSPC: the hour's file is a symlink to /dev/full, the next hour is a file."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    sink = FileEventSink(tmp_path, host="h", pid=1)
+    full = sink.path_for("2026-11-21T11:00:00.000Z")
+    full.parent.mkdir(parents=True)
+    full.symlink_to("/dev/full")
+    assert sink.write([rec("2026-11-21T11:00:00.000Z")]) == 1  # buffered
+    with pytest.raises(OSError) as caught:
+        sink.flush()
+    assert caught.value.errno == 28  # ENOSPC
+    assert sink.current_path is None  # the file was dropped with its unwritten line
+    sink.flush()  # nothing left to retry
+    assert sink.write([rec("2026-11-21T12:00:00.000Z")]) == 1
+    sink.close()
+    assert read_lines(sink.path_for("2026-11-21T12:00:00.000Z")) == [
+        rec("2026-11-21T12:00:00.000Z")]
+
+
+# ------------------------------------------------------------------ retention
+
+
+def day_partitions(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+def test_prune_removes_old_day_partitions_only(tmp_path):
+    sink = FileEventSink(tmp_path, host="h", pid=1)
+    for day in ("2026-11-18", "2026-11-19", "2026-11-20", "2026-11-21"):
+        sink.write([rec(f"{day}T23:00:00.000Z"), rec(f"{day}T01:00:00.000Z")])
+    sink.close()
+    (tmp_path / "dt=2026-11-02.tmp").mkdir()  # not a partition name: left alone
+    (tmp_path / "dt=2026-13-01").mkdir()  # not a date: left alone
+    (tmp_path / "README").write_text("kept")
+    (tmp_path / "dt=2026-11-01").write_text("a file, not a partition")
+    assert sink.prune(dt.date(2026, 11, 20)) == 2
+    assert day_partitions(tmp_path) == [
+        "README", "dt=2026-11-01", "dt=2026-11-02.tmp", "dt=2026-11-20", "dt=2026-11-21",
+        "dt=2026-13-01"]
+    assert relative_files(tmp_path) == [
+        "dt=2026-11-20/hour=01/events-h-1.jsonl", "dt=2026-11-20/hour=23/events-h-1.jsonl",
+        "dt=2026-11-21/hour=01/events-h-1.jsonl", "dt=2026-11-21/hour=23/events-h-1.jsonl"]
+
+
+def test_prune_never_removes_the_partition_being_written(tmp_path):
+    sink = FileEventSink(tmp_path, host="h", pid=1)
+    sink.write([rec("2026-11-01T10:00:00.000Z")])  # a late record: its file is open
+    assert sink.prune(dt.date(2026, 11, 21)) == 0
+    sink.write([rec("2026-11-01T10:00:01.000Z")])
+    sink.close()
+    assert len(read_lines(sink.path_for("2026-11-01T10:00:00.000Z"))) == 2
+    assert sink.prune(dt.date(2026, 11, 21)) == 1  # closed now: old enough to go
+    assert day_partitions(tmp_path) == []
+
+
+def test_memory_sink_open_and_prune():
+    sink = MemoryEventSink()
+    sink.open()
+    sink.write([rec("2026-11-19T10:00:00.000Z"), rec("2026-11-20T10:00:00.000Z")])
+    assert sink.prune(dt.date(2026, 11, 20)) == 1
+    assert [r["ts"] for r in sink.records] == ["2026-11-20T10:00:00.000Z"]
+    assert sink.opened

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from amqp_policy_proxy.core.events import ConnectionApproved, ConnectionClosed
 from amqp_policy_proxy.eventlog.records import to_record
-from amqp_policy_proxy.eventlog.sinks import FileEventSink, MemoryEventSink
+from amqp_policy_proxy.eventlog.sinks import (
+    EventLogDirectoryError,
+    FileEventSink,
+    MemoryEventSink,
+)
 from amqp_policy_proxy.eventlog.writer import EventLogWriter
 
 WAIT = 5.0  # generous upper bound for thread hand-offs; tests finish far sooner
@@ -232,7 +240,200 @@ def test_concurrent_submitters_lose_nothing_uncounted():
     assert writer.written + writer.dropped == 8000
 
 
-@pytest.mark.parametrize("kwargs", [{"max_queue": 0}, {"max_batch": 0}])
+@pytest.mark.parametrize("kwargs", [{"max_queue": 0}, {"max_batch": 0},
+                                    {"error_log_interval": -1}, {"retention_days": 0}])
 def test_bad_sizes(kwargs):
     with pytest.raises(ValueError):
         EventLogWriter(MemoryEventSink(), **kwargs)
+
+
+def wait_until(predicate, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ------------------------------------------------------------------ start fails early
+
+
+def test_start_fails_at_once_on_an_unusable_directory(tmp_path):
+    (tmp_path / "file").write_text("x")
+    writer = EventLogWriter(FileEventSink(tmp_path / "file" / "events", host="h", pid=1))
+    with pytest.raises(EventLogDirectoryError, match=r"event log directory .*/file/events "
+                                                     r"cannot be created"):
+        writer.start()
+    assert writer._thread is None  # nothing started
+    (tmp_path / "file").unlink()
+    writer.start()  # fixed: may be started after all
+    assert writer.submit(rec(1))
+    assert writer.stop() is True
+    assert writer.written == 1
+
+
+# ------------------------------------------------------------------ failures: one log line a minute
+
+
+class SwitchSink(MemoryEventSink):
+    """Fails every write with ENOSPC while ``broken`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    def write(self, records: Sequence[Mapping[str, Any]]) -> int:
+        if self.broken:
+            raise OSError(28, "No space left on device")
+        return super().write(records)
+
+
+def event_log_lines(caplog) -> list[str]:  # type: ignore[no-untyped-def]
+    return [r.getMessage() for r in caplog.records
+            if r.name == "amqp_policy_proxy.eventlog.writer"]
+
+
+def test_write_failures_log_one_line_per_interval_and_count_each_failure(caplog):
+    caplog.set_level(logging.INFO, logger="amqp_policy_proxy.eventlog.writer")
+    clock = FakeClock(1000.0)
+    sink = SwitchSink()
+    errors: list[int] = []
+    drops: list[int] = []
+    writer = EventLogWriter(sink, linger=0, max_batch=1, on_error=errors.append,
+                            on_drop=drops.append, clock=clock)
+    writer.start()
+
+    def submit_and_wait(i: int) -> None:
+        before = writer.errors + writer.written
+        writer.submit(rec(i))
+        wait_until(lambda: writer.errors + writer.written > before, f"record {i}")
+
+    for i in range(50):  # 50 failed batches within the same second
+        submit_and_wait(i)
+    assert writer.errors == 50 and errors == [1] * 50
+    assert writer.dropped == 50 and drops == [1] * 50
+    assert event_log_lines(caplog) == [
+        "event log write failed: [Errno 28] No space left on device; 1 records dropped; "
+        "further failures are logged at most every 60 s"]
+
+    clock.now += 59.0
+    submit_and_wait(50)
+    assert len(event_log_lines(caplog)) == 1
+    clock.now += 1.0  # a minute after the first line: the next failure reports the sum
+    submit_and_wait(51)
+    assert event_log_lines(caplog)[1:] == [
+        "event log write failed: [Errno 28] No space left on device; 51 records dropped "
+        "(51 failures since the last error line)"]
+
+    sink.broken = False
+    clock.now += 10.0
+    submit_and_wait(52)  # works again, but the last line is only 10 s old: not yet said
+    assert len(event_log_lines(caplog)) == 2
+    clock.now += 50.0
+    submit_and_wait(53)  # the fake clock cannot wake the idle thread: a record does
+    wait_until(lambda: len(event_log_lines(caplog)) == 3, "the recovery line")
+    assert event_log_lines(caplog)[2] == (
+        "event log writes succeed again (0 more failures, 0 more records dropped since the "
+        "last error line)")
+    assert writer.stop() is True
+    assert (writer.written, writer.errors) == (2, 52)
+    assert len(event_log_lines(caplog)) == 3
+
+
+def test_a_real_disk_full_file_is_counted_and_logged_once(tmp_path, caplog):
+    """/dev/full behind the hour's file: every batch fails with ENOSPC; one log line."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    caplog.set_level(logging.INFO, logger="amqp_policy_proxy.eventlog.writer")
+    sink = FileEventSink(tmp_path, host="h", pid=1)
+    target = sink.path_for(rec(0)["ts"])
+    target.parent.mkdir(parents=True)
+    target.symlink_to("/dev/full")
+    errors: list[int] = []
+    writer = EventLogWriter(sink, linger=0, max_batch=10, on_error=errors.append)
+    writer.start()
+    for i in range(100):
+        writer.submit(rec(i))
+        if i % 10 == 9:
+            wait_until(lambda: writer.queued == 0, "the queue to drain")
+    assert writer.stop() is True
+    assert writer.written == 0 and writer.dropped == 100
+    assert writer.errors == len(errors) >= 1
+    lines = event_log_lines(caplog)
+    assert lines[0].startswith("event log write failed: [Errno 28] No space left on device; ")
+    assert len([line for line in lines if "failed" in line]) <= 2  # first + the one at stop
+
+
+# ------------------------------------------------------------------ retention
+
+
+def make_days(root: Path, days: list[str]) -> None:
+    for day in days:
+        d = root / f"dt={day}" / "hour=00"
+        d.mkdir(parents=True)
+        (d / "events-old-1.jsonl").write_text("{}\n")
+
+
+def days_left(root: Path) -> list[str]:
+    return sorted(p.name.removeprefix("dt=") for p in root.glob("dt=*"))
+
+
+def test_retention_at_start_and_after_each_utc_midnight(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="amqp_policy_proxy.eventlog.writer")
+    # 2026-11-21T10:00:00Z
+    wall = FakeClock(dt.datetime(2026, 11, 21, 10, tzinfo=dt.UTC).timestamp())
+    make_days(tmp_path, [f"2026-11-{d:02d}" for d in range(14, 22)])
+    writer = EventLogWriter(FileEventSink(tmp_path, host="h", pid=1), retention_days=3,
+                            linger=0, wall_clock=wall)
+    writer.start()
+    wait_until(lambda: len(days_left(tmp_path)) == 4, "the pass at start")
+    assert days_left(tmp_path) == ["2026-11-18", "2026-11-19", "2026-11-20", "2026-11-21"]
+    assert "removed 4 day partitions before 2026-11-18" in "\n".join(event_log_lines(caplog))
+
+    wall.now = dt.datetime(2026, 11, 21, 23, 59, tzinfo=dt.UTC).timestamp()
+    writer.submit(rec(1, ts="2026-11-21T23:59:00.000Z"))
+    wait_until(lambda: writer.written == 1, "a write before midnight")
+    assert len(days_left(tmp_path)) == 4  # not due yet
+    wall.now = dt.datetime(2026, 11, 22, 0, 1, 1, tzinfo=dt.UTC).timestamp()
+    writer.submit(rec(2, ts="2026-11-22T00:01:01.000Z"))  # wakes the thread
+    wait_until(lambda: "2026-11-18" not in days_left(tmp_path), "the pass after midnight")
+    assert days_left(tmp_path) == ["2026-11-19", "2026-11-20", "2026-11-21", "2026-11-22"]
+    assert writer.stop() is True
+    assert writer.errors == 0
+
+
+def test_retention_never_removes_today_even_with_one_day(tmp_path):
+    wall = FakeClock(dt.datetime(2026, 11, 21, 0, 0, 30, tzinfo=dt.UTC).timestamp())
+    make_days(tmp_path, ["2026-11-19", "2026-11-20", "2026-11-21", "2026-11-22"])
+    writer = EventLogWriter(FileEventSink(tmp_path, host="h", pid=1), retention_days=1,
+                            wall_clock=wall)
+    writer.start()
+    wait_until(lambda: "2026-11-19" not in days_left(tmp_path), "the pass at start")
+    assert writer.stop() is True
+    # yesterday, today, and a partition from the future (clock skew) stay
+    assert days_left(tmp_path) == ["2026-11-20", "2026-11-21", "2026-11-22"]
+
+
+class PruneFailsSink(MemoryEventSink):
+    def prune(self, before: dt.date) -> int:
+        raise PermissionError(13, "Permission denied")
+
+
+def test_a_failed_retention_pass_is_counted_and_writing_goes_on(caplog):
+    caplog.set_level(logging.INFO, logger="amqp_policy_proxy.eventlog.writer")
+    errors: list[int] = []
+    sink = PruneFailsSink()
+    writer = EventLogWriter(sink, retention_days=7, on_error=errors.append)
+    writer.start()
+    writer.submit(rec(1))
+    assert writer.stop() is True
+    assert errors == [1] and writer.written == 1
+    assert event_log_lines(caplog)[0] == (
+        "event log retention failed: [Errno 13] Permission denied; further failures are logged at most every 60 s")

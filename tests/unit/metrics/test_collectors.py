@@ -17,6 +17,10 @@ SNAPSHOT = MetricsSnapshot(
     limits=(
         ("vh1", "", "maxConnections", 100),
         ("vh1", "admins", "maxConnectionsPerUser", 4),
+        ("vh1", "admins", "maxFrameSize", 16384),
+        ("vh1", "admins", "maxMessageSize", 1048576),
+        ("vh1", "admins", "maxSessionWindow", 65536),
+        ("vh1", "admins", "maxSessions", 10),
         ("vh2", "", "maxConnections", 10),
     ),
     policy_digest="sha256:abc123",
@@ -54,6 +58,36 @@ def test_limits(registry):
     labels = {"vhost": "vh1", "group": "admins", "limit": "maxConnectionsPerUser"}
     assert get("amqp_proxy_limit", labels) == 4
     assert get("amqp_proxy_limit", {"vhost": "vh2", "group": "", "limit": "maxConnections"}) == 10
+    assert get("amqp_proxy_limit", {"vhost": "vh1", "group": "admins", "limit": "maxSessions"}) == 10
+
+
+def test_byte_limits_are_their_own_family(registry):
+    get = registry.get_sample_value
+    for name, size in (("maxFrameSize", 16384), ("maxMessageSize", 1048576),
+                       ("maxSessionWindow", 65536)):
+        labels = {"vhost": "vh1", "group": "admins", "limit": name}
+        assert get("amqp_proxy_limit_bytes", labels) == size
+        assert get("amqp_proxy_limit", labels) is None
+    assert get("amqp_proxy_limit_bytes",
+               {"vhost": "vh1", "group": "admins", "limit": "maxSessions"}) is None
+
+
+def test_unlimited_settings_have_no_sample():
+    """A compiled policy's defaults (maxSenders 2147483647, no maxSessions, maxFrameSize 0):
+    no sample at all, never 2147483647 or 0."""
+    from amqp_policy_proxy.policy.compile import compile_policy
+
+    policy = compile_policy([(None, [{"hostname": "v", "groups": {
+        "g": {"users": "u", "remoteHosts": "*", "maxSenders": 0, "maxFrameSize": 0}}}])])
+    registry = CollectorRegistry(auto_describe=True)
+    snapshot = MetricsSnapshot(limits=tuple(policy.limits_table()))
+    LiveCollector(lambda: snapshot, registry=registry)
+    text = generate_latest(registry).decode()
+    assert "2147483647" not in text and "2.147483647e+09" not in text
+    limits = {s.labels["limit"] for f in registry.collect() for s in f.samples
+              if f.name in ("amqp_proxy_limit", "amqp_proxy_limit_bytes")
+              and s.labels["group"] == "g"}
+    assert limits == {"maxConnectionsPerUser", "maxConnectionsPerHost"}
 
 
 def test_policy_info(registry):
@@ -66,6 +100,7 @@ def test_types_in_exposition(registry):
     assert "# TYPE amqp_proxy_bytes_total counter" in text
     assert "# TYPE amqp_proxy_transfers_total counter" in text
     assert "# TYPE amqp_proxy_limit gauge" in text
+    assert "# TYPE amqp_proxy_limit_bytes gauge" in text
     assert "# TYPE amqp_proxy_policy_info gauge" in text
     assert "_created" not in text
 
@@ -78,6 +113,7 @@ def test_empty_snapshot_yields_empty_families():
         "amqp_proxy_bytes",
         "amqp_proxy_transfers",
         "amqp_proxy_limit",
+        "amqp_proxy_limit_bytes",
         "amqp_proxy_policy_info",
     ]
     assert all(not f.samples for f in families)

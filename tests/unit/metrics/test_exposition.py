@@ -98,6 +98,7 @@ def test_scrape_exact_values(server):
     assert samples[key("amqp_proxy_limit", vhost="vh1", group="", limit="maxConnections")] == 50
     assert samples[key("amqp_proxy_policy_info", digest="d1")] == 1
     assert samples[key("amqp_proxy_event_log_dropped_total")] == 0
+    assert samples[key("amqp_proxy_event_log_errors_total")] == 0
 
     # Every family is in METRIC_NAMES and nothing else is exported.
     names = {name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")

@@ -207,6 +207,16 @@ def test_event_log_dropped(registry, observer):
         observer.event_log_dropped(-1)
 
 
+def test_event_log_errors(registry, observer):
+    assert value(registry, "amqp_proxy_event_log_errors_total") == 0
+    observer.event_log_errors()
+    observer.event_log_errors(2)
+    observer.event_log_errors(0)
+    assert value(registry, "amqp_proxy_event_log_errors_total") == 3
+    with pytest.raises(ValueError):
+        observer.event_log_errors(-1)
+
+
 def test_precreated_zero_series(registry, observer):
     for result in ("ok", "error"):
         assert value(registry, "amqp_proxy_policy_reloads_total", result=result) == 0
@@ -254,7 +264,7 @@ def test_metric_names_are_exactly_what_is_exported():
         exported.add(family.name + "_total" if family.type == "counter" else family.name)
     assert exported == METRIC_NAMES
     assert all(name.startswith("amqp_proxy_") for name in METRIC_NAMES)
-    assert len(METRIC_NAMES) == 16
+    assert len(METRIC_NAMES) == 18
 
 
 def test_second_observer_on_same_registry_is_refused(registry, observer):

@@ -298,12 +298,19 @@ def test_hostname_pattern_conflicts_and_empty_name() -> None:
                         {"hostname": ""}).vhosts) == 3
 
 
-def test_session_window_below_frame_size_and_tiny_frame_size() -> None:
-    errors = _compile_errors({"hostname": "v", "groups": {"g": {
-        "maxFrameSize": 4096, "maxSessionWindow": 1000}}})
-    assert errors == [("vhost[v].groups.g.maxSessionWindow",
-                       "maxSessionWindow (1000 bytes) is less than maxFrameSize (4096 bytes): no "
-                       "session could receive a frame (proton fails such a transport)")]
+def test_session_window_below_frame_size_loads_as_in_qdr_with_a_warning() -> None:
+    """QDR's own system tests use maxFrameSize 222222 with maxSessionWindow 9999."""
+    policy = _compile({"hostname": "v", "groups": {"g": {
+        "remoteHosts": "*", "maxFrameSize": 222222, "maxSessionWindow": 9999}}})
+    group = policy.vhosts["v"].groups["g"]
+    assert (group.max_frame_size, group.max_session_window) == (222222, 9999)
+    assert [(w.severity, w.path, w.message) for w in policy.warnings] == [
+        ("warning", "vhost[v].groups.g.maxSessionWindow",
+         "maxSessionWindow 9999 is smaller than maxFrameSize 222222: the session window "
+         "becomes 1 frame")]
+
+
+def test_tiny_frame_size_is_raised_to_the_amqp_minimum() -> None:
     policy = _compile({"hostname": "v", "groups": {"g": {"remoteHosts": "*", "maxFrameSize": 100}}})
     assert policy.vhosts["v"].groups["g"].max_frame_size == 512
     assert policy.warnings[0].path == "vhost[v].groups.g.maxFrameSize"

@@ -1,4 +1,4 @@
-"""Sans-IO. Topic authorization for AMQP addresses (ARCHITECTURE 4.6, issue 8).
+"""Sans-IO. Topic authorization for AMQP addresses (docs/topic-authorization.md).
 
 Publish is a client sender's target address and each anonymous-relay message's ``to``;
 subscribe is a client receiver's source address. Besides QDR's address rules, a request must

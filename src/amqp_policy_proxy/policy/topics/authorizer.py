@@ -1,6 +1,6 @@
 """Sans-IO. :class:`TopicAuthorizer`: every topic model of one (vhost, group), combined.
 
-A request must pass every model configured for the connection (ARCHITECTURE 4.6), in this
+A request must pass every model configured for the connection (docs/topic-authorization.md), in this
 order: the vhost's ``topicTree``, the group's ``permissions``, the vhost's DDS
 ``permissionsDocument``. The first model that denies decides; the QDR address rules
 (``sources``/``targets``) are checked by the caller before any of them.

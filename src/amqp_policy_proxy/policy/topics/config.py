@@ -1,4 +1,4 @@
-"""Sans-IO. Validate and compile the topic keys of a policy file (ARCHITECTURE 4.6).
+"""Sans-IO. Validate and compile the topic keys of a policy file (docs/topic-authorization.md).
 
 ``topicTree`` (vhost), ``permissions`` and ``defaultBehaviour`` (group). Every problem is
 collected as ``(severity, key path, message)`` with the key path relative to the key's owner

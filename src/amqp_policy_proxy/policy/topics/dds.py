@@ -1,7 +1,7 @@
-"""DDS Security permissions documents as a topic authorization model (issue 8, model 4).
+"""DDS Security permissions documents as a topic authorization model (docs/dds-permissions.md).
 
 A vhost's ``permissionsDocument`` is an OMG DDS Security 1.1 permissions document (section
-9.4.1.3), S/MIME-signed by the permissions CA named by ``permissionsCa`` (ARCHITECTURE 4.6).
+9.4.1.3), S/MIME-signed by the permissions CA named by ``permissionsCa``.
 :func:`load_permissions` verifies the signature, parses the XML and compiles it into an
 immutable :class:`DdsPermissions`; :meth:`DdsPermissions.check` then decides one publish (a
 sender link's target, an anonymous-relay message's ``to``) or subscribe (a receiver link's
@@ -897,7 +897,7 @@ def _check_ca(ca: Path) -> None:
 def load_permissions(document: Path, ca: Path) -> DdsPermissions:
     """Read a signed permissions document, verify it against the permissions CA, compile it.
 
-    This is the vhost's ``permissionsDocument`` / ``permissionsCa`` pair (ARCHITECTURE 4.6).
+    This is the vhost's ``permissionsDocument`` / ``permissionsCa`` pair (docs/dds-permissions.md).
     The file is read once; its signature is verified (:func:`verify_signed`) before any of its
     content is parsed (:func:`parse_permissions`). Runs in the loader (it does file I/O and
     starts ``openssl``), never per connection.

@@ -1,7 +1,7 @@
 """Sans-IO. Topic names and topic filters: splitting, wildcard matching, filter coverage.
 
 A *topic* is an AMQP address read as a list of tokens split on the vhost's separator (``/`` or
-``.``, exactly one of them per vhost: ARCHITECTURE 4.6). The split is literal: ``"A/B"`` is
+``.``, exactly one of them per vhost: docs/topic-authorization.md). The split is literal: ``"A/B"`` is
 ``("A", "B")``, ``"/A"`` is ``("", "A")`` and ``""`` is the root ``()``; the other separator
 character is an ordinary character.
 

@@ -24,7 +24,7 @@ RCV_SECOND: Final = 1
 
 
 def qos_of(snd_settle_mode: int | None, rcv_settle_mode: int | None) -> int:
-    """The MQTT-style QoS of a link, from its Attach settle modes (ARCHITECTURE 4.6).
+    """The MQTT-style QoS of a link, from its Attach settle modes (docs/topic-authorization.md).
 
     ``snd-settle-mode`` settled (1) -> 0 (at most once); else ``rcv-settle-mode`` second (1)
     -> 2 (exactly once); else -> 1 (at least once: unsettled with first, or mixed).

@@ -1,4 +1,4 @@
-"""Sans-IO. Principal lists of topic ACLs (ARCHITECTURE 4.6).
+"""Sans-IO. Principal lists of topic ACLs (docs/topic-authorization.md).
 
 An entry is a user name, ``@group`` (a policy group of the vhost), or ``*`` (everyone); a
 leading ``!`` makes it a negative entry. Evaluation: any matching negative entry means "not
@@ -6,7 +6,7 @@ granted"; otherwise any matching positive entry grants; otherwise not granted. S
 "!nat"]`` grants everyone except ``nat``, and the order of entries does not matter.
 
 ``@group`` matches a connection whose policy group is that group, and also a user listed by
-name in that group's ``users``. A listed user always gets that group (QDR-POLICY 2.5), so the
+name in that group's ``users``. A listed user always gets that group (QDR ``lookup_user``), so the
 second test only matters for a principal built by hand (``explain``, tests) and costs nothing.
 
 No I/O, no clock.

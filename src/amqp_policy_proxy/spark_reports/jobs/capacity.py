@@ -21,7 +21,12 @@ can write. In cluster deploy mode the driver runs elsewhere: add
 ``--py-files amqp_policy_proxy.zip`` (a zip of ``src/amqp_policy_proxy``). See
 docs/spark-reports.md.
 
-Exit codes (ARCHITECTURE 4.1): 0 ok, 1 runtime failure, 2 bad usage or configuration.
+Exit codes (as every ``amqp-policy-proxy`` subcommand): 0 ok, 1 runtime failure, 2 bad usage
+or configuration. A ``--policy`` or ``--whatif`` policy is loaded as ``amqp-policy-proxy check``
+loads it: one ``check`` rejects is refused with ``check``'s messages (exit 2).
+
+Progress: one INFO line per stage with its own and the total elapsed seconds. Spark's console
+progress bar is shown only when stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -46,7 +51,11 @@ from typing import TYPE_CHECKING, Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from amqp_policy_proxy.spark_reports.limits import ConnectionLimits, LimitsError, load_limits
+from amqp_policy_proxy.spark_reports.limits import (
+    ConnectionLimits,
+    LimitsError,
+    load_checked_limits,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -117,6 +126,10 @@ LOCAL_JAVA_OPTIONS = ("-XX:+UseParallelGC -XX:MetaspaceSize=256m"
 
 class UsageError(Exception):
     """Bad arguments or configuration (exit code 2)."""
+
+
+class PolicyRejected(UsageError):
+    """``--policy`` or ``--whatif`` does not load; ``str()`` is what ``check`` prints."""
 
 
 @dataclass(frozen=True)
@@ -232,13 +245,26 @@ def parse_options(argv: list[str]) -> Options:
     grid = parse_grid(a.grid)
     if "://" not in a.events and not os.path.exists(a.events):
         raise UsageError(f"--events {a.events}: no such file or directory")
-    try:
-        policy = load_limits(a.policy) if a.policy else None
-        whatif = load_limits(a.whatif) if a.whatif else None
-    except LimitsError as e:
-        raise UsageError(str(e)) from None
+    policy = _load_policy(a.policy) if a.policy else None
+    whatif = _load_policy(a.whatif) if a.whatif else None
     return Options(events=a.events, out=a.out, policy=policy, whatif=whatif, start_us=start,
                    end_us=end, grid_us=grid, grid_label=a.grid.strip(), master=a.master)
+
+
+def _load_policy(path: str) -> ConnectionLimits:
+    """Load a policy as ``amqp-policy-proxy check --policy PATH`` does; its warnings go to
+    stderr as ``check`` prints them.
+
+    Raises:
+        PolicyRejected: the policy does not load (the message is ``check``'s output).
+    """
+    try:
+        limits, warnings = load_checked_limits(path)
+    except LimitsError as e:
+        raise PolicyRejected(str(e)) from None
+    if warnings:
+        print(warnings, file=sys.stderr)
+    return limits
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,6 +396,29 @@ def _ship_package(spark: SparkSession) -> str:
 # The report
 
 
+#: What each stage of :func:`run_report` does, for the progress lines in the log.
+STAGES = {
+    "read": "read and prepare the event log",
+    "sweep_inputs": "sweep inputs",
+    "dense_timeline": "vhost and group timeline",
+    "sweeps": "concurrency sweeps",
+    "concurrency": "concurrency table",
+    "whatif": "what-if replay",
+    "branches_wait": "wait for the side tables",
+    "html": "HTML report",
+    "denials_traffic": "denials, traffic, durations and churn",
+    "html_concurrency": "concurrency charts",
+    "headroom": "headroom and recommendations",
+    "html_whatif": "what-if charts",
+}
+
+
+def _log_stage(name: str, seconds: float, elapsed: float, branch: bool = False) -> None:
+    """Log one progress line: the stage, its own wall time and the time since the start."""
+    logger.info("%s %s: %.1f s (%.1f s elapsed)", "stage" if not branch else "branch",
+                STAGES.get(name, name), seconds, elapsed)
+
+
 class _Branches:
     """Independent parts of the report, run on driver threads next to the main chain.
 
@@ -387,6 +436,7 @@ class _Branches:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="report-branch")
         self._futures: list[Future] = []
         self._timings = timings
+        self._t0 = time.monotonic()
 
     def start(self, name: str, fn: Callable[..., Any], *args: Any) -> Future:
         """Run ``fn(*args)`` on a branch thread; its wall time goes to the timings as ``name``.
@@ -399,7 +449,9 @@ class _Branches:
             try:
                 return fn(*args)
             finally:
-                self._timings[name] = round(time.monotonic() - t, 2)
+                now = time.monotonic()
+                self._timings[name] = round(now - t, 2)
+                _log_stage(name, self._timings[name], now - self._t0, branch=True)
 
         f = self._pool.submit(self._wrap(timed))
         self._futures.append(f)
@@ -461,13 +513,15 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         if os.path.exists(os.path.join(out, "whatif.csv")):
             os.remove(os.path.join(out, "whatif.csv"))
     timings: dict[str, float] = {}
-    t_start = time.monotonic()
+    t_first = t_start = time.monotonic()
 
     def lap(name: str) -> None:
         nonlocal t_start
         now = time.monotonic()
         timings[name] = round(now - t_start, 2)
         t_start = now
+        if name != "whatif" or opts.whatif is not None:
+            _log_stage(name, timings[name], now - t_first)
 
     lookback_h = float(spark.conf.get("spark.amqpPolicyProxy.lookbackHours",
                                       str(DEFAULT_LOOKBACK_HOURS)))
@@ -843,8 +897,26 @@ def _build_session(master: str | None) -> tuple[SparkSession, bool]:
         # pyspark reads only the environment variable.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     b = (b.config("spark.sql.session.timeZone", "UTC")
-         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"))
+         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+         .config("spark.ui.showConsoleProgress", console_progress(sys.stderr)))
     return b.getOrCreate(), True
+
+
+def console_progress(stream: Any) -> str:
+    """``spark.ui.showConsoleProgress`` for a session whose console is ``stream``.
+
+    Spark's progress bar redraws one line with carriage returns: useful on a terminal,
+    thousands of garbage lines in a log file or the journal. The stage lines of
+    :func:`_log_stage` say the same thing once per stage.
+
+    Returns:
+        ``"true"`` when ``stream`` is a terminal, else ``"false"``.
+    """
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        tty = False
+    return "true" if tty else "false"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -866,6 +938,9 @@ def main(argv: list[str] | None = None) -> int:
         opts = parse_options(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as e:  # argparse: usage error (2) or --help (0)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    except PolicyRejected as e:  # check's own lines, unchanged
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
     except UsageError as e:
         print(f"amqp-policy-proxy report capacity: error: {e}", file=sys.stderr)
         return EXIT_USAGE
