@@ -138,7 +138,7 @@ def test_sdist_carries_what_the_debian_package_is_built_from(dist: Path) -> None
                    "systemd/amqp-policy-proxy.service", "systemd/README.md",
                    "examples/etc/amqp-policy-proxy/config.toml",
                    "examples/etc/amqp-policy-proxy/policy.d/10-shop.json",
-                   "src/amqp_policy_proxy/demo/policy.json", "setup.py"):
+                   "docs/deploy.md", "src/amqp_policy_proxy/demo/policy.json", "setup.py"):
         assert needed in names, needed
 
 
@@ -207,7 +207,7 @@ def test_installed_layout(installed: Path) -> None:
     conffiles = run("dpkg-query", "-W", "-f=${Conffiles}", PACKAGE).stdout
     assert f"{CONFIG} " in conffiles and f"{ETC}/policy.d/10-shop.json " in conffiles
     assert "[policy]" in CONFIG.read_text() and CONFIG.read_text().startswith("#")
-    for doc in ("README.md", "README.Debian", "copyright", "docs/policy.md",
+    for doc in ("README.md", "README.Debian", "copyright", "docs/deploy.md",
                 "systemd/README.md", "dashboards/alerts.yml"):
         assert (DOC / doc).is_file(), doc
     # the system user the unit runs as, and the key directory only its group may read
