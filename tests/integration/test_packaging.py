@@ -26,10 +26,12 @@ and purge a few seconds.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -71,6 +73,18 @@ def run(*args: str | Path, timeout: float = 120, env: dict[str, str] | None = No
 def output(result: subprocess.CompletedProcess[str]) -> str:
     """stdout and stderr of ``result``, for assertion messages."""
     return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+
+
+def dpkg(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``dpkg ARGS``, waiting (up to ``timeout``) while another process holds dpkg's lock."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = run("dpkg", *args, timeout=timeout,
+                     env=clean_env(DEBIAN_FRONTEND="noninteractive"))
+        locked = result.returncode != 0 and "lock" in result.stderr
+        if not locked or time.monotonic() > deadline:
+            return result
+        time.sleep(2)
 
 
 def package_installed() -> bool:
@@ -181,19 +195,21 @@ def installed(deb: Path):
     """The package installed with ``dpkg -i``; purged afterwards whatever happens."""
     watchdog = spawn_watchdog(f"dpkg --purge {PACKAGE} >/dev/null 2>&1")
     try:
-        result = run("dpkg", "-i", deb, env=clean_env(DEBIAN_FRONTEND="noninteractive"))
+        result = dpkg("-i", deb)
         assert result.returncode == 0, output(result)
         yield deb
     finally:
         if package_installed():
-            run("dpkg", "--purge", PACKAGE)
+            dpkg("--purge", PACKAGE)
         stop_watchdog(watchdog)
 
 
 def test_package_metadata(deb: Path) -> None:
     fields = run("dpkg-deb", "-f", deb, "Depends", "Recommends").stdout
-    for dependency in ("libsasl2-2", "libsasl2-modules", "python3.11", "adduser"):
+    for dependency in ("libsasl2-2", "libsasl2-modules", "adduser"):
         assert dependency in fields, fields
+    # the interpreter the venv links to (py3versions -d at build time)
+    assert re.search(r"\bpython3\.\d+\b", fields), fields
     assert "Recommends: sasl2-bin" in fields
     conffiles = run("dpkg-deb", "--info", deb, "conffiles").stdout.split()
     assert conffiles == [str(CONFIG), f"{ETC}/policy.d/10-shop.json"]
@@ -251,7 +267,7 @@ def test_service_is_not_enabled_on_install(installed: Path) -> None:
 
 def test_purge_removes_the_package(installed: Path) -> None:
     # the last test of the module: purge explicitly, and check that nothing is left
-    result = run("dpkg", "--purge", PACKAGE)
+    result = dpkg("--purge", PACKAGE)
     assert result.returncode == 0, output(result)
     assert not package_installed()
     for path in (BIN, VENV, ETC, UNIT, DOC, Path("/var/log/amqp-policy-proxy")):
