@@ -18,9 +18,9 @@ Should the test process die while the package is installed, a watchdog purges it
 
 The .deb is compressed with zstd here (``DPKG_DEB_COMPRESSOR_TYPE``; ``make deb`` keeps
 dpkg's default xz, which takes 10-25 s more on this tree). Times on the 2-core test machine
-with pip's cache warm: sdist + wheel about 5 s, the .deb 20-25 s (a cold pip cache adds the
-python-qpid-proton compile, one to two minutes), the fresh-venv demo about 10 s, install, demo
-and purge a few seconds.
+with pip's cache warm: sdist + wheel 5-7 s, the .deb 25-40 s (a cold pip cache adds the
+downloads and the python-qpid-proton compile, 17 s), the fresh-venv demo about 10 s, install,
+demo and purge a few seconds.
 """
 
 from __future__ import annotations
