@@ -3,8 +3,9 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup system-deps venv demo test lint bench clean
+.PHONY: setup system-deps venv demo test lint bench dist deb clean
 
 setup: system-deps venv
 
@@ -34,5 +35,15 @@ lint: venv
 bench: setup
 	$(BIN)/python bench/run_all.py
 
+# sdist and wheel in dist/ (the wheel carries the demo policy; the sdist also carries
+# debian/, systemd/, examples/ and docs/, which `make deb` builds from).
+dist: venv
+	rm -f dist/amqp_policy_proxy-$(VERSION).tar.gz dist/amqp_policy_proxy-$(VERSION)-*.whl
+	$(BIN)/python -m build --outdir dist .
+
+# Debian package (dh-virtualenv) built from the sdist: dist/amqp-policy-proxy_<version>_<arch>.deb
+deb: system-deps dist
+	scripts/build-deb.sh dist/amqp_policy_proxy-$(VERSION).tar.gz dist build/deb
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -2,6 +2,7 @@
 # Install the Debian packages the project needs, only when something is missing.
 set -euo pipefail
 need=()
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
 [ -e /usr/include/sasl/sasl.h ] || need+=(libsasl2-dev)
 command -v saslpasswd2 >/dev/null || need+=(sasl2-bin)
 [ -e /usr/lib/x86_64-linux-gnu/sasl2/libplain.so ] || [ -n "$(ls /usr/lib/*/sasl2/libplain.so 2>/dev/null)" ] || need+=(libsasl2-modules)
@@ -10,6 +11,13 @@ command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v openssl >/dev/null || need+=(openssl)
+# `make deb` (and the packaging test): dh-virtualenv with debhelper builds the package from
+# the sdist; python-qpid-proton is compiled in it against Cyrus SASL and OpenSSL
+# (libsasl2-dev above, libssl-dev); adduser runs in its postinst.
+for pkg in dh-virtualenv debhelper dpkg-dev build-essential python3-dev python3-venv \
+           libssl-dev pkg-config adduser; do
+    installed "$pkg" || need+=("$pkg")
+done
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi

@@ -85,7 +85,8 @@ def test_unit_declares_what_the_readme_promises() -> None:
     assert d["KillMode"] == ["mixed"]
     assert "WatchdogSec" in d
     for key, value in {
-        "DynamicUser": "yes", "ConfigurationDirectory": "amqp-policy-proxy",
+        "User": "amqp-policy-proxy", "Group": "amqp-policy-proxy",
+        "ConfigurationDirectory": "amqp-policy-proxy",
         "StateDirectory": "amqp-policy-proxy", "LogsDirectory": "amqp-policy-proxy",
         "ProtectSystem": "strict", "NoNewPrivileges": "yes",
         "CapabilityBoundingSet": "CAP_NET_BIND_SERVICE",
@@ -93,6 +94,9 @@ def test_unit_declares_what_the_readme_promises() -> None:
         "SystemCallFilter": "@system-service",
     }.items():
         assert d[key] == [value], key
+    # the Debian package's system user (postinst), not a transient one: key files and the
+    # event log belong to a stable uid/gid, and LogsDirectory= stays /var/log/amqp-policy-proxy
+    assert "DynamicUser" not in d
 
     config = tomllib.loads((EXAMPLE / "config.toml").read_text())
     # two descriptors per proxied connection (client + upstream)

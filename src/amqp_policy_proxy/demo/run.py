@@ -25,12 +25,9 @@ DEMO_USERS = {"alice": "alice-secret", "bob": "bob-secret", "mallory": "mallory-
 
 
 def _policy_path() -> Path:
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "examples" / "demo" / "policy.json"
-        if candidate.is_file():
-            return candidate
-    return here.with_name("policy.json")
+    """The demo policy, shipped inside the package (``demo/policy.json``, package data), so
+    ``demo`` works from an installed wheel or the Debian package as well as from a checkout."""
+    return Path(__file__).resolve().with_name("policy.json")
 
 
 class _ProxyRunner:
