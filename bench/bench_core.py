@@ -97,9 +97,9 @@ def _connection(policy: Any, conn_id: str = "bench") -> ProxyConnection:
 
 
 def _handshake(conn: ProxyConnection) -> None:
-    c, b = Side.CLIENT, Side.BROKER
+    c, b = Side.CLIENT, Side.ROUTER
     conn.receive_data(c, SASL_HEADER, 0.0)
-    conn.broker_connected(0.0)
+    conn.router_connected(0.0)
     conn.receive_data(b, _SASL_MECHS, 0.0)
     conn.receive_data(c, loadgen.SASL_INIT_ANONYMOUS, 0.0)
     conn.receive_data(b, _SASL_OK, 0.0)
@@ -116,9 +116,9 @@ def _sender(policy: Any, address: str | None) -> ProxyConnection:
     _handshake(conn)
     conn.receive_data(Side.CLIENT, loadgen.attach_frame(0, sender=True, address=address,
                                                         name="bench-core"), 0.0)
-    conn.receive_data(Side.BROKER, encode_frame(0, Attach(name="bench-core", handle=0, role=True,
+    conn.receive_data(Side.ROUTER, encode_frame(0, Attach(name="bench-core", handle=0, role=True,
                                                           snd_settle_mode=1).encode()), 0.0)
-    conn.receive_data(Side.BROKER, flow_frame(0, next_incoming_id=0, next_outgoing_id=0,
+    conn.receive_data(Side.ROUTER, flow_frame(0, next_incoming_id=0, next_outgoing_id=0,
                                               handle=0, delivery_count=0,
                                               link_credit=1 << 30), 0.0)
     return conn
@@ -129,7 +129,7 @@ def _receiver(policy: Any) -> ProxyConnection:
     _handshake(conn)
     conn.receive_data(Side.CLIENT, loadgen.attach_frame(0, sender=False, address="bench.q0",
                                                         name="bench-rx"), 0.0)
-    conn.receive_data(Side.BROKER, encode_frame(0, Attach(
+    conn.receive_data(Side.ROUTER, encode_frame(0, Attach(
         name="bench-rx", handle=0, role=False, initial_delivery_count=0).encode()), 0.0)
     return conn
 
@@ -153,7 +153,7 @@ def _replay(conn: ProxyConnection, side: Side, reads: list[bytes]) -> float:
 
 def _forwarded(conn: ProxyConnection, side: Side, reads: list[bytes]) -> bytes:
     """Feed ``reads``; return the bytes sent to the other side (the correctness check)."""
-    other = Side.BROKER if side is Side.CLIENT else Side.CLIENT
+    other = Side.ROUTER if side is Side.CLIENT else Side.CLIENT
     sent = []
     for data in reads:
         for cmd in conn.receive_data(side, data, 0.0):
@@ -208,7 +208,7 @@ def run_case(case: str, policy: Any, frames: int, read_size: int) -> float:
         return _connections(policy, max(200, frames // 100))
     stream, n = case_stream(case, frames)
     reads = _reads(stream, read_size)
-    side = Side.BROKER if case == "router-100" else Side.CLIENT
+    side = Side.ROUTER if case == "router-100" else Side.CLIENT
 
     def fresh() -> ProxyConnection:
         if case == "router-100":
@@ -227,13 +227,13 @@ def run_case(case: str, policy: Any, frames: int, read_size: int) -> float:
 
 
 def _connections(policy: Any, count: int) -> float:
-    c, b = Side.CLIENT, Side.BROKER
+    c, b = Side.CLIENT, Side.ROUTER
     client_close = _CLOSE
     t0 = time.process_time()
     for i in range(count):
         conn = _connection(policy, f"c{i}")
         _ = conn.receive_data(c, SASL_HEADER + loadgen.SASL_INIT_ANONYMOUS, 0.0)
-        conn.broker_connected(0.0)
+        conn.router_connected(0.0)
         conn.receive_data(b, _SASL_MECHS, 0.0)
         conn.receive_data(b, _SASL_OK, 0.0)
         conn.receive_data(c, AMQP_HEADER + loadgen.OPEN_FRAME, 0.0)

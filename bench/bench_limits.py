@@ -108,9 +108,9 @@ def _core_connection(policy_path: Any, to: str | None) -> Any:
     conn = ProxyConnection("bench", remote_host="127.0.0.1", listener="127.0.0.1:5672",
                            policy=policy, ledger=ConnectionLedger(100), now=0.0)
     client = lambda data: conn.receive_data(Side.CLIENT, data, 0.0)  # noqa: E731
-    broker = lambda data: conn.receive_data(Side.BROKER, data, 0.0)  # noqa: E731
+    broker = lambda data: conn.receive_data(Side.ROUTER, data, 0.0)  # noqa: E731
     client(SASL_HEADER)
-    conn.broker_connected(0.0)
+    conn.router_connected(0.0)
     broker(SASL_HEADER + encode_frame(0, SaslMechanisms(
         sasl_server_mechanisms=symbol_array(["ANONYMOUS"])).encode(), FrameType.SASL))
     client(loadgen.SASL_INIT_ANONYMOUS)

@@ -40,7 +40,7 @@ from amqp_policy_proxy.amqp.errors import AmqpError
 from amqp_policy_proxy.amqp.framing import encode_frame
 from amqp_policy_proxy.amqp.message import read_message_head
 from amqp_policy_proxy.amqp.performatives import Begin, Open
-from amqp_policy_proxy.core.commands import CloseTransport, ConnectBroker, SendData, Side
+from amqp_policy_proxy.core.commands import CloseTransport, ConnectRouter, SendData, Side
 from amqp_policy_proxy.core.connection import ProxyConnection
 from amqp_policy_proxy.limits.connections import ConnectionLedger
 from amqp_policy_proxy.policy import decisions
@@ -51,19 +51,23 @@ from tests.support.qdr_model import router_view
 
 logging.getLogger("amqp_policy_proxy").setLevel(logging.CRITICAL)
 
-PASSWORD = "pw"
-USERS = {"alice": PASSWORD, "carol": PASSWORD}
+PASSWORD = "fuzz-pw"
+#: Names of the oracle's own: Cyrus SASL has one sasldb per process, shared with the tests'
+#: brokers, so they must not collide with theirs.
+ALICE = "fuzzalice"
+CAROL = "fuzzcarol"
+USERS = {ALICE: PASSWORD, CAROL: PASSWORD}
 MAX_MESSAGE_SIZE = 4000
 
 #: byte 0 % len: the SASL opening of the connection (None: no SASL, user anonymous).
 OPENINGS: tuple[bytes | None, ...] = (
     None,
-    hostile.plain_init("alice", PASSWORD),
-    hostile.plain_init("alice", PASSWORD, authzid="carol"),
-    hostile.plain_init("carol", PASSWORD),
-    hostile.plain_init("alice", PASSWORD, authzid="alice"),
-    hostile.sasl_init_count_exceeds_size("carol", "alice", PASSWORD)
-    + hostile.sasl_response("alice", PASSWORD),
+    hostile.plain_init(ALICE, PASSWORD),
+    hostile.plain_init(ALICE, PASSWORD, authzid=CAROL),
+    hostile.plain_init(CAROL, PASSWORD),
+    hostile.plain_init(ALICE, PASSWORD, authzid=ALICE),
+    hostile.sasl_init_count_exceeds_size(CAROL, ALICE, PASSWORD)
+    + hostile.sasl_response(ALICE, PASSWORD),
 )
 
 
@@ -73,17 +77,17 @@ class Divergence(AssertionError):
 
 @cache
 def policy() -> Any:
-    """alice and anonymous: public.* only, anonymous relay, no dynamic sources, a message size
-    limit, no user-id proxying; carol: everything."""
+    """ALICE and anonymous: public.* only, anonymous relay, no dynamic sources, a message size
+    limit, no user-id proxying; CAROL: everything."""
     return compile_policy([(None, [["vhost", {
         "hostname": "test",
         "allowUnknownUser": False,
         "groups": {
-            "users": {"users": "alice, anonymous", "remoteHosts": "*",
+            "users": {"users": f"{ALICE}, anonymous", "remoteHosts": "*",
                       "sources": "public.*", "targets": "public.*",
                       "allowAnonymousSender": True, "allowDynamicSource": False,
                       "maxMessageSize": MAX_MESSAGE_SIZE},
-            "admins": {"users": "carol", "remoteHosts": "*", "sources": "*", "targets": "*",
+            "admins": {"users": CAROL, "remoteHosts": "*", "sources": "*", "targets": "*",
                        "allowAnonymousSender": True, "allowDynamicSource": True},
         },
     }]])], PolicySettings())
@@ -91,10 +95,15 @@ def policy() -> Any:
 
 @cache
 def sasl_config() -> Any:
-    """The process's Cyrus config (proton initialises Cyrus once per process)."""
-    from amqp_policy_proxy.demo.sasl import shared_sasl_config
+    """The process's active Cyrus config with the oracle's users added (proton initialises
+    Cyrus once per process, whichever config comes first)."""
+    import tempfile
 
-    return shared_sasl_config(USERS)
+    from amqp_policy_proxy.demo.broker import active_sasl_config
+    from amqp_policy_proxy.demo.sasl import make_sasl_config
+
+    own = make_sasl_config(tempfile.mkdtemp(prefix="amqp-proxy-oracle-"), USERS)
+    return active_sasl_config(own)
 
 
 class Router:
@@ -264,7 +273,7 @@ class Run:
         """Compare the link the engine just saw with the proxy's record of it, then."""
         conn = self.proxy
         record = None
-        for session in conn._sessions.values():  # noqa: SLF001 - the oracle reads the core
+        for session in conn.sessions.sessions.values():
             for link in session.links.values():
                 if link.name == seen["name"]:
                     record = link
@@ -297,13 +306,13 @@ class Run:
 
     def _run(self, commands: list[Any]) -> None:
         for cmd in commands:
-            if type(cmd) is SendData and cmd.side is Side.BROKER:
+            if type(cmd) is SendData and cmd.side is Side.ROUTER:
                 self.router.push(bytes(cmd.data))
-            elif type(cmd) is CloseTransport and cmd.side is Side.BROKER:
+            elif type(cmd) is CloseTransport and cmd.side is Side.ROUTER:
                 self.router.close()
-            elif type(cmd) is ConnectBroker and not self.connected:
+            elif type(cmd) is ConnectRouter and not self.connected:
                 self.connected = True
-                self._run(self.proxy.broker_connected(self.now))
+                self._run(self.proxy.router_connected(self.now))
 
     def pump(self) -> None:
         """Exchange bytes between the engine and the proxy until neither has more."""
@@ -311,13 +320,13 @@ class Run:
             out = self.router.pull()
             if not out:
                 return
-            self._run(self.proxy.receive_data(Side.BROKER, out, self.now))
+            self._run(self.proxy.receive_data(Side.ROUTER, out, self.now))
 
     def check(self) -> None:
         """The identity and delivery invariants (links are checked as they open)."""
         conn = self.proxy
         engine_user = self.router.user
-        if conn.admitted and engine_user is not None and engine_user != conn.user:
+        if conn.view.admitted and engine_user is not None and engine_user != conn.user:
             raise Divergence(f"the router authenticated {engine_user!r}, the proxy admitted "
                              f"{conn.user!r}")
         group = conn.group
@@ -416,8 +425,8 @@ def seeds() -> list[bytes]:
         [_attach(1, "relay", sender=True, address=None),
          hostile.transfer(0, 1, 0, hostile.message_to("public.x")),
          hostile.transfer(0, 1, 1, hostile.message_to("secret.x")),
-         hostile.transfer(0, 1, 2, hostile.message_to("public.y", user_id=b"carol")),
-         hostile.transfer(0, 1, 3, hostile.message_to("public.z", user_id=b"alice"))],
+         hostile.transfer(0, 1, 2, hostile.message_to("public.y", user_id=CAROL.encode())),
+         hostile.transfer(0, 1, 3, hostile.message_to("public.z", user_id=ALICE.encode()))],
         [_attach(2, "r0", sender=False, address="public.b"),
          _attach(3, "dyn", sender=False, address=None, dynamic=True)],
         [_attach(4, "big", sender=True, address="public.big"),

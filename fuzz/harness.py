@@ -45,8 +45,8 @@ from amqp_policy_proxy.amqp.framing import FrameDecoder
 from amqp_policy_proxy.amqp.message import read_message_head
 from amqp_policy_proxy.amqp.performatives import Attach, decode_performative
 from amqp_policy_proxy.amqp.transfer import is_transfer_descriptor, read_transfer
-from amqp_policy_proxy.core import connection as core_connection
-from amqp_policy_proxy.core.commands import CloseTransport, ConnectBroker, Emit, SendData, Side
+from amqp_policy_proxy.core.client_side import PRE_OPEN_FRAME_LIMIT
+from amqp_policy_proxy.core.commands import CloseTransport, ConnectRouter, Emit, SendData, Side
 from amqp_policy_proxy.core.connection import ProxyConnection
 from amqp_policy_proxy.core.events import (
     ConnectionApproved,
@@ -245,7 +245,7 @@ class _Observer:
         for cmd in cmds:
             t = type(cmd)
             if t is SendData:
-                if cmd.side is Side.BROKER:
+                if cmd.side is Side.ROUTER:
                     if not self.broker_up:
                         raise Finding("SendData to the router before it connected")
                     self.to_broker += bytes(cmd.data)
@@ -260,9 +260,9 @@ class _Observer:
                     self.denied = True
                 elif isinstance(ev, ConnectionClosed):
                     self.closed_events += 1
-            elif t is ConnectBroker:
+            elif t is ConnectRouter:
                 if self.connect_requested:
-                    raise Finding("ConnectBroker issued twice")
+                    raise Finding("ConnectRouter issued twice")
                 self.connect_requested = True
             elif t is not CloseTransport:
                 raise Finding(f"unknown command {cmd!r}")
@@ -360,19 +360,20 @@ def _descriptor(buf: bytearray, pos: int, doff: int, size: int) -> int | None:
 
 
 def _check_buffers(conn: ProxyConnection) -> None:
-    cl = conn._client_frame_limit
-    if len(conn._cbuf) >= max(cl, 8):
-        raise Finding(f"client buffer {len(conn._cbuf)} bytes, frame limit {cl}")
-    bl = max(conn._broker_frame_limit, core_connection.PRE_OPEN_FRAME_LIMIT)
-    if len(conn._bbuf) >= max(bl, 8):
-        raise Finding(f"router buffer {len(conn._bbuf)} bytes, frame limit {bl}")
-    if len(conn._held_client) > HELD_LIMIT + cl:
-        raise Finding(f"{len(conn._held_client)} bytes held before the Open decision")
-    if sum(len(f) for f in conn._held_broker) > HELD_LIMIT + bl:
+    client, router, figures = conn.client, conn.router, conn.figures
+    cl = client.frame_limit
+    if len(client.buf) >= max(cl, 8):
+        raise Finding(f"client buffer {len(client.buf)} bytes, frame limit {cl}")
+    bl = max(router.frame_limit, PRE_OPEN_FRAME_LIMIT)
+    if len(router.buf) >= max(bl, 8):
+        raise Finding(f"router buffer {len(router.buf)} bytes, frame limit {bl}")
+    if len(client.held) > HELD_LIMIT + cl:
+        raise Finding(f"{len(client.held)} bytes held before the Open decision")
+    if sum(len(f) for f in router.held) > HELD_LIMIT + bl:
         raise Finding("router frames held before the decision exceed the bound")
     for name in ("active_sessions", "active_senders", "active_receivers"):
-        if getattr(conn, name) < 0:
-            raise Finding(f"{name} went negative: {getattr(conn, name)}")
+        if getattr(figures, name) < 0:
+            raise Finding(f"{name} went negative: {getattr(figures, name)}")
 
 
 def run_connection(data: bytes) -> None:
@@ -392,22 +393,22 @@ def run_connection(data: bytes) -> None:
                 obs.run(conn.receive_data(Side.CLIENT, chunk, now))
                 if connect_at_once and obs.connect_requested and not obs.broker_up:
                     obs.broker_up = True
-                    obs.run(conn.broker_connected(now))
+                    obs.run(conn.router_connected(now))
             elif op == OP_BROKER:
                 if obs.broker_up:
-                    obs.run(conn.receive_data(Side.BROKER, chunk, now))
+                    obs.run(conn.receive_data(Side.ROUTER, chunk, now))
             elif op == OP_UP:
                 if obs.connect_requested and not obs.broker_up:
                     obs.broker_up = True
-                    obs.run(conn.broker_connected(now))
+                    obs.run(conn.router_connected(now))
             elif op == OP_FAILED:
                 if obs.connect_requested and not obs.broker_up:
-                    obs.run(conn.broker_connect_failed(now))
+                    obs.run(conn.router_connect_failed(now))
                     obs.connect_requested = False  # no more attempts
                     obs.broker_up = False
             elif op == OP_BROKER_LOST:
                 if obs.broker_up:
-                    obs.run(conn.connection_lost(Side.BROKER, now))
+                    obs.run(conn.connection_lost(Side.ROUTER, now))
             elif op == OP_TIMER:
                 now += chunk[0] / 10 if chunk else 0.1
                 deadline = conn.get_timer()
@@ -418,7 +419,7 @@ def run_connection(data: bytes) -> None:
             _check_buffers(conn)
         # the end: both transports gone, in the order the relay sees them
         if obs.broker_up:
-            obs.run(conn.connection_lost(Side.BROKER, now))
+            obs.run(conn.connection_lost(Side.ROUTER, now))
         obs.run(conn.connection_lost(Side.CLIENT, now))
         obs.run(conn.connection_lost(Side.CLIENT, now + 1))
     except Finding:
@@ -429,6 +430,6 @@ def run_connection(data: bytes) -> None:
         raise Finding("connection not finished after both transports were lost")
     if ledger.active() != 0:
         raise Finding(f"ledger still counts {ledger.active()} admitted connection(s)")
-    expected = 1 if conn.admitted else 0
+    expected = 1 if conn.view.admitted else 0
     if obs.closed_events != expected:
         raise Finding(f"{obs.closed_events} ConnectionClosed events, expected {expected}")

@@ -35,8 +35,10 @@ def test_run_refuses_an_event_log_directory_it_cannot_create(tmp_path):
          "--policy", str(POLICY), "--event-log", str(events)],
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
-    assert (f"error: event_log.directory: event log directory {events} cannot be created: "
-            f"[Errno 20] Not a directory: {tmp_path / 'file'}") in result.stderr.splitlines()
+    # the configuration check catches it before anything starts (the writer's own check at
+    # start, tests/unit/eventlog, is the second line of defence)
+    assert (f"error: command line: --event-log: {events}: cannot be created "
+            f"({tmp_path / 'file'} is not a directory)") in result.stderr.splitlines()
     assert "Traceback" not in result.stderr
     assert "listening on" not in result.stderr  # nothing was bound
 

@@ -176,9 +176,9 @@ def write_buffers(proxy: ProxyThread) -> list[tuple[int, int]]:
         out = []
         for proto in proxy.daemon.connections.values():
             client = proto.transport.get_write_buffer_size() if proto.transport else 0
-            broker = proto.broker
-            up = (broker.transport.get_write_buffer_size()
-                  if broker is not None and broker.transport is not None else 0)
+            router = proto.router
+            up = (router.transport.get_write_buffer_size()
+                  if router is not None and router.transport is not None else 0)
             out.append((client, up))
         return out
 
@@ -270,7 +270,8 @@ def test_client_is_not_read_while_the_upstream_connect_is_pending():
     try:
         with ProxyThread([hole.getsockname()], policy=POLICY) as proxy, RawClient(
                 proxy.port) as c:
-            # no SASL: the Open is admitted without the router, then transfers stream in
+            # no SASL: the Open waits for the router (nobody is admitted without one), and
+            # what the client pipelines behind it is held, then transfers stream in
             c.send(C.AMQP_HEADER, frame(0, Open(container_id="x", hostname="test")), begin(0),
                    attach_sender(0, 0, "q", settled=True))
             payload = data_message(b"x" * 60000)
@@ -285,7 +286,7 @@ def test_client_is_not_read_while_the_upstream_connect_is_pending():
                 pass
 
             def pending() -> list[int]:
-                return [sum(len(b) for b in p.conn._to_broker_pending)
+                return [p.conn.view.held_bytes
                         for p in proxy.daemon.connections.values() if p.conn is not None]
 
             queued = proxy.call(pending)

@@ -142,7 +142,7 @@ def _regression(prefix: str) -> bytes:
 def test_the_oracle_sees_a_shadow_attach_when_the_canonical_check_is_off(monkeypatch) -> None:
     # not vacuous: without the canonical check, the proxy decides on one link and the proton
     # engine attaches another (issue 14 finding 3), and the oracle says so
-    import amqp_policy_proxy.core.connection as core
+    import amqp_policy_proxy.core.client_side as core
     from fuzz.differential import Divergence
 
     monkeypatch.setattr(core, "check_performative", lambda buf, pos, end: (0, end, []))
@@ -153,7 +153,7 @@ def test_the_oracle_sees_a_shadow_attach_when_the_canonical_check_is_off(monkeyp
 def test_the_oracle_sees_an_identity_the_router_did_not_authenticate(monkeypatch) -> None:
     # not vacuous: if the proxy took the authzid as the user (finding 1), the engine's
     # authenticated user differs from the admitted one
-    import amqp_policy_proxy.core.connection as core
+    import amqp_policy_proxy.core.client_side as core
     from amqp_policy_proxy.amqp.sasl import SaslIdentity, identity_from_sasl_init
     from fuzz.differential import Divergence
 
@@ -162,5 +162,5 @@ def test_the_oracle_sees_an_identity_the_router_did_not_authenticate(monkeypatch
         return SaslIdentity(found.authzid or found.user, None)
 
     monkeypatch.setattr(core, "identity_from_sasl_init", authzid_wins)
-    with pytest.raises(Divergence, match="authenticated 'alice'"):
+    with pytest.raises(Divergence, match="authenticated 'fuzzalice'"):
         run_differential(_regression("finding-1-authzid-admin"))

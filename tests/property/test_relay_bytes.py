@@ -35,7 +35,7 @@ def test_router_receives_the_client_bytes(messages, split, chunk):
     s = Script(POLICY)
     s.open(user="alice")
     s.begin(0, router_channel=0)
-    s.take(Side.BROKER)
+    s.take(Side.ROUTER)
     client = bytearray()
     client += frame(0, Attach(name="qa", handle=0, role=False, target=Target(address="q.a")))
     client += frame(0, Attach(name="qb", handle=1, role=False, target=Target(address="q.b")))
@@ -57,4 +57,4 @@ def test_router_receives_the_client_bytes(messages, split, chunk):
     data = bytes(client)
     for i in range(0, len(data), split):
         s.client(data[i : i + split])
-    assert bytes(s.sent[Side.BROKER]) == data
+    assert bytes(s.sent[Side.ROUTER]) == data

@@ -26,11 +26,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import Message
 
-import amqp_policy_proxy.core.connection as core
+import amqp_policy_proxy.core.client_side as client_side
+import amqp_policy_proxy.core.fastpath as fastpath
 from amqp_policy_proxy.amqp import accel
 from amqp_policy_proxy.amqp.performatives import Disposition
 from amqp_policy_proxy.core.commands import SendData, Side
-from amqp_policy_proxy.core.connection import ProxyConnection
 
 from ..unit.core.helpers import (
     Attach,
@@ -62,12 +62,12 @@ ACCEL = [pytest.param("c", marks=pytest.mark.skipif(
 @contextmanager
 def _scanner(which: str) -> Iterator[None]:
     """Run the core with the C scanner ("c") or with the pure-Python loop alone."""
-    saved = core._scan_transfers
-    core._scan_transfers = accel.scan_c if which == "c" else None
+    saved = fastpath._scan
+    fastpath._scan = accel.scan_c if which == "c" else None
     try:
         yield
     finally:
-        core._scan_transfers = saved
+        fastpath._scan = saved
 
 messages = st.tuples(
     st.sampled_from([0, 0, 0, 1, 1, 2]),  # handle: named q.a, anonymous relay, denied link
@@ -125,26 +125,29 @@ def _stream(msgs: list[tuple[Any, ...]], tail: str) -> bytes:
     return bytes(out)
 
 
-class _GeneralOnly(ProxyConnection):
-    """A connection whose fast path forwards nothing: every frame takes the general path."""
-
-    __slots__ = ()
-
-    def _client_relay(self, buf: Any, pos: int, end: int, now: float, out: Any) -> int:
-        return pos
-
-
-def _general_only(conn: ProxyConnection) -> None:
-    conn.__class__ = _GeneralOnly  # same slots: the instance keeps all its state
+@contextmanager
+def _general_only() -> Iterator[None]:
+    """Every frame takes the general path: the fast path forwards nothing."""
+    saved = client_side.relay_client_frames
+    client_side.relay_client_frames = lambda conn, buf, pos, end, now: pos
+    try:
+        yield
+    finally:
+        client_side.relay_client_frames = saved
 
 
 def _run(stream: bytes, cuts: list[int], fast: bool, policy: Any = POLICY) -> tuple[Any, ...]:
+    if fast:
+        return _drive(stream, cuts, policy)
+    with _general_only():
+        return _drive(stream, cuts, policy)
+
+
+def _drive(stream: bytes, cuts: list[int], policy: Any) -> tuple[Any, ...]:
     s = Script(policy)
-    if not fast:
-        _general_only(s.conn)
     s.open(user="alice")
     s.begin(0, router_channel=0)
-    s.broker(frame(0, Attach(name="qa", handle=0, role=True, target=Target(address="q.a"))))
+    s.router(frame(0, Attach(name="qa", handle=0, role=True, target=Target(address="q.a"))))
     commands: list[Any] = []
     prev = 0
     for cut in [*cuts, len(stream)]:
@@ -161,7 +164,8 @@ def _run(stream: bytes, cuts: list[int], fast: bool, policy: Any = POLICY) -> tu
         else:
             merged.append(repr(cmd))
     c = s.conn
-    figures = (c.transfers_in, c.bytes_in, c.phase, c.close_reason, c.active_senders)
+    figures = (c.figures.transfers_in, c.figures.bytes_in, c.view.client_state, c.close_reason,
+               c.figures.active_senders)
     return [m if isinstance(m, str) else (m[0], bytes(m[1])) for m in merged], figures
 
 
@@ -210,27 +214,27 @@ def test_fast_path_is_taken(scanner):
     the scanner) runs at all."""
     calls = []
     scanned = []
-    original = ProxyConnection._client_relay
+    original = client_side.relay_client_frames
 
-    def spy(self, *args):
+    def spy(*args):
         calls.append(1)
-        return original(self, *args)
+        return original(*args)
 
     def scan_spy(*args):
         result = accel.scan_c(*args)
         scanned.append(result[1])
         return result
 
-    ProxyConnection._client_relay = spy  # type: ignore[method-assign]
+    client_side.relay_client_frames = spy
     try:
         with _scanner(scanner):
             if scanner == "c":
-                core._scan_transfers = scan_spy
+                fastpath._scan = scan_spy
             stream = _stream([(0, b"x", None, None, 2000, True, False, "")] * 5, "")
             fast = _run(stream, [], fast=True, policy=POLICY_TRUSTED)
     finally:
-        ProxyConnection._client_relay = original  # type: ignore[method-assign]
-    assert calls and fast[0][-1][0] is Side.BROKER
+        client_side.relay_client_frames = original
+    assert calls and fast[0][-1][0] is Side.ROUTER
     assert fast == _run(stream, [], fast=False, policy=POLICY_TRUSTED)
     if scanner == "c":
         assert sum(scanned) == 4  # the first Transfer in Python, the next four in C
@@ -248,7 +252,7 @@ def test_router_bytes_reach_the_client_unchanged_in_any_reads(deliveries, reads)
     s.open(user="alice")
     s.begin(0, router_channel=0)
     s.client(frame(0, Attach(name="rx", handle=3, role=True, source=Source(address="q.a"))))
-    s.broker(frame(0, Attach(name="rx", handle=7, role=False, source=Source(address="q.a"),
+    s.router(frame(0, Attach(name="rx", handle=7, role=False, source=Source(address="q.a"),
                              initial_delivery_count=0)))
     s.take(Side.CLIENT)
     stream = bytearray()
@@ -270,12 +274,12 @@ def test_router_bytes_reach_the_client_unchanged_in_any_reads(deliveries, reads)
     for n in reads * (len(data) // max(1, sum(reads)) + 1):
         if pos >= len(data):
             break
-        s.broker(data[pos:pos + n])
+        s.router(data[pos:pos + n])
         pos += n
     if pos < len(data):
-        s.broker(data[pos:])
+        s.router(data[pos:])
     assert bytes(s.sent[Side.CLIENT]) == data
-    assert s.conn.transfers_out == sum(
+    assert s.conn.figures.transfers_out == sum(
         len(range(0, len(Message(body=b).encode()), c)) or 1 for b, c in deliveries)
 
 
@@ -289,21 +293,23 @@ def _close_exchange(body: bytes, client_first: bool) -> list[Any]:
         steps.reverse()
     seen = []
     for side, data in steps:
-        cmds = s.client(data) if side == "client" else s.broker(data)
+        cmds = s.client(data) if side == "client" else s.router(data)
         seen.append([(type(c).__name__, getattr(c, "side", None), bytes(getattr(c, "data", b"")))
                      for c in cmds])
-    seen.append((s.conn.phase, s.conn.close_reason, s.conn.close_received_from(Side.CLIENT),
-                 s.conn.close_received_from(Side.BROKER)))
+    seen.append((s.conn.view.client_state, s.conn.close_reason, s.conn.close_received_from(Side.CLIENT),
+                 s.conn.close_received_from(Side.ROUTER)))
     return seen
 
 
 def test_empty_close_recognised_from_its_bytes_behaves_as_decoded(monkeypatch):
-    import amqp_policy_proxy.core.connection as core
+    import amqp_policy_proxy.core.client_side as core
+    import amqp_policy_proxy.core.router_side as router_side
 
-    bodies = sorted(core._EMPTY_CLOSE_BODIES) + [bytes.fromhex("005318c0020140")]
+    bodies = sorted(core.EMPTY_CLOSE_BODIES) + [bytes.fromhex("005318c0020140")]
     for client_first in (True, False):
         fast = [_close_exchange(b, client_first) for b in bodies]
-        monkeypatch.setattr(core, "_EMPTY_CLOSE_BODIES", frozenset())
+        monkeypatch.setattr(core, "EMPTY_CLOSE_BODIES", frozenset())
+        monkeypatch.setattr(router_side, "EMPTY_CLOSE_BODIES", frozenset())
         decoded = [_close_exchange(b, client_first) for b in bodies]
         monkeypatch.undo()
         assert fast == decoded

@@ -40,10 +40,53 @@ class FrameHeader:
         return self.doff * 4
 
 
+#: A frame size from here up starts with the byte "A" (0x41): where a protocol header
+#: (``AMQP...``) may come instead of a frame, such a "size" is read as a header, never a frame.
+PROTOCOL_HEADER_MIN_SIZE = 0x41000000
+
+
+def frame_header_ok(size: int, doff: int, ftype: int, max_frame_size: int,
+                    frame_type: int = FrameType.AMQP) -> bool:
+    """The frame-header rule (Part 2 §2.3.1), the one every loop of the proxy applies.
+
+    SIZE from 8 (the header alone) up to ``max_frame_size``; DOFF at least 2 (the 8-byte header)
+    and pointing inside the frame; TYPE ``frame_type``. The C scanner (``_relayscan.c``)
+    applies the same rule to AMQP frames (a property test compares them).
+    """
+    return (8 <= size <= max_frame_size and doff >= 2 and doff * 4 <= size
+            and ftype == frame_type)
+
+
+def check_frame_header(size: int, doff: int, ftype: int, max_frame_size: int,
+                       frame_type: int | None = None) -> None:
+    """Apply :func:`frame_header_ok`, raising what is wrong.
+
+    Args:
+        size, doff, ftype: the header's fields.
+        max_frame_size: the largest frame (bytes) the peer may send now.
+        frame_type: the TYPE expected, or None for either AMQP (0) or SASL (1).
+
+    Raises:
+        FramingError: "malformed frame" with the reason: SIZE below 8 or above
+            ``max_frame_size``, DOFF below 2 or pointing past the frame, an unexpected TYPE.
+    """
+    expected = ftype if frame_type is None and ftype in (FrameType.AMQP, FrameType.SASL) \
+        else frame_type
+    if expected is not None and frame_header_ok(size, doff, ftype, max_frame_size, expected):
+        return
+    if size < FRAME_HEADER_SIZE:
+        raise FramingError(f"malformed frame: size {size} below 8")
+    if size > max_frame_size:
+        raise FramingError(f"malformed frame: size {size} above max-frame-size {max_frame_size}")
+    if doff < 2 or doff * 4 > size:
+        raise FramingError(f"malformed frame: doff {doff} invalid for size {size}")
+    raise FramingError(f"malformed frame: unexpected frame type {ftype}")
+
+
 def parse_frame_header(
     buf: bytes | bytearray | memoryview, pos: int, max_frame_size: int
 ) -> FrameHeader:
-    """Decode and check the frame header at ``buf[pos:pos+8]``.
+    """Decode and check the frame header at ``buf[pos:pos+8]`` (an AMQP or a SASL frame).
 
     Args:
         buf: the receive buffer; at least 8 bytes must be available from ``pos``.
@@ -54,28 +97,11 @@ def parse_frame_header(
         The header.
 
     Raises:
-        FramingError: SIZE below 8 or above ``max_frame_size``, DOFF below 2 or pointing
-            past the frame, or an unknown frame TYPE ("malformed frame", as proton says).
+        FramingError: see :func:`check_frame_header`.
     """
     size, doff, ftype, channel = _HEADER.unpack_from(buf, pos)
     check_frame_header(size, doff, ftype, max_frame_size)
     return FrameHeader(size, doff, ftype, channel)
-
-
-def check_frame_header(size: int, doff: int, ftype: int, max_frame_size: int) -> None:
-    """Validate raw header fields; see :func:`parse_frame_header` for the rules.
-
-    Raises:
-        FramingError: on any violation.
-    """
-    if size < FRAME_HEADER_SIZE:
-        raise FramingError(f"malformed frame: size {size} below 8")
-    if size > max_frame_size:
-        raise FramingError(f"malformed frame: size {size} above max-frame-size {max_frame_size}")
-    if doff < 2 or doff * 4 > size:
-        raise FramingError(f"malformed frame: doff {doff} invalid for size {size}")
-    if ftype not in (0, 1):
-        raise FramingError(f"malformed frame: unknown frame type {ftype}")
 
 
 def encode_frame(channel: int, body: bytes, frame_type: int = FrameType.AMQP) -> bytes:
@@ -121,8 +147,8 @@ class FrameDecoder:
     """Incremental frame decoder: ``receive_data`` then ``next_frame`` until None.
 
     Holds at most one incomplete frame, bounded by ``max_frame_size`` (wsproto ``Buffer``
-    commit/rollback style). Used by tests, fuzzing and tools; the proxy core has an inlined
-    equivalent on its hot path.
+    commit/rollback style). Used by tests, fuzzing and tools; the proxy core reads frames in
+    place from its receive buffers (``core/framebuf.py``) with the same header rule.
     """
 
     def __init__(self, max_frame_size: int) -> None:

@@ -14,7 +14,7 @@ treated differently, only faster (the one stated exception is :func:`is_sasl_mec
 from __future__ import annotations
 
 from struct import Struct
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .errors import DecodeError
 from .transfer import list_bounds, skip_value
@@ -281,24 +281,10 @@ class OpenHead(NamedTuple):
     """Highest channel number; ``None`` when absent or null (the default, 65535)."""
 
 
-#: The last ``bytes`` body :func:`_open_fields` walked and its answer: the client's Open is
-#: read (:func:`read_open_head`) and then patched (:func:`patch_open`) from the same object.
-_LAST_OPEN: list[Any] = [None, None]
-
-
 def _open_fields(body: bytes | bytearray | memoryview) -> tuple[list[int], int] | None:
     """Offsets of each field of a plain-encoded Open body, plus the list's end; None if the
     body is not ``0x00 0x53 0x10`` + list8/list32 filling it with at most ten well-formed
     fields."""
-    if body is _LAST_OPEN[0]:
-        return _LAST_OPEN[1]
-    fields = _walk_open(body)
-    if type(body) is bytes:  # immutable: the answer stays true for this object
-        _LAST_OPEN[0], _LAST_OPEN[1] = body, fields
-    return fields
-
-
-def _walk_open(body: bytes | bytearray | memoryview) -> tuple[list[int], int] | None:
     try:
         p, count, lend = _described_list(body, 0, len(body), _OPEN)
     except _NotPlain:

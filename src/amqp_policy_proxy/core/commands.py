@@ -14,17 +14,21 @@ from .events import ProxyEvent
 
 
 class Side(StrEnum):
-    """The two peers of a proxied connection."""
+    """The two legs of a proxied connection."""
 
     CLIENT = "client"
     """The AMQP client connected to the proxy's listener."""
-    BROKER = "broker"
-    """The upstream router or broker the proxy connected to."""
+    ROUTER = "broker"
+    """The upstream router (qdrouterd, or a broker such as RabbitMQ) the proxy connected to.
+
+    The value ``"broker"`` is what the metrics (``side`` label) and the event log
+    (``protocol_error.side``) have always exported for this leg; dashboards and reports
+    depend on it, so it stays."""
 
 
 def other(side: Side) -> Side:
     """Return the opposite side."""
-    return Side.BROKER if side is Side.CLIENT else Side.CLIENT
+    return Side.ROUTER if side is Side.CLIENT else Side.CLIENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +40,7 @@ class SendData:
 
 
 @dataclass(frozen=True, slots=True)
-class ConnectBroker:
+class ConnectRouter:
     """Open the upstream transport (issued once the client's protocol header is valid)."""
 
 
@@ -54,4 +58,4 @@ class Emit:
     event: ProxyEvent
 
 
-Command = SendData | ConnectBroker | CloseTransport | Emit
+Command = SendData | ConnectRouter | CloseTransport | Emit

@@ -12,60 +12,14 @@ event log.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
+from ..policy.reasons import ConnectionDenyReason, LinkDenyReason, MessageDenyReason
 
-class ConnectionDenyReason(StrEnum):
-    """Why a connection was denied (``amqp_proxy_connections_denied_total{reason}``)."""
-
-    GLOBAL_LIMIT = "global_limit"
-    NO_VHOST = "no_vhost"
-    UNKNOWN_USER = "unknown_user"
-    REMOTE_HOST = "remote_host"
-    VHOST_LIMIT = "vhost_limit"
-    USER_LIMIT = "user_limit"
-    HOST_LIMIT = "host_limit"
-    HANDSHAKE_TIMEOUT = "handshake_timeout"
-    AUTHZID = "authzid"
-    """The client's SASL authorization identity differs from the identity it authenticates
-    as (PLAIN authzid, SCRAM ``a=``, EXTERNAL): refused with the SASL outcome ``auth``."""
-    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
-    """No upstream accepted the connection: the client got SASL ``sys-temp`` or
-    ``amqp:connection:forced`` / ``no upstream available``; not a policy decision."""
-    PREAUTH_MEMORY = "preauth_memory"
-    """Refused at TCP accept: the bytes held for connections not yet admitted reached the
-    pre-authentication memory budget."""
-
-
-class LinkDenyReason(StrEnum):
-    """Why a link was denied (``amqp_proxy_links_denied_total{reason}``)."""
-
-    SENDER_LIMIT = "sender_limit"
-    RECEIVER_LIMIT = "receiver_limit"
-    TARGET = "target"
-    SOURCE = "source"
-    ANONYMOUS_SENDER = "anonymous_sender"
-    DYNAMIC_SOURCE = "dynamic_source"
-    NO_SOURCE = "no_source"
-    TOPIC = "topic"
-    """Denied by the vhost's or group's topic authorization (ARCHITECTURE 4.6)."""
-
-
-class MessageDenyReason(StrEnum):
-    """Why a message was denied (``amqp_proxy_messages_denied_total{reason}``)."""
-
-    MESSAGE_SIZE = "message_size"
-    RELAY_TARGET = "relay_target"
-    USER_ID = "user_id"
-    TOPIC = "topic"
-    """An anonymous-relay message's ``to`` denied publish by topic authorization."""
-    TOPIC_WITHHELD = "topic_withheld"
-    """A delivery to a wildcard subscriber withheld: no subscribe authority on its address,
-    or its address is unknown and the subscriber may not see every topic the wildcard
-    matches."""
-    ROUTER_ANNOTATIONS = "router_annotations"
-    """An anonymous-relay message carrying the router's own ``x-opt-qd.*`` annotations (by
-    which qdrouterd would route it past the ``to`` the proxy checked)."""
+__all__ = [
+    "ConnectionApproved", "ConnectionClosed", "ConnectionDenied", "ConnectionDenyReason",
+    "LinkDenied", "LinkDenyReason", "MessageDenied", "MessageDenyReason", "PolicyReloaded",
+    "ProtocolViolation", "ProxyEvent", "SessionDenied", "UpstreamConnectFailed",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

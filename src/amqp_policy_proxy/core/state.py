@@ -1,15 +1,31 @@
-"""Sans-IO. Connection phases and per-session/per-link records of one proxied connection.
+"""Sans-IO. Every state of a proxied connection and the legal transitions, as tables.
 
-Rule (h11 ``_state.py`` style): the phases a connection can be in live here, with the order
-they advance in; the handlers in :mod:`.connection` move between them.
+Rules (in the spirit of h11's ``_state.py``):
 
-    AWAIT_HEADER -> SASL -> AWAIT_AMQP_HEADER -> AWAIT_OPEN -> OPENED -> CLOSING -> CLOSED
-                                   \\-> (no SASL) -----------/        \\-> DENIED -/
+1. Everything a connection can *be* lives here: the client leg's state, the router leg's
+   state, and the Close exchange on each leg. Handlers elsewhere in ``core/`` never assign a
+   state: they call :meth:`Sides.to_client` / :meth:`Sides.to_router` (or
+   :meth:`Sides.close_sent` / :meth:`Sides.close_received`), which check the move against the
+   tables below and raise :class:`IllegalTransition` (a proxy bug, never a peer's fault: peer
+   errors are :class:`~amqp_policy_proxy.amqp.errors.AmqpError`) for any other.
+2. A state says what the proxy does with that leg's bytes; nothing else (no boolean) says it.
+3. This module knows no bytes and no policy.
 
-A client that sends the AMQP header first skips SASL (user ``anonymous``, as in QDR).
-``DENIED``: the proxy sent Open+Close and waits for the client's Close (or a linger timeout).
-``UNAVAILABLE``: no upstream accepted; the proxy plays a minimal SASL/AMQP server to hand the
-client ``amqp:connection:forced``.
+The client leg (``ClientState``)::
+
+    AWAIT_HEADER -> SASL -> AWAIT_AMQP_HEADER -> AWAIT_OPEN -> DECIDING -> OPENED -> CLOSING
+         \\------ (no SASL: user anonymous) -------/            |  \\-> DENIED      |
+                                                                \\-> UNAVAILABLE   v
+    any state -> STOPPED (nothing more is read: violation, timeout, refusal) -> CLOSED
+
+The router leg (``RouterState``)::
+
+    IDLE -> CONNECTING -> AWAIT_HEADER -> SASL -> AWAIT_AMQP_HEADER -> AMQP
+                  \\-> FAILED (no upstream accepted)
+    any state -> STOPPED (nothing more is read from it or sent to it) -> CLOSED
+
+A Close exchange per leg (``CloseState``): NONE -> SENT (the proxy sent the leg a Close) or
+RECEIVED (the leg sent one) -> BOTH.
 """
 
 from __future__ import annotations
@@ -17,161 +33,209 @@ from __future__ import annotations
 from enum import Enum
 
 
-class Phase(Enum):
-    """Where the connection is in its life."""
-
-    AWAIT_HEADER = "await_header"  #: nothing received from the client yet
-    SASL = "sasl"  #: relaying the SASL exchange
-    AWAIT_AMQP_HEADER = "await_amqp_header"  #: SASL done, waiting for the client's AMQP header
-    AWAIT_OPEN = "await_open"  #: AMQP header seen, the client's Open is intercepted
-    OPENED = "opened"  #: admitted; frames relayed under the group's limits
-    DENIED = "denied"  #: Open+Close sent to the client, waiting for its Close
-    UNAVAILABLE = "unavailable"  #: no upstream; minimal local handshake to send a Close
-    CLOSING = "closing"  #: Close exchange in progress
-    CLOSED = "closed"  #: both transports closed; counts released
+class IllegalTransition(RuntimeError):
+    """A move the tables do not allow: a bug in the proxy, not a protocol violation."""
 
 
-class LinkRecord:
-    """A link the client attached and the proxy forwarded (client handle numbering)."""
+class ClientState(Enum):
+    """The client leg: where the client is in its protocol, and what its bytes are."""
 
-    __slots__ = (
-        "name",
-        "handle",
-        "is_sender",
-        "address",
-        "broker_handle",
-        "client_detached",
-        "broker_detached",
-        "anonymous",
-        "inspect",
-        "delivery_bytes",
-        "delivery_id",
-        "delivery_tag",
-        "delivery_settled",
-        "in_delivery",
-        "discarding",
-        "discard_reason",
-        "qos",
-        "topic_filter",
-        "strip_durable",
-        "rewrite_durable",
-    )
+    AWAIT_HEADER = "await_header"
+    """Nothing received yet: the next 8 bytes are a protocol header."""
+    SASL = "sasl"
+    """SASL header seen: the client's SASL frames are relayed to the router (Part 5 §5.3)."""
+    AWAIT_AMQP_HEADER = "await_amqp_header"
+    """The router's sasl-outcome ``ok`` was relayed: the client's AMQP header comes next."""
+    AWAIT_OPEN = "await_open"
+    """AMQP header seen: the client's Open is intercepted for the admission decision."""
+    DECIDING = "deciding"
+    """The client's Open is here; the decision waits for the upstream connection (nobody is
+    admitted without an upstream); what the client pipelines behind the Open is held."""
+    OPENED = "opened"
+    """Admitted: frames are relayed under the group's limits."""
+    CLOSING = "closing"
+    """A Close exchange is under way (the client's, the router's, or the proxy's own)."""
+    DENIED = "denied"
+    """Refused at the Open: QDR's Open + Close was sent; the client's Close is awaited."""
+    UNAVAILABLE = "unavailable"
+    """No upstream: the client gets SASL ``sys-temp`` or Open + Close ``connection:forced``."""
+    STOPPED = "stopped"
+    """Nothing more is read from the client (its transport is being closed); writes still go."""
+    CLOSED = "closed"
+    """The client transport is gone."""
 
-    def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
-        """Record a link.
 
-        Args:
-            name: the link name from the client's Attach.
-            handle: the client's handle for the link.
-            is_sender: True when the client sends messages on it (role sender).
-            address: target address (sender) or source address (receiver), None if absent.
+class RouterState(Enum):
+    """The router leg: where the upstream connection is, and what its bytes are."""
+
+    IDLE = "idle"
+    """No upstream connection asked for yet (the client's protocol header is awaited)."""
+    CONNECTING = "connecting"
+    """The upstream connect is under way; bytes for the router are queued."""
+    AWAIT_HEADER = "await_header"
+    """Connected: the router's protocol header comes next."""
+    SASL = "sasl"
+    """The router's SASL frames are relayed to the client."""
+    AWAIT_AMQP_HEADER = "await_amqp_header"
+    """The router's sasl-outcome was relayed: its AMQP header comes next."""
+    AMQP = "amqp"
+    """AMQP frames: held until the Open decision, then relayed."""
+    FAILED = "failed"
+    """No upstream accepted the connection."""
+    STOPPED = "stopped"
+    """Nothing more is read from the router or sent to it (its transport is being closed)."""
+    CLOSED = "closed"
+    """The router transport is gone."""
+
+
+class CloseState(Enum):
+    """The AMQP Close exchange on one leg (Part 2 §2.4.3)."""
+
+    NONE = "none"
+    SENT = "sent"
+    """The proxy sent this leg a Close; its answer is awaited."""
+    RECEIVED = "received"
+    """This leg sent a Close; the answer has not been sent to it yet."""
+    BOTH = "both"
+
+
+_C = ClientState
+_R = RouterState
+_ANY_CLIENT_END = {_C.STOPPED, _C.CLOSED}
+_ANY_ROUTER_END = {_R.STOPPED, _R.CLOSED}
+
+#: ``ClientState`` -> the states it may move to.
+CLIENT_TRANSITIONS: dict[ClientState, frozenset[ClientState]] = {
+    _C.AWAIT_HEADER: frozenset({_C.SASL, _C.AWAIT_OPEN, *_ANY_CLIENT_END}),
+    _C.SASL: frozenset({_C.AWAIT_AMQP_HEADER, _C.AWAIT_OPEN, _C.UNAVAILABLE,
+                        *_ANY_CLIENT_END}),
+    _C.AWAIT_AMQP_HEADER: frozenset({_C.AWAIT_OPEN, _C.UNAVAILABLE, *_ANY_CLIENT_END}),
+    _C.AWAIT_OPEN: frozenset({_C.DECIDING, _C.UNAVAILABLE, *_ANY_CLIENT_END}),
+    _C.DECIDING: frozenset({_C.OPENED, _C.DENIED, _C.UNAVAILABLE, *_ANY_CLIENT_END}),
+    _C.OPENED: frozenset({_C.CLOSING, *_ANY_CLIENT_END}),
+    _C.CLOSING: frozenset(_ANY_CLIENT_END),
+    _C.DENIED: frozenset(_ANY_CLIENT_END),
+    _C.UNAVAILABLE: frozenset(_ANY_CLIENT_END),
+    _C.STOPPED: frozenset({_C.CLOSED}),
+    _C.CLOSED: frozenset(),
+}
+
+#: ``RouterState`` -> the states it may move to.
+ROUTER_TRANSITIONS: dict[RouterState, frozenset[RouterState]] = {
+    _R.IDLE: frozenset({_R.CONNECTING, *_ANY_ROUTER_END}),
+    _R.CONNECTING: frozenset({_R.AWAIT_HEADER, _R.FAILED, *_ANY_ROUTER_END}),
+    _R.AWAIT_HEADER: frozenset({_R.SASL, _R.AMQP, *_ANY_ROUTER_END}),
+    _R.SASL: frozenset({_R.AWAIT_AMQP_HEADER, *_ANY_ROUTER_END}),
+    _R.AWAIT_AMQP_HEADER: frozenset({_R.AMQP, *_ANY_ROUTER_END}),
+    _R.AMQP: frozenset(_ANY_ROUTER_END),
+    _R.FAILED: frozenset({_R.CLOSED}),
+    _R.STOPPED: frozenset({_R.CLOSED}),
+    _R.CLOSED: frozenset(),
+}
+
+#: ``(CloseState, event)`` -> the new state; event is ``"sent"`` or ``"received"``.
+CLOSE_TRANSITIONS: dict[tuple[CloseState, str], CloseState] = {
+    (CloseState.NONE, "sent"): CloseState.SENT,
+    (CloseState.NONE, "received"): CloseState.RECEIVED,
+    (CloseState.SENT, "received"): CloseState.BOTH,
+    (CloseState.RECEIVED, "sent"): CloseState.BOTH,
+}
+
+#: Client states whose bytes are SASL frames (or the AMQP header that ends SASL).
+CLIENT_SASL = frozenset({_C.SASL, _C.AWAIT_AMQP_HEADER})
+#: Client states whose bytes are AMQP frames.
+CLIENT_AMQP = frozenset({_C.AWAIT_OPEN, _C.DECIDING, _C.OPENED, _C.CLOSING, _C.DENIED,
+                         _C.UNAVAILABLE})
+#: Client states in which nothing more is read.
+CLIENT_DONE = frozenset({_C.STOPPED, _C.CLOSED})
+#: Router states in which bytes may be sent to it (queued while it connects).
+ROUTER_WRITABLE = frozenset({_R.IDLE, _R.CONNECTING, _R.AWAIT_HEADER, _R.SASL,
+                             _R.AWAIT_AMQP_HEADER, _R.AMQP})
+#: Router states in which it is connected.
+ROUTER_CONNECTED = frozenset({_R.AWAIT_HEADER, _R.SASL, _R.AWAIT_AMQP_HEADER, _R.AMQP,
+                              _R.STOPPED})
+
+
+class Sides:
+    """The current state of both legs and of both Close exchanges, changed only through the
+    setters, which enforce the tables."""
+
+    __slots__ = ("client", "router", "client_close", "router_close")
+
+    def __init__(self) -> None:
+        """A freshly accepted client transport: nothing received, no upstream yet."""
+        self.client = ClientState.AWAIT_HEADER
+        self.router = RouterState.IDLE
+        self.client_close = CloseState.NONE
+        self.router_close = CloseState.NONE
+
+    def to_client(self, new: ClientState) -> None:
+        """Move the client leg to ``new``.
+
+        Raises:
+            IllegalTransition: ``CLIENT_TRANSITIONS`` has no such move.
         """
-        self.name = name
-        self.handle = handle
-        self.is_sender = is_sender
-        self.address = address
-        self.broker_handle: int | None = None
-        self.client_detached = False
-        self.broker_detached = False
-        self.anonymous = is_sender and not address
-        self.inspect = False
-        """The first frame of each delivery goes through the per-message checks (user-id,
-        relay ``to``, router annotations, topic publish of ``to``)."""
-        self.delivery_bytes = 0
-        self.delivery_id: int | None = None
-        self.delivery_tag: bytes | None = None
-        self.delivery_settled = False
-        self.in_delivery = False
-        self.discarding = False
-        self.discard_reason: str | None = None
-        # topic authorization (docs/decisions/0004-topic-delivery-filtering.md)
-        self.qos = 1
-        """QoS the link's settle modes map to (ARCHITECTURE 4.6), for relay publish checks."""
-        self.topic_filter = False
-        """Receiver with a wildcard subscription under ``nearestAcl``: check every delivery."""
-        self.strip_durable = False
-        """Receiver whose principal lacks the persistent authority: durable delivered as false."""
-        self.rewrite_durable = False
-        """The router-to-client delivery in progress gets its ``durable`` flag cleared."""
+        if new is not self.client and new not in CLIENT_TRANSITIONS[self.client]:
+            raise IllegalTransition(f"client {self.client.name} -> {new.name}")
+        self.client = new
 
+    def to_router(self, new: RouterState) -> None:
+        """Move the router leg to ``new``.
 
-class ReservedPool:
-    """Numbers kept back from the router for the proxy's synthesized denial replies.
-
-    The proxy lowers the channel-max (Open) and handle-max (Begin) it forwards, so the top
-    ``count`` numbers are the proxy's to answer denied sessions and links on. :meth:`take`
-    hands them out from the top down and reuses the ones given back first (last in, first
-    out): the order of ``list(range(high - count + 1, high + 1))`` popped from its end, in
-    three slots instead of a list of ``count`` ints (which cost about 2 KiB per session for
-    64 handles near 2**32).
-    """
-
-    __slots__ = ("low", "next", "returned")
-
-    def __init__(self, high: int, count: int) -> None:
-        """Reserve ``high - count + 1 .. high`` (none when ``count`` is 0).
-
-        Args:
-            high: the highest number (the peer's channel-max or handle-max).
-            count: how many numbers to reserve (>= 0).
+        Raises:
+            IllegalTransition: ``ROUTER_TRANSITIONS`` has no such move.
         """
-        self.low = high - count + 1
-        self.next = high
-        self.returned: list[int] | None = None
+        if new is not self.router and new not in ROUTER_TRANSITIONS[self.router]:
+            raise IllegalTransition(f"router {self.router.name} -> {new.name}")
+        self.router = new
 
-    def take(self) -> int | None:
-        """Return a free reserved number, or None when all are in use."""
-        if self.returned:
-            return self.returned.pop()
-        n = self.next
-        if n < self.low:
-            return None
-        self.next = n - 1
-        return n
+    def stop_client(self) -> None:
+        """Read nothing more from the client (unless its transport is already gone)."""
+        if self.client is not ClientState.CLOSED:
+            self.to_client(ClientState.STOPPED)
 
-    def give_back(self, number: int) -> None:
-        """Make ``number`` (from :meth:`take`) free again; it is the next one taken."""
-        if self.returned is None:
-            self.returned = []
-        self.returned.append(number)
+    def stop_router(self) -> None:
+        """Read and send nothing more on the router leg (unless it is gone or never came)."""
+        if self.router not in (RouterState.CLOSED, RouterState.FAILED):
+            self.to_router(RouterState.STOPPED)
 
+    def close_sent(self, to_client: bool) -> None:
+        """Record that the proxy sent a Close to the client (``to_client``) or the router.
 
-class SessionRecord:
-    """A session the client began and the proxy forwarded (client channel numbering)."""
-
-    __slots__ = (
-        "channel",
-        "broker_channel",
-        "handle_max",
-        "links",
-        "broker_links",
-        "denied_handles",
-        "reserved_handles",
-        "pending_replies",
-        "dropped_transfers",
-        "client_ended",
-        "broker_ended",
-        "senders",
-        "receivers",
-    )
-
-    def __init__(self, channel: int, reserved_handles: ReservedPool) -> None:
-        """Record a session.
-
-        Args:
-            channel: the client's channel.
-            reserved_handles: handles the router was told it cannot use, for denials.
+        Raises:
+            IllegalTransition: a second Close to the same leg.
         """
-        self.channel = channel
-        self.broker_channel: int | None = None
-        self.handle_max: int | None = None
-        self.links: dict[int, LinkRecord] = {}
-        self.broker_links: dict[int, LinkRecord] = {}
-        self.denied_handles: dict[int, int] = {}
-        self.reserved_handles = reserved_handles
-        self.pending_replies: list[bytes] = []
-        self.dropped_transfers = 0
-        self.client_ended = False
-        self.broker_ended = False
-        self.senders = 0
-        self.receivers = 0
+        attr = "client_close" if to_client else "router_close"
+        new = CLOSE_TRANSITIONS.get((getattr(self, attr), "sent"))
+        if new is None:
+            raise IllegalTransition(f"a second Close sent to the {attr[:-6]}")
+        setattr(self, attr, new)
+
+    def close_received(self, from_client: bool) -> bool:
+        """Record a Close from the client (``from_client``) or the router.
+
+        Returns:
+            False when that leg had already sent one (nothing changes).
+        """
+        attr = "client_close" if from_client else "router_close"
+        new = CLOSE_TRANSITIONS.get((getattr(self, attr), "received"))
+        if new is None:
+            return False
+        setattr(self, attr, new)
+        return True
+
+    def client_close_sent(self) -> bool:
+        """The proxy has sent the client a Close."""
+        return self.client_close in (CloseState.SENT, CloseState.BOTH)
+
+    def client_close_received(self) -> bool:
+        """The client has sent a Close."""
+        return self.client_close in (CloseState.RECEIVED, CloseState.BOTH)
+
+    def router_close_sent(self) -> bool:
+        """The proxy has sent the router a Close."""
+        return self.router_close in (CloseState.SENT, CloseState.BOTH)
+
+    def router_close_received(self) -> bool:
+        """The router has sent a Close."""
+        return self.router_close in (CloseState.RECEIVED, CloseState.BOTH)

@@ -19,11 +19,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..core.events import ConnectionClosed, PolicyReloaded, ProxyEvent
+from ..core.connection import ProxyConnection
+from ..core.events import ConnectionDenied, PolicyReloaded, ProxyEvent
+from ..ingress.peer import ClientAddress, client_address
 from ..limits.connections import ConnectionLedger
 from ..policy.errors import ConfigIssue, PolicyError
 from ..policy.load import load_policy
 from ..policy.model import Policy
+from ..policy.reasons import ConnectionDenyReason
 from . import systemd
 from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .preauth import PreauthBudget
@@ -33,7 +36,12 @@ from .upstreams import UpstreamHealth
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between metrics snapshots (the scrape reads the last one).
 SNAPSHOT_INTERVAL = 1.0
+#: Pending connections the kernel queues on a listener before accept (``listen`` backlog).
+LISTEN_BACKLOG = 4096
+#: Peer addresses remembered (parsed) by :meth:`Daemon.peer_address`.
+PEER_MEMO_SIZE = 4096
 
 
 class Daemon:
@@ -69,8 +77,7 @@ class Daemon:
         self._force = False
         self._reload_lock: asyncio.Lock | None = None
         self._wall_offset = 0.0
-        self._closed_bytes: dict[tuple[str, str], int] = {}
-        self._closed_transfers: dict[tuple[str, str], int] = {}
+        self._peers: dict[str, ClientAddress] = {}
         self._snapshot: Any = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
@@ -99,17 +106,6 @@ class Daemon:
     def emit(self, event: ProxyEvent | PolicyReloaded) -> None:
         """Fan an event out to metrics, the event log and the optional sink. Never raises."""
         try:
-            if isinstance(event, ConnectionClosed):
-                vhost = event.vhost or ""
-                inbound = (vhost, "client_to_broker")
-                outbound = (vhost, "broker_to_client")
-                closed_bytes = self._closed_bytes
-                closed_bytes[inbound] = closed_bytes.get(inbound, 0) + event.bytes_in
-                closed_bytes[outbound] = closed_bytes.get(outbound, 0) + event.bytes_out
-                closed_transfers = self._closed_transfers
-                closed_transfers[inbound] = closed_transfers.get(inbound, 0) + event.transfers_in
-                closed_transfers[outbound] = (closed_transfers.get(outbound, 0)
-                                              + event.transfers_out)
             if self.observer is not None:
                 self.observer.handle(event)
             if self.writer is not None:
@@ -128,19 +124,84 @@ class Daemon:
         if self.observer is not None:
             self.observer.observe_open_decision(seconds)
 
-    def waiting_connections(self) -> Iterator[ClientProtocol]:
-        """The client legs whose Open is not decided yet (the pre-authentication budget
-        pauses them all when it is exhausted)."""
-        for proto in self.connections.values():
-            conn = proto.conn
-            if conn is not None and not proto.closed and conn.opened_at is None:
-                yield proto
+    # ------------------------------------------------------------------ the relay's host
+
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds for one upstream connect attempt (``[timeouts] connect_seconds``)."""
+        return self.config.connect_timeout_seconds
+
+    def peer_address(self, raw: str) -> ClientAddress:
+        """The client address of a socket peer, parsed once per address (clients reconnect
+        from few addresses; the memo is bounded and started over when full)."""
+        found = self._peers.get(raw)
+        if found is None:
+            if len(self._peers) >= PEER_MEMO_SIZE:
+                self._peers.clear()
+            found = self._peers[raw] = client_address(raw)
+        return found
+
+    def accept(self, proto: ClientProtocol,
+               remote_host: ClientAddress) -> ConnectionDenyReason | None:
+        """Count a new client transport, or refuse it before any byte (QDR's global
+        ``maxConnections``; also while draining, and over the pre-authentication budget)."""
+        reason: ConnectionDenyReason | None = None
+        if self.draining or not self.ledger.try_accept():
+            reason = ConnectionDenyReason.GLOBAL_LIMIT
+        elif not self.preauth.accept():
+            self.ledger.release_accept()
+            reason = ConnectionDenyReason.PREAUTH_MEMORY
+        if reason is not None:
+            self.emit(ConnectionDenied(conn_id=proto.conn_id, at=self.loop.time(),
+                                       remote_host=str(remote_host), listener=proto.listener,
+                                       reason=reason))
+        return reason
+
+    def open_connection(self, proto: ClientProtocol, remote_host: ClientAddress,
+                        tls_subject: str | None) -> ProxyConnection:
+        """The core of an accepted transport, under the current policy; registered."""
+        conn = ProxyConnection(
+            proto.conn_id, remote_host=remote_host, listener=proto.listener,
+            policy=self.policy, ledger=self.ledger, now=self.loop.time(),
+            handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
+            wall_offset=self._wall_offset)
+        self.connections[proto.conn_id] = proto
+        return conn
 
     def connection_finished(self, proto: ClientProtocol) -> None:
-        """Forget a finished connection."""
+        """A client transport is gone: uncount it and forget it."""
+        self.ledger.release_accept()
         self.connections.pop(proto.conn_id, None)
         if self.draining and not self.connections and self._drained is not None:
             self._drained.set()
+
+    def preauth_held(self, proto: ClientProtocol, held: int) -> None:
+        """A connection not yet admitted now holds ``held`` bytes (0: admitted or gone)."""
+        self.preauth.update(proto, held, self._waiting())
+
+    def _waiting(self) -> Iterator[ClientProtocol]:
+        for proto in self.connections.values():
+            conn = proto.conn
+            if conn is not None and not proto.closed and not conn.view.decided:
+                yield proto
+
+    def internal_error(self, proto: ClientProtocol) -> None:
+        """Count a bug contained to one connection."""
+        self.internal_errors += 1
+        if self.observer is not None:
+            self.observer.internal_error()
+
+    def upstreams(self) -> list[UpstreamConfig]:
+        """The upstreams to try for a new connection: healthy ones first."""
+        return self.upstream_health.order(self.config.upstreams, self.loop.time())
+
+    def upstream_connected(self, upstream: UpstreamConfig) -> None:
+        """A connect to ``upstream`` succeeded: it is healthy."""
+        self.upstream_health.succeeded(upstream)
+
+    def upstream_failed(self, upstream: UpstreamConfig) -> float:
+        """A connect to ``upstream`` failed: back it off; returns the back-off in seconds."""
+        return self.upstream_health.failed(upstream, self.loop.time())
 
     def upstream_ssl_context(self, upstream: UpstreamConfig) -> ssl.SSLContext | None:
         """Return the current client-side TLS context for ``upstream`` (None for plain TCP).
@@ -307,8 +368,8 @@ class Daemon:
             name = str(listener.address)
             try:
                 server = await self.loop.create_server(
-                    lambda name=name: ClientProtocol(self, name),
-                    listener.address.host, listener.address.port, ssl=ctx, backlog=4096,
+                    lambda name=name: ClientProtocol(self, name, self.next_conn_id()),
+                    listener.address.host, listener.address.port, ssl=ctx, backlog=LISTEN_BACKLOG,
                     reuse_address=True,
                     # a TLS handshake must finish within the Open-decision budget
                     ssl_handshake_timeout=self.config.handshake_seconds if ctx else None,
@@ -444,22 +505,12 @@ class Daemon:
     def _publish_snapshot(self) -> None:
         from ..metrics.collectors import MetricsSnapshot
 
-        active: dict[tuple[str, str], int] = {}
-        bytes_total = dict(self._closed_bytes)
-        transfers_total = dict(self._closed_transfers)
-        for proto in list(self.connections.values()):
-            conn = proto.conn
-            if conn is None or not conn.admitted:
-                continue
-            vhost = getattr(conn.vhost, "hostname", "") or ""
-            group = getattr(conn.group, "name", "") or ""
-            active[(vhost, group)] = active.get((vhost, group), 0) + 1
-            for key, n in (((vhost, "client_to_broker"), conn.bytes_in),
-                           ((vhost, "broker_to_client"), conn.bytes_out)):
-                bytes_total[key] = bytes_total.get(key, 0) + n
-            for key, n in (((vhost, "client_to_broker"), conn.transfers_in),
-                           ((vhost, "broker_to_client"), conn.transfers_out)):
-                transfers_total[key] = transfers_total.get(key, 0) + n
+        live = [(view.vhost or "", view.figures)
+                for view in (proto.conn.view for proto in list(self.connections.values())
+                             if proto.conn is not None) if view.admitted]
+        bytes_total, transfers_total = (self.observer.traffic(live)
+                                        if self.observer is not None else ({}, {}))
+        active = dict(self.ledger.snapshot().active)
         policy = self.policy
         self._snapshot = MetricsSnapshot(
             connections_active=active,
@@ -543,6 +594,8 @@ class Daemon:
             servers, upstreams = await asyncio.to_thread(self.build_tls_contexts)
         except ConfigError as exc:
             self.tls_reload_failures += 1
+            if self.observer is not None:
+                self.observer.tls_reload_failed()
             for issue in exc.issues:
                 logger.error("TLS reload rejected, keeping the current certificates: %s", issue)
             return False
@@ -614,7 +667,7 @@ class Daemon:
             if conn is not None and not proto.closed:
                 # each client has the linger time to answer the Close; the grace period
                 # bounds the whole drain
-                proto._run(conn.begin_shutdown)
+                proto.run(conn.begin_shutdown)
         if self.connections and not self._force:
             assert self._drained is not None
             try:
@@ -625,7 +678,7 @@ class Daemon:
                                len(self.connections))
         cut = len(self.connections)
         for proto in list(self.connections.values()):
-            proto._abort()
+            proto.abort()
         await asyncio.sleep(0)
         for task in (self._snapshot_task, self._watchdog_task):
             if task is not None:

@@ -228,7 +228,11 @@ def _writable_dir(value: str, info: ValidationInfo) -> str:
             parent = Path(path).parent
             while not parent.exists() and parent != parent.parent:
                 parent = parent.parent
-            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            if not parent.is_dir():
+                raise PydanticCustomError(
+                    "dir", "{path}: cannot be created ({parent} is not a directory)",
+                    {"path": path, "parent": str(parent)})
+            if not os.access(parent, os.W_OK | os.X_OK):
                 raise PydanticCustomError(
                     "dir", "{path}: does not exist and cannot be created ({parent} is not "
                     "writable by this user)", {"path": path, "parent": str(parent)})

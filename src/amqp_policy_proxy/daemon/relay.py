@@ -1,10 +1,14 @@
-"""I/O shell for one proxied connection: a client/broker ``asyncio.Protocol`` pair.
+"""Daemon layer. The I/O shell of one proxied connection: a client/router ``asyncio.Protocol``
+pair around the sans-IO core.
 
 Each ``data_received`` makes exactly one ``ProxyConnection.receive_data`` call, executes the
 returned commands in order without awaiting, then re-arms the connection's single timer
 (aioquic ``transmit()`` style). Backpressure: when one transport's write buffer is full, the
 other transport stops reading (uvicorn ``FlowControl``). A bug in the core is contained to this
 connection: it is logged with its traceback and both transports are closed.
+
+The relay depends on the daemon only through :class:`RelayHost`: admission of a transport at
+accept, building the core for it, where to connect, and where events and figures go.
 """
 
 from __future__ import annotations
@@ -13,69 +17,109 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from ..core.commands import CloseTransport, ConnectBroker, Emit, SendData, Side
+from ..core.commands import CloseTransport, ConnectRouter, Emit, SendData, Side
 from ..core.connection import ProxyConnection
-from ..core.events import ConnectionDenied, ConnectionDenyReason, UpstreamConnectFailed
-from ..core.state import Phase
-from ..ingress.peer import normalise_peer
+from ..core.events import ProxyEvent, UpstreamConnectFailed
+from ..ingress.peer import ClientAddress
+from ..policy.reasons import ConnectionDenyReason
 from .tls import peer_subject
-
-if TYPE_CHECKING:
-    from .app import Daemon
 
 logger = logging.getLogger(__name__)
 
 #: Write-buffer high-water mark per transport (bytes); above it the opposite side pauses.
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
-#: While the upstream connection is being made, the client is read until this many bytes
-#: wait for the router, then not until the connect ends (a well-behaved client sends a few
-#: hundred bytes and waits: it is never paused, which saves two epoll changes).
+#: While the upstream connection is being made, the client is read until the connection holds
+#: this many bytes (for the router, or behind an Open that waits for it), then not until the
+#: connect ends (a well-behaved client sends a few hundred bytes and waits: it is never paused,
+#: which saves two epoll changes).
 CONNECT_BACKLOG = 64 * 1024
 
-#: Peer address as the socket reported it -> ``normalise_peer`` of it. Clients reconnect from
-#: few addresses, so the ``ipaddress`` parse runs once per address, not once per connection.
-_PEER_HOSTS: dict[str, str] = {}
-_PEER_HOSTS_MAX = 4096
+
+class Upstream(Protocol):
+    """One configured router (``daemon.config.UpstreamConfig``)."""
+
+    @property
+    def address(self) -> Any:
+        """``HOST:PORT`` (``host`` and ``port`` attributes)."""
+
+    @property
+    def tls_server_name(self) -> str | None:
+        """The name the router's certificate must carry (default: the host)."""
 
 
-def _peer_host(raw: str) -> str:
-    """``normalise_peer(raw)``, remembered (a bounded dict, started over when full)."""
-    host = _PEER_HOSTS.get(raw)
-    if host is None:
-        host = normalise_peer(raw)
-        if len(_PEER_HOSTS) >= _PEER_HOSTS_MAX:
-            _PEER_HOSTS.clear()
-        _PEER_HOSTS[raw] = host
-    return host
+class RelayHost(Protocol):
+    """What one relayed connection needs from the daemon, and nothing more."""
+
+    loop: asyncio.AbstractEventLoop
+    connect_timeout: float
+    """Seconds for one upstream connect attempt."""
+
+    def peer_address(self, raw: str) -> ClientAddress:
+        """The client address of a socket peer, normalised and parsed (remembered)."""
+
+    def accept(self, proto: ClientProtocol,
+               remote_host: ClientAddress) -> ConnectionDenyReason | None:
+        """Count a new client transport (global limit, drain, memory budget), or refuse it."""
+
+    def open_connection(self, proto: ClientProtocol, remote_host: ClientAddress,
+                        tls_subject: str | None) -> ProxyConnection:
+        """Build the core of an accepted transport (current policy, ledger, settings)."""
+
+    def connection_finished(self, proto: ClientProtocol) -> None:
+        """The client transport is gone: uncount it and forget it."""
+
+    def emit(self, event: ProxyEvent) -> None:
+        """Fan an event out (metrics, event log). Never raises."""
+
+    def observe_open_decision(self, seconds: float) -> None:
+        """Record the time the call that decided a client's Open took."""
+
+    def preauth_held(self, proto: ClientProtocol, held: int) -> None:
+        """Report the bytes a connection not yet admitted holds (0: admitted or gone)."""
+
+    def internal_error(self, proto: ClientProtocol) -> None:
+        """Count a contained bug."""
+
+    def upstreams(self) -> Sequence[Any]:
+        """The upstreams to try for a new connection, in order."""
+
+    def upstream_ssl_context(self, upstream: Any) -> ssl.SSLContext | None:
+        """The client-side TLS context for ``upstream`` (None: plain TCP)."""
+
+    def upstream_connected(self, upstream: Any) -> None:
+        """A connect to ``upstream`` succeeded."""
+
+    def upstream_failed(self, upstream: Any) -> float:
+        """A connect to ``upstream`` failed; returns its back-off in seconds."""
 
 
 class ClientProtocol(asyncio.Protocol):
-    """The client leg. Owns the :class:`ProxyConnection` and drives the broker leg."""
+    """The client leg. Owns the :class:`ProxyConnection` and drives the router leg."""
 
     __slots__ = (
-        "daemon", "listener", "transport", "broker", "conn", "timer", "counted",
-        "closed", "conn_id", "_connect_task", "client_eof", "broker_eof", "_paused",
+        "host", "listener", "transport", "router", "conn", "timer", "counted", "closed",
+        "conn_id", "_connect_task", "client_eof", "router_eof", "_paused",
         "_connect_timed_out", "_held", "_budget_paused",
     )
 
-    def __init__(self, daemon: Daemon, listener: str) -> None:
+    def __init__(self, host: RelayHost, listener: str, conn_id: str) -> None:
         """Create the protocol for one accepted transport on ``listener`` (``HOST:PORT``)."""
-        self.daemon = daemon
+        self.host = host
         self.listener = listener
+        self.conn_id = conn_id
         self.transport: asyncio.Transport | None = None
-        self.broker: BrokerProtocol | None = None
+        self.router: RouterProtocol | None = None
         self.conn: ProxyConnection | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.counted = False
         self.closed = False
-        self.conn_id = ""
         self._connect_task: asyncio.Task[None] | None = None
         self.client_eof = False
-        self.broker_eof = False
+        self.router_eof = False
         self._paused = False
         self._connect_timed_out = False
         self._held = 0  # bytes last reported to the pre-authentication budget
@@ -84,41 +128,19 @@ class ClientProtocol(asyncio.Protocol):
     # --- asyncio callbacks --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Global maxConnections at accept, before any byte (QDR stage 0)."""
+        """Global maxConnections (and the memory budget) at accept, before any byte."""
         self.transport = transport  # type: ignore[assignment]
-        daemon = self.daemon
-        self.conn_id = daemon.next_conn_id()
+        host = self.host
         peer = transport.get_extra_info("peername")
-        host = _peer_host(peer[0]) if peer else ""
-        now = daemon.loop.time()
-        if daemon.draining or not daemon.ledger.try_accept():
+        remote_host = host.peer_address(peer[0] if peer else "")
+        if host.accept(self, remote_host) is not None:
             # the socket is closed without a byte written and no upstream connection made
             transport.close()
             self.closed = True
-            daemon.emit(ConnectionDenied(
-                conn_id=self.conn_id, at=now, remote_host=host, listener=self.listener,
-                reason=ConnectionDenyReason.GLOBAL_LIMIT,
-            ))
-            return
-        if not daemon.preauth.accept():
-            # the connections not yet admitted hold the whole pre-authentication budget
-            daemon.ledger.release_accept()
-            transport.close()
-            self.closed = True
-            daemon.emit(ConnectionDenied(
-                conn_id=self.conn_id, at=now, remote_host=host, listener=self.listener,
-                reason=ConnectionDenyReason.PREAUTH_MEMORY,
-            ))
             return
         self.counted = True
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
-        self.conn = ProxyConnection(
-            self.conn_id, remote_host=host, listener=self.listener,
-            policy=daemon.policy, ledger=daemon.ledger, now=now,
-            handshake_timeout=daemon.config.handshake_seconds,
-            tls_subject=peer_subject(transport), wall_offset=daemon.wall_offset,
-        )
-        daemon.connections[self.conn_id] = self
+        self.conn = host.open_connection(self, remote_host, peer_subject(transport))
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -126,20 +148,21 @@ class ClientProtocol(asyncio.Protocol):
         conn = self.conn
         if conn is None:
             return
-        if conn.opened_at is None and conn.phase is not Phase.DENIED:
+        view = conn.view
+        if not view.decided:
             started = time.perf_counter()
             self._feed(conn, Side.CLIENT, data)
-            decided = conn.opened_at is not None or conn.phase is Phase.DENIED
+            decided = view.decided
             if decided:
-                self.daemon.observe_open_decision(time.perf_counter() - started)
-            held = 0 if decided or self.closed else conn.held_bytes
+                self.host.observe_open_decision(time.perf_counter() - started)
+            held = 0 if decided or self.closed else view.held_bytes
             if held != self._held:
                 self._held = held
-                self.daemon.preauth.update(self, held, self.daemon.waiting_connections())
+                self.host.preauth_held(self, held)
         else:
             self._feed(conn, Side.CLIENT, data)
-        if (self.broker is None and self._connect_task is not None and not self._paused
-                and conn.broker_backlog > CONNECT_BACKLOG and self.transport is not None):
+        if (self.router is None and self._connect_task is not None and not self._paused
+                and view.held_bytes > CONNECT_BACKLOG and self.transport is not None):
             # the upstream is not there yet and the client keeps sending: stop reading it
             # until the connect ends, so its bytes cannot pile up at line rate
             self._paused = True
@@ -149,27 +172,23 @@ class ClientProtocol(asyncio.Protocol):
         """Client half-closed.
 
         proton half-closes right after sending its Close: then the half-close is passed on to
-        the broker and the client transport stays open for writing, so the router's answering
+        the router and the client transport stays open for writing, so the router's answering
         Close still reaches the client. A client that half-closes without a Close (gone, or
         half-open) is closed at once.
         """
         self.client_eof = True
-        broker = self.broker
+        router = self.router
         conn = self.conn
-        if (broker is None or broker.transport is None or self.broker_eof or conn is None
+        if (router is None or router.transport is None or self.router_eof or conn is None
                 or not conn.close_received_from(Side.CLIENT)):
             return None  # nothing to wait for: close now
-        if broker.transport.can_write_eof():
-            broker.transport.write_eof()
+        if router.transport.can_write_eof():
+            router.transport.write_eof()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The client transport is gone: finish the connection exactly once."""
         self.closed = True
-        daemon = self.daemon
-        if self.counted:
-            self.counted = False
-            daemon.ledger.release_accept()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -177,13 +196,15 @@ class ClientProtocol(asyncio.Protocol):
             self._connect_task.cancel()
         if self._held:
             self._held = 0
-            daemon.preauth.update(self, 0, ())
+            self.host.preauth_held(self, 0)
         conn = self.conn
         if conn is not None:
-            self._run(conn.connection_lost, Side.CLIENT)
-            daemon.connection_finished(self)
-        if self.broker is not None and self.broker.transport is not None:
-            self.broker.transport.close()
+            self.run(conn.connection_lost, Side.CLIENT)
+        if self.counted:
+            self.counted = False
+            self.host.connection_finished(self)
+        if self.router is not None and self.router.transport is not None:
+            self.router.transport.close()
 
     def budget_pause(self) -> None:
         """Stop reading this client: the pre-authentication budget is exhausted."""
@@ -201,52 +222,50 @@ class ClientProtocol(asyncio.Protocol):
             self.transport.resume_reading()
 
     def pause_writing(self) -> None:
-        """The client is not reading: stop reading from the broker."""
-        if self.broker is not None and self.broker.transport is not None:
-            self.broker.transport.pause_reading()
+        """The client is not reading: stop reading from the router."""
+        if self.router is not None and self.router.transport is not None:
+            self.router.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        """The client drained its buffer: read from the broker again."""
-        if self.broker is not None and self.broker.transport is not None:
-            self.broker.transport.resume_reading()
+        """The client drained its buffer: read from the router again."""
+        if self.router is not None and self.router.transport is not None:
+            self.router.transport.resume_reading()
 
-    # --- command execution -----------------------------------------------------------------
+    # --- running the core -----------------------------------------------------------------
 
-    def _run(self, step: Callable[..., list[Any]], *args: Any) -> None:
-        """Call ``step(*args, now)`` on the core and execute its commands (no closure per call)."""
+    def run(self, step: Callable[..., list[Any]], *args: Any) -> None:
+        """Call ``step(*args, now)`` on the core and execute its commands (a bug in the core
+        is contained: logged, counted, both transports aborted)."""
         conn = self.conn
         assert conn is not None
         try:
-            commands = step(*args, self.daemon.loop.time())
-            self._execute(commands)
+            self._execute(step(*args, self.host.loop.time()))
         except Exception:  # a proxy bug: contain it to this connection
-            logger.exception("[%s] internal error; closing this connection", self.conn_id)
-            self.daemon.internal_errors += 1
-            if conn.close_reason is None:
-                conn.close_reason = "internal_error"
-            self._abort()
+            self._contain(conn)
             return
         self._arm_timer()
 
     def _feed(self, conn: ProxyConnection, side: Side, data: bytes) -> None:
-        """``_run`` for ``receive_data``, the per-read path (no closure per call)."""
+        """:meth:`run` for ``receive_data``, the per-read path (no closure per call)."""
         try:
-            self._execute(conn.receive_data(side, data, self.daemon.loop.time()))
+            self._execute(conn.receive_data(side, data, self.host.loop.time()))
         except Exception:  # a proxy bug: contain it to this connection
-            logger.exception("[%s] internal error; closing this connection", self.conn_id)
-            self.daemon.internal_errors += 1
-            if conn.close_reason is None:
-                conn.close_reason = "internal_error"
-            self._abort()
+            self._contain(conn)
             return
         self._arm_timer()
 
-    def _write(self, side: Side, chunks: list[bytes]) -> None:
+    def _contain(self, conn: ProxyConnection) -> None:
+        logger.exception("[%s] internal error; closing this connection", self.conn_id)
+        self.host.internal_error(self)
+        conn.internal_error(self.host.loop.time())
+        self.abort()
+
+    def _write(self, side: Side, chunks: list[Any]) -> None:
         if side is Side.CLIENT:
             transport = self.transport if not self.closed else None
         else:
-            broker = self.broker
-            transport = broker.transport if broker is not None else None
+            router = self.router
+            transport = router.transport if router is not None else None
         if transport is None:
             return
         if len(chunks) == 1:
@@ -257,7 +276,7 @@ class ClientProtocol(asyncio.Protocol):
     def _execute(self, commands: list[Any]) -> None:
         # Consecutive SendData for the same side go out in one write call.
         side: Side | None = None
-        chunks: list[bytes] = []
+        chunks: list[Any] = []
         for cmd in commands:
             if type(cmd) is SendData:
                 if cmd.side is side:
@@ -271,29 +290,29 @@ class ClientProtocol(asyncio.Protocol):
                 self._write(side, chunks)  # type: ignore[arg-type]
                 side, chunks = None, []
             if type(cmd) is Emit:
-                self.daemon.emit(cmd.event)
+                self.host.emit(cmd.event)
             elif type(cmd) is CloseTransport:
                 if cmd.side is Side.CLIENT:
                     if self.transport is not None:
                         self.transport.close()
-                else:
-                    if self.broker is not None and self.broker.transport is not None:
-                        self.broker.transport.close()
-                    elif self._connect_task is not None and not self._connect_task.done():
-                        self._connect_task.cancel()
-            elif type(cmd) is ConnectBroker:
-                # Until the upstream is up, whatever the client sends is queued in the core;
+                elif self.router is not None and self.router.transport is not None:
+                    self.router.transport.close()
+                elif self._connect_task is not None and not self._connect_task.done():
+                    self._connect_task.cancel()
+            elif type(cmd) is ConnectRouter:
+                # Until the upstream is up, what the client sends is queued in the core;
                 # data_received stops reading the client when that queue passes
                 # CONNECT_BACKLOG, and reading resumes once the connect ends.
-                self._connect_task = self.daemon.loop.create_task(self._connect_upstream())
+                self._connect_task = self.host.loop.create_task(self._connect_upstream())
         if chunks:
             self._write(side, chunks)  # type: ignore[arg-type]
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
+        """Abort both transports at once (no flush): a contained bug, or the end of a drain."""
         if self.transport is not None:
             self.transport.abort()
-        if self.broker is not None and self.broker.transport is not None:
-            self.broker.transport.abort()
+        if self.router is not None and self.router.transport is not None:
+            self.router.transport.abort()
 
     def _arm_timer(self) -> None:
         conn = self.conn
@@ -306,29 +325,30 @@ class ClientProtocol(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
         if deadline is not None:
-            self.timer = self.daemon.loop.call_at(deadline, self._on_timer)
+            self.timer = self.host.loop.call_at(deadline, self._on_timer)
 
     def _on_timer(self) -> None:
         self.timer = None
         conn = self.conn
         if conn is not None and not self.closed:
-            self._run(conn.handle_timer)
+            self.run(conn.handle_timer)
+
+    # --- the upstream connection ------------------------------------------------------------
 
     async def _connect_upstream(self) -> None:
-        daemon = self.daemon
-        loop = daemon.loop
-        for upstream in daemon.upstream_health.order(daemon.config.upstreams, loop.time()):
+        host = self.host
+        loop = host.loop
+        for upstream in host.upstreams():
             if self.closed:
                 return
-            ctx: ssl.SSLContext | None = daemon.upstream_ssl_context(upstream)
+            ctx = host.upstream_ssl_context(upstream)
             # A plain timer that cancels this task (no wait_for task, no asyncio.timeout
             # context per attempt): the cancellation is ours when _connect_timed_out is set.
             self._connect_timed_out = False
-            deadline = loop.call_later(daemon.config.connect_timeout_seconds,
-                                       self._connect_timeout)
+            deadline = loop.call_later(host.connect_timeout, self._connect_timeout)
             try:
                 _, proto = await loop.create_connection(
-                    lambda: BrokerProtocol(self), upstream.address.host,
+                    lambda: RouterProtocol(self), upstream.address.host,
                     upstream.address.port, ssl=ctx,
                     server_hostname=(upstream.tls_server_name or upstream.address.host)
                     if ctx else None,
@@ -349,25 +369,34 @@ class ClientProtocol(asyncio.Protocol):
             if self.closed:
                 proto.transport.close()  # type: ignore[union-attr]
                 return
-            daemon.upstream_health.succeeded(upstream)
-            self.broker = proto  # type: ignore[assignment]
+            host.upstream_connected(upstream)
+            self.router = proto  # type: ignore[assignment]
             conn = self.conn
             assert conn is not None
-            self._run(conn.broker_connected)
+            # a client that sent its Open before the upstream was there is decided now
+            view = conn.view
+            waiting = not view.decided
+            started = time.perf_counter()
+            self.run(conn.router_connected)
+            if waiting and view.decided:
+                host.observe_open_decision(time.perf_counter() - started)
+                if self._held:
+                    self._held = 0
+                    host.preauth_held(self, 0)
             self._resume_client()
             return
         conn = self.conn
         if conn is not None and not self.closed:
-            self._run(conn.broker_connect_failed)
+            self.run(conn.router_connect_failed)
             self._resume_client()
 
     def _upstream_failed(self, upstream: Any, exc: BaseException) -> None:
-        daemon = self.daemon
-        backoff = daemon.upstream_health.failed(upstream, daemon.loop.time())
+        host = self.host
+        backoff = host.upstream_failed(upstream)
         logger.warning("[%s] upstream %s failed: %s (tried last for the next %.0f s)",
                        self.conn_id, upstream.address, exc, backoff)
-        self.daemon.emit(UpstreamConnectFailed(
-            conn_id=self.conn_id, at=self.daemon.loop.time(), remote_host="",
+        host.emit(UpstreamConnectFailed(
+            conn_id=self.conn_id, at=host.loop.time(), remote_host="",
             listener=self.listener, upstream=str(upstream.address),
         ))
 
@@ -386,8 +415,8 @@ class ClientProtocol(asyncio.Protocol):
             self.transport.resume_reading()
 
 
-class BrokerProtocol(asyncio.Protocol):
-    """The upstream leg; feeds broker bytes into its client's :class:`ProxyConnection`."""
+class RouterProtocol(asyncio.Protocol):
+    """The router leg; feeds router bytes into its client's :class:`ProxyConnection`."""
 
     __slots__ = ("client", "transport")
 
@@ -402,24 +431,24 @@ class BrokerProtocol(asyncio.Protocol):
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
 
     def data_received(self, data: bytes) -> None:
-        """Feed broker bytes to the core."""
+        """Feed router bytes to the core."""
         client = self.client
         conn = client.conn
         if conn is None or client.closed:
             return
-        client._feed(conn, Side.BROKER, data)
+        client._feed(conn, Side.ROUTER, data)
 
     def eof_received(self) -> bool | None:
-        """Broker half-closed: after its Close, pass the half-close on; else it is gone.
+        """Router half-closed: after its Close, pass the half-close on; else it is gone.
 
         A router that stops without a Close (killed, crashed) is handled as a lost upstream:
         the transport closes and the client gets ``amqp:connection:forced``.
         """
         client = self.client
-        client.broker_eof = True
+        client.router_eof = True
         conn = client.conn
         transport = client.transport
-        if (conn is None or not conn.close_received_from(Side.BROKER) or client.client_eof
+        if (conn is None or not conn.close_received_from(Side.ROUTER) or client.client_eof
                 or transport is None or client.closed):
             return None
         if transport.can_write_eof():
@@ -428,18 +457,19 @@ class BrokerProtocol(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """The broker transport is gone."""
+        """The router transport is gone."""
         client = self.client
         conn = client.conn
         if conn is not None and not client.closed:
-            client._run(conn.connection_lost, Side.BROKER)
+            client.run(conn.connection_lost, Side.ROUTER)
 
     def pause_writing(self) -> None:
-        """The broker is not reading: stop reading from the client."""
+        """The router is not reading: stop reading from the client."""
         if self.client.transport is not None:
             self.client.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        """The broker drained: read from the client again."""
+        """The router drained: read from the client again."""
         if self.client.transport is not None and not self.client.closed:
             self.client.transport.resume_reading()
+

@@ -163,6 +163,20 @@ def _activate_sasl(requested: SaslConfig | None) -> SaslConfig:
     return active
 
 
+def active_sasl_config(requested: SaslConfig | None = None) -> SaslConfig:
+    """The Cyrus SASL config every server transport of this process must name.
+
+    proton initialises the Cyrus server library once per process: the first config asked for
+    stays active, and the users of a config asked for later are added to its sasldb (user names
+    must not collide with other passwords). Brokers do this themselves; other proton servers of
+    the process (a test's engine in server mode) call this.
+
+    Raises:
+        SaslConfigConflict: ``requested`` cannot be merged into the active config.
+    """
+    return _activate_sasl(requested)
+
+
 # -- records for tests ---------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ per-host connection counts, so one client must always produce one string.
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 
 
 def normalise_peer(host: str) -> str:
@@ -36,3 +37,27 @@ def normalise_peer(host: str) -> str:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         return str(addr.ipv4_mapped)
     return str(addr)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAddress:
+    """A client's address, normalised once (the shell remembers these per peer address)."""
+
+    text: str
+    """The normalised numeric form (:func:`normalise_peer`): logs, events, per-host counts."""
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+    """The parsed address, or None for text that is not an IP address (it matches no rule)."""
+
+    def __str__(self) -> str:
+        """The normalised text."""
+        return self.text
+
+
+def client_address(raw: str) -> ClientAddress:
+    """Normalise and parse a peer address as the socket layer reported it (no port)."""
+    text = normalise_peer(raw)
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(text)
+    except ValueError:
+        ip = None
+    return ClientAddress(text, ip)

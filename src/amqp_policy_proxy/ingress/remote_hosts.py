@@ -27,7 +27,7 @@ from typing import Final
 
 import netaddr
 
-from amqp_policy_proxy.ingress.peer import normalise_peer
+from amqp_policy_proxy.ingress.peer import ClientAddress, client_address, normalise_peer
 
 Resolver = Callable[[str], list[str]]
 """Host name -> list of IP address strings; raises LookupError when the name does not resolve."""
@@ -170,12 +170,13 @@ class RemoteHosts:
         """True when no item is configured (every host is denied)."""
         return not self._items
 
-    def matches(self, remote_host: str) -> bool:
+    def matches(self, remote_host: str | ClientAddress) -> bool:
         """Whether a client at ``remote_host`` may connect.
 
         Args:
-            remote_host: the client's numeric IP (any textual form; it is normalised, so
-                ``::ffff:10.1.2.3`` counts as ``10.1.2.3``).
+            remote_host: the client's address, parsed once by the shell
+                (:class:`~.peer.ClientAddress`), or its numeric IP in any textual form (it is
+                normalised, so ``::ffff:10.1.2.3`` counts as ``10.1.2.3``).
 
         Returns:
             True when some item matches; False for an address that does not parse.
@@ -187,7 +188,7 @@ class RemoteHosts:
             return True
         return netaddr.IPAddress(int(addr), addr.version) in self._all
 
-    def first_match(self, remote_host: str) -> str | None:
+    def first_match(self, remote_host: str | ClientAddress) -> str | None:
         """The first item that matches ``remote_host`` (for ``explain``), or None."""
         addr = _client_address(remote_host)
         if addr is None:
@@ -213,23 +214,10 @@ class RemoteHosts:
         return f"RemoteHosts.parse({list(self._items)!r})"
 
 
-#: ``remote_host`` -> its parsed address (or None). Clients reconnect from few addresses, so
-#: the ``ipaddress`` parse runs once per address, not once per connection; bounded, started
-#: over when full.
-_CLIENT_ADDRESSES: dict[str, IPAddr | None] = {}
-_CLIENT_ADDRESSES_MAX = 4096
-
-
-def _client_address(remote_host: str) -> IPAddr | None:
-    try:
-        return _CLIENT_ADDRESSES[remote_host]
-    except KeyError:
-        pass
-    addr = _parse_ip(normalise_peer(remote_host))
-    if len(_CLIENT_ADDRESSES) >= _CLIENT_ADDRESSES_MAX:
-        _CLIENT_ADDRESSES.clear()
-    _CLIENT_ADDRESSES[remote_host] = addr
-    return addr
+def _client_address(remote_host: str | ClientAddress) -> IPAddr | None:
+    if isinstance(remote_host, ClientAddress):
+        return remote_host.ip
+    return client_address(remote_host).ip
 
 
 def _compile_item(item: str, resolver: Resolver | None) -> tuple[netaddr.IPSet, str | None]:

@@ -19,12 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from amqp_policy_proxy.policy.reasons import ConnectionDenyReason
+
 if TYPE_CHECKING:
     from amqp_policy_proxy.policy.model import GroupSettings, VhostPolicy
 
-VHOST_LIMIT = "vhost_limit"
-USER_LIMIT = "user_limit"
-HOST_LIMIT = "host_limit"
+VHOST_LIMIT = ConnectionDenyReason.VHOST_LIMIT
+USER_LIMIT = ConnectionDenyReason.USER_LIMIT
+HOST_LIMIT = ConnectionDenyReason.HOST_LIMIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +95,7 @@ class ConnectionLedger:
         group: GroupSettings,
         user: str,
         remote_host: str,
-    ) -> str | None:
+    ) -> ConnectionDenyReason | None:
         """Admit an approved Open against the vhost, per-user and per-host limits.
 
         Per-user limit: ``group.max_connections_per_user``, else the vhost's; per-host

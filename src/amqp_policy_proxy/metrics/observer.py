@@ -32,6 +32,7 @@ from amqp_policy_proxy.core.events import (
     SessionDenied,
     UpstreamConnectFailed,
 )
+from amqp_policy_proxy.metrics.collectors import DIRECTIONS
 
 __all__ = [
     "CONNECTION_DURATION_BUCKETS",
@@ -63,6 +64,8 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_upstream_connect_failures_total",
         "amqp_proxy_event_log_dropped_total",
         "amqp_proxy_event_log_errors_total",
+        "amqp_proxy_internal_errors_total",
+        "amqp_proxy_tls_reload_failures_total",
     }
 )
 
@@ -204,6 +207,14 @@ class MetricsObserver:
             "amqp_proxy_event_log_errors_total",
             "Failed event log disk operations (a batch write or flush, a retention pass).",
         )
+        self.internal_errors_total = counter(
+            "amqp_proxy_internal_errors_total",
+            "Connections closed because of a bug in the proxy (logged with a traceback).",
+        )
+        self.tls_reload_failures_total = counter(
+            "amqp_proxy_tls_reload_failures_total",
+            "Reloads whose TLS certificate, key or CA files did not load (the old ones stay).",
+        )
         self.open_decision = Histogram(
             "amqp_proxy_open_decision_seconds",
             "Time to decide on a client's Open (vhost, group, remoteHosts, limits), seconds.",
@@ -230,6 +241,8 @@ class MetricsObserver:
                     self.policy_reloads,
                     self.event_log_dropped_total,
                     self.event_log_errors_total,
+                    self.internal_errors_total,
+                    self.tls_reload_failures_total,
                     self.open_decision,
                     self.connection_duration,
                 )
@@ -248,6 +261,10 @@ class MetricsObserver:
         # prometheus exports; the keys are bounded like the series (vhosts x groups).
         self._approved_children: dict[tuple[object, object], Any] = {}
         self._duration_children: dict[object, Any] = {}
+        # Traffic of closed connections per (vhost, direction): the live connections' figures
+        # are added at each snapshot (:meth:`traffic`), so the totals never decrease.
+        self._closed_bytes: dict[tuple[str, str], int] = {}
+        self._closed_transfers: dict[tuple[str, str], int] = {}
 
         self._handlers: dict[type, Callable[[Any], None]] = {
             ConnectionApproved: self._on_connection_approved,
@@ -324,7 +341,47 @@ class MetricsObserver:
     def _on_connection_denied(self, event: ConnectionDenied) -> None:
         self.connections_denied.labels(_label(event.vhost), _label(event.reason)).inc()
 
+    def internal_error(self) -> None:
+        """Count a bug contained to one connection (``amqp_proxy_internal_errors_total``)."""
+        self.internal_errors_total.inc()
+
+    def tls_reload_failed(self) -> None:
+        """Count a reload whose TLS files did not load
+        (``amqp_proxy_tls_reload_failures_total``)."""
+        self.tls_reload_failures_total.inc()
+
+    def traffic(self, live: Iterable[tuple[str, Any]]
+                ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """Bytes and Transfer frames per ``(vhost, direction)`` since start.
+
+        Args:
+            live: ``(vhost, figures)`` of every connection approved and not closed yet
+                (``figures`` has ``bytes_in``, ``bytes_out``, ``transfers_in``,
+                ``transfers_out``).
+
+        Returns:
+            ``(bytes_total, transfers_total)``: the closed connections' traffic (from
+            ``ConnectionClosed`` events) plus the live connections' figures so far.
+        """
+        inbound, outbound = DIRECTIONS
+        bytes_total = dict(self._closed_bytes)
+        transfers_total = dict(self._closed_transfers)
+        for vhost, f in live:
+            for key, n in (((vhost, inbound), f.bytes_in), ((vhost, outbound), f.bytes_out)):
+                bytes_total[key] = bytes_total.get(key, 0) + n
+            for key, n in (((vhost, inbound), f.transfers_in),
+                           ((vhost, outbound), f.transfers_out)):
+                transfers_total[key] = transfers_total.get(key, 0) + n
+        return bytes_total, transfers_total
+
     def _on_connection_closed(self, event: ConnectionClosed) -> None:
+        inbound, outbound = DIRECTIONS
+        vhost = event.vhost or ""
+        for totals, n_in, n_out in ((self._closed_bytes, event.bytes_in, event.bytes_out),
+                                    (self._closed_transfers, event.transfers_in,
+                                     event.transfers_out)):
+            totals[(vhost, inbound)] = totals.get((vhost, inbound), 0) + n_in
+            totals[(vhost, outbound)] = totals.get((vhost, outbound), 0) + n_out
         vhost = event.vhost
         child = self._duration_children.get(vhost)
         if child is None:

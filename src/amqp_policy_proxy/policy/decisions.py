@@ -7,7 +7,7 @@
 * :func:`approve_relay_target`: an anonymous-relay message's ``to`` (QDR
   ``qd_policy_approve_message_target``).
 
-The reason strings are the ``reason`` label values of docs/observability.md. Whether vhost policy is
+The reasons are the enums of :mod:`.reasons` (the ``reason`` labels of docs/observability.md). Whether vhost policy is
 enabled at all (``settings.enable_vhost_policy``) is for the caller to check first.
 """
 
@@ -15,21 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from amqp_policy_proxy.ingress.peer import ClientAddress
 from amqp_policy_proxy.policy.lookup import resolve_group, resolve_vhost
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
+from amqp_policy_proxy.policy.reasons import ConnectionDenyReason, LinkDenyReason
 
-NO_VHOST = "no_vhost"
-UNKNOWN_USER = "unknown_user"
-REMOTE_HOST = "remote_host"
-SENDER_LIMIT = "sender_limit"
-RECEIVER_LIMIT = "receiver_limit"
-TARGET = "target"
-SOURCE = "source"
-ANONYMOUS_SENDER = "anonymous_sender"
-DYNAMIC_SOURCE = "dynamic_source"
-NO_SOURCE = "no_source"
-TOPIC = "topic"
-"""A topic model (``topicTree``, ``permissions``, DDS) denied a link or a relay message."""
+_C = ConnectionDenyReason
+_L = LinkDenyReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,20 +37,20 @@ class OpenDenied:
     """The Open is denied: Open+Close ``amqp:resource-limit-exceeded`` (QDR
     ``qd_policy_private_deny_amqp_connection``)."""
 
-    reason: str
-    """``"no_vhost"``, ``"unknown_user"`` or ``"remote_host"``."""
+    reason: ConnectionDenyReason
+    """``no_vhost``, ``unknown_user`` or ``remote_host``."""
     vhost: VhostPolicy | None
     group: GroupSettings | None
     log: str
     """QDR's INFO log line for the denial."""
 
 
-def _deny_log(user: str, remote_host: str, vhost: str, why: str) -> str:
+def _deny_log(user: str, remote_host: str | ClientAddress, vhost: str, why: str) -> str:
     return f"DENY AMQP Open for user '{user}', rhost '{remote_host}', vhost '{vhost}': {why}"
 
 
 def approve_open(
-    policy: Policy, *, hostname: str | None, user: str, remote_host: str
+    policy: Policy, *, hostname: str | None, user: str, remote_host: str | ClientAddress
 ) -> OpenAllowed | OpenDenied:
     """Decide an AMQP Open by vhost, group and remote host, in QDR's order.
 
@@ -66,8 +58,9 @@ def approve_open(
         policy: the policy snapshot for new connections.
         hostname: the Open ``hostname`` (or the listener's ``policyVhost``); None means ``""``.
         user: the authenticated user name (``anonymous`` without SASL).
-        remote_host: the client's IP, normalised (see
-            :func:`amqp_policy_proxy.ingress.peer.normalise_peer`).
+        remote_host: the client's address, parsed once by the shell
+            (:class:`~amqp_policy_proxy.ingress.peer.ClientAddress`), or its normalised IP
+            text (:func:`amqp_policy_proxy.ingress.peer.normalise_peer`).
 
     Returns:
         :class:`OpenAllowed` with the vhost and group, or :class:`OpenDenied` with the first
@@ -76,17 +69,17 @@ def approve_open(
     """
     vmatch = resolve_vhost(policy, hostname)
     if vmatch is None:
-        return OpenDenied(NO_VHOST, None, None,
+        return OpenDenied(_C.NO_VHOST, None, None,
                           _deny_log(user, remote_host, hostname or "", "No policy defined for vhost"))
     vhost = vmatch.vhost
     gmatch = resolve_group(vhost, user)
     if gmatch is None:
-        return OpenDenied(UNKNOWN_USER, vhost, None, _deny_log(
+        return OpenDenied(_C.UNKNOWN_USER, vhost, None, _deny_log(
             user, remote_host, vhost.hostname,
             "User is not in a user group and unknown users are denied"))
     group = gmatch.group
     if not group.remote_hosts.matches(remote_host):
-        return OpenDenied(REMOTE_HOST, vhost, group, _deny_log(
+        return OpenDenied(_C.REMOTE_HOST, vhost, group, _deny_log(
             user, remote_host, vhost.hostname,
             "User is not allowed to connect from this network host"))
     return OpenAllowed(vhost, group)
@@ -94,7 +87,7 @@ def approve_open(
 
 def approve_sender(
     group: GroupSettings, *, user: str, target_address: str | None, open_senders: int
-) -> str | None:
+) -> LinkDenyReason | None:
     """Decide a client sender's Attach (the router's incoming link), as QDR's
     ``qd_policy_approve_amqp_sender_link``.
 
@@ -113,10 +106,10 @@ def approve_sender(
         ``"target"`` or ``"anonymous_sender"`` (``amqp:unauthorized-access``).
     """
     if group.max_senders is not None and open_senders >= group.max_senders:
-        return SENDER_LIMIT
+        return _L.SENDER_LIMIT
     if target_address:
-        return None if group.targets.allows(target_address, user) else TARGET
-    return None if group.allow_anonymous_sender else ANONYMOUS_SENDER
+        return None if group.targets.allows(target_address, user) else _L.TARGET
+    return None if group.allow_anonymous_sender else _L.ANONYMOUS_SENDER
 
 
 def approve_receiver(
@@ -126,7 +119,7 @@ def approve_receiver(
     source_address: str | None,
     dynamic: bool,
     open_receivers: int,
-) -> str | None:
+) -> LinkDenyReason | None:
     """Decide a client receiver's Attach (the router's outgoing link), as QDR's
     ``qd_policy_approve_amqp_receiver_link``.
 
@@ -145,12 +138,12 @@ def approve_receiver(
         ``"dynamic_source"``, ``"source"`` or ``"no_source"`` (``amqp:unauthorized-access``).
     """
     if group.max_receivers is not None and open_receivers >= group.max_receivers:
-        return RECEIVER_LIMIT
+        return _L.RECEIVER_LIMIT
     if dynamic:
-        return None if group.allow_dynamic_source else DYNAMIC_SOURCE
+        return None if group.allow_dynamic_source else _L.DYNAMIC_SOURCE
     if source_address:
-        return None if group.sources.allows(source_address, user) else SOURCE
-    return NO_SOURCE
+        return None if group.sources.allows(source_address, user) else _L.SOURCE
+    return _L.NO_SOURCE
 
 
 def approve_relay_target(group: GroupSettings, *, user: str, to: str) -> bool:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from amqp_policy_proxy.ingress.peer import normalise_peer
 from amqp_policy_proxy.limits.addresses import USER_TOKEN, AddressRules
-from amqp_policy_proxy.policy import decisions as d
 from amqp_policy_proxy.policy.lookup import resolve_group, resolve_vhost
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
+from amqp_policy_proxy.policy.reasons import ConnectionDenyReason, LinkDenyReason
 from amqp_policy_proxy.policy.topics import PUBLISH, SUBSCRIBE, Principal
 
 ROLES = ("sender", "receiver")
@@ -103,7 +103,7 @@ def explain(
     vmatch = resolve_vhost(policy, vhost)
     if vmatch is None:
         lines.append(_no_vhost_line(policy, requested))
-        return done(False, d.NO_VHOST)
+        return done(False, ConnectionDenyReason.NO_VHOST)
     chosen = vmatch.vhost
     how = {
         "exact": "exact name",
@@ -119,12 +119,12 @@ def explain(
     if gmatch is None:
         lines.append(f"group: user '{user}' is in no group's users, no group lists '*', and "
                      f"allowUnknownUser is false")
-        return done(False, d.UNKNOWN_USER)
+        return done(False, ConnectionDenyReason.UNKNOWN_USER)
     group = gmatch.group
     lines.append(_group_line(user, group, gmatch.how))
 
     if not _remote_host_step(group, host, rhost, lines):
-        return done(False, d.REMOTE_HOST)
+        return done(False, ConnectionDenyReason.REMOTE_HOST)
 
     lines.append(_counts_line(chosen, group))
     lines.append(_settings_line(group))
@@ -213,16 +213,16 @@ def _link_step(group: GroupSettings, user: str, address: str, role: str,
                 return None
             lines.append("link: sender without a target address (anonymous relay) is denied: "
                          "allowAnonymousSender is false")
-            return d.ANONYMOUS_SENDER
+            return LinkDenyReason.ANONYMOUS_SENDER
         return _address_step(group.targets, "targetPattern", "targets", user, address,
-                             "sender target", d.TARGET, lines)
+                             "sender target", LinkDenyReason.TARGET, lines)
     if not address:
         lines.append("link: receiver without a source address is always denied; a dynamic "
                      f"source would be {'allowed' if group.allow_dynamic_source else 'denied'} "
                      "(allowDynamicSource)")
-        return d.NO_SOURCE
+        return LinkDenyReason.NO_SOURCE
     return _address_step(group.sources, "sourcePattern", "sources", user, address,
-                         "receiver source", d.SOURCE, lines)
+                         "receiver source", LinkDenyReason.SOURCE, lines)
 
 
 def _address_step(rules: AddressRules, pattern_key: str, list_key: str, user: str,
@@ -268,7 +268,7 @@ def _topic_step(group: GroupSettings, principal: Principal, address: str, role: 
                                            wall_now=wall_now if wall_now is not None else 0.0)
     lines.extend(f"topic: {text}" for _, _, text in steps)
     if not decision.allowed:
-        return d.TOPIC
+        return LinkDenyReason.TOPIC
     if delivery_address is not None:
         if decision.per_delivery:
             delivery = topics.check_delivery(principal, address, delivery_address,

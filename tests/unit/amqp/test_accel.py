@@ -223,8 +223,8 @@ def test_mutated_transfers_never_crash_or_pass_more_than_python(frames, data):
 
 
 def test_env_switch_forces_the_python_loop():
-    code = ("import amqp_policy_proxy.amqp.accel as a, amqp_policy_proxy.core.connection as c;"
-            "print(a.scan is None, c._scan_transfers is None)")
+    code = ("import amqp_policy_proxy.amqp.accel as a, amqp_policy_proxy.core.fastpath as c;"
+            "print(a.scan is None, c._scan is None)")
     env = {**os.environ, accel.DISABLE_ENV: "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()

@@ -27,7 +27,7 @@ def test_empty_frame_is_a_heartbeat():
         ("0000020102000000", "above max-frame-size 512"),
         ("0000000801000000", "doff 1"),
         ("0000000803000000", "doff 3 invalid for size 8"),
-        ("0000000802070000", "unknown frame type 7"),
+        ("0000000802070000", "unexpected frame type 7"),
     ],
 )
 def test_bad_headers(hexbytes, message):

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import amqp_policy_proxy.core.connection as core
+import amqp_policy_proxy.core.fastpath as core
 from amqp_policy_proxy.amqp import accel
 
 
@@ -18,9 +18,9 @@ from amqp_policy_proxy.amqp import accel
 ])
 def relay_scanner(request: pytest.FixtureRequest) -> Iterator[str]:
     """The scanner the relay loop uses in this test: "c" or "python" (None: no scanner)."""
-    saved = core._scan_transfers
-    core._scan_transfers = accel.scan_c if request.param == "c" else None
+    saved = core._scan
+    core._scan = accel.scan_c if request.param == "c" else None
     try:
         yield request.param
     finally:
-        core._scan_transfers = saved
+        core._scan = saved

@@ -27,7 +27,7 @@ from amqp_policy_proxy.amqp.performatives import (
     Transfer,
     decode_performative,
 )
-from amqp_policy_proxy.core.commands import CloseTransport, ConnectBroker, Emit, SendData, Side
+from amqp_policy_proxy.core.commands import CloseTransport, ConnectRouter, Emit, SendData, Side
 from amqp_policy_proxy.core.connection import ProxyConnection
 from amqp_policy_proxy.limits.connections import ConnectionLedger
 from amqp_policy_proxy.policy.compile import compile_policy
@@ -81,7 +81,7 @@ class Script:
         self.conn = ProxyConnection(conn_id, remote_host=remote_host, listener="l",
                                     policy=policy, ledger=self.ledger, now=now)
         self.now = now
-        self.sent: dict[Side, bytearray] = {Side.CLIENT: bytearray(), Side.BROKER: bytearray()}
+        self.sent: dict[Side, bytearray] = {Side.CLIENT: bytearray(), Side.ROUTER: bytearray()}
         self.closed: set[Side] = set()
         self.events: list[Any] = []
         self.connect_requested = False
@@ -94,7 +94,7 @@ class Script:
                 self.closed.add(cmd.side)
             elif isinstance(cmd, Emit):
                 self.events.append(cmd.event)
-            elif isinstance(cmd, ConnectBroker):
+            elif isinstance(cmd, ConnectRouter):
                 self.connect_requested = True
         return cmds
 
@@ -102,9 +102,9 @@ class Script:
         """Client sends ``data``."""
         return self._run(self.conn.receive_data(Side.CLIENT, data, self.now))
 
-    def broker(self, data: bytes) -> list[Any]:
-        """Broker sends ``data``."""
-        return self._run(self.conn.receive_data(Side.BROKER, data, self.now))
+    def router(self, data: bytes) -> list[Any]:
+        """The router sends ``data``."""
+        return self._run(self.conn.receive_data(Side.ROUTER, data, self.now))
 
     def take(self, side: Side) -> list[tuple[int, Any, bytes]]:
         """Frames sent to ``side`` since the last take, parsed."""
@@ -116,12 +116,12 @@ class Script:
         """Run a SASL PLAIN exchange through the proxy."""
         self.client(C.SASL_HEADER)
         assert self.connect_requested
-        self._run(self.conn.broker_connected(self.now))
+        self._run(self.conn.router_connected(self.now))
         mechs = SaslMechanisms(sasl_server_mechanisms=symbol_array(["PLAIN", "ANONYMOUS"]))
-        self.broker(C.SASL_HEADER + frame(0, mechs, ftype=1))
+        self.router(C.SASL_HEADER + frame(0, mechs, ftype=1))
         resp = b"\0" + user.encode() + b"\0" + password.encode()
         self.client(frame(0, SaslInit(mechanism="PLAIN", initial_response=resp), ftype=1))
-        self.broker(frame(0, SaslOutcome(code=0 if ok else 1), ftype=1))
+        self.router(frame(0, SaslOutcome(code=0 if ok else 1), ftype=1))
 
     def open(self, hostname: str | None = "test", *, channel_max: int = 32767,
              max_frame_size: int = 65536, router_channel_max: int = 32767,
@@ -132,11 +132,11 @@ class Script:
             self.client(C.AMQP_HEADER)
         else:
             self.client(C.AMQP_HEADER)
-            self._run(self.conn.broker_connected(self.now))
-        self.broker(C.AMQP_HEADER)
+            self._run(self.conn.router_connected(self.now))
+        self.router(C.AMQP_HEADER)
         self.client(frame(0, Open(container_id="client", hostname=hostname,
                                   channel_max=channel_max, max_frame_size=max_frame_size)))
-        self.broker(frame(0, Open(container_id="router", channel_max=router_channel_max,
+        self.router(frame(0, Open(container_id="router", channel_max=router_channel_max,
                                   max_frame_size=router_max_frame)))
 
     def begin(self, channel: int, *, router_channel: int | None = None,
@@ -145,7 +145,7 @@ class Script:
         self.client(frame(channel, Begin(next_outgoing_id=0, incoming_window=100,
                                          outgoing_window=100, handle_max=handle_max)))
         if router_channel is not None:
-            self.broker(frame(router_channel, Begin(remote_channel=channel, next_outgoing_id=0,
+            self.router(frame(router_channel, Begin(remote_channel=channel, next_outgoing_id=0,
                                                     incoming_window=2147483647,
                                                     outgoing_window=2147483647,
                                                     handle_max=handle_max)))

@@ -69,7 +69,7 @@ def conditions(frames):
 class TestAdmission:
     def test_approved_open_rewrites_toward_client_and_reserves_channels(self):
         s = admitted()
-        to_broker = s.take(Side.BROKER)
+        to_broker = s.take(Side.ROUTER)
         opens = [p for _, p, _ in to_broker if isinstance(p, Open)]
         assert len(opens) == 1
         assert int(opens[0].channel_max) == 32767 - 8  # top 8 kept back for denials
@@ -84,19 +84,19 @@ class TestAdmission:
         s = Script(POLICY)
         s.sasl_plain("mallory")
         s.client(C.AMQP_HEADER)
-        s.broker(C.AMQP_HEADER)
-        s.take(Side.BROKER), s.take(Side.CLIENT)
+        s.router(C.AMQP_HEADER)
+        s.take(Side.ROUTER), s.take(Side.CLIENT)
         # Open with a Begin and an Attach pipelined behind it in the same packet
         s.client(frame(0, Open(container_id="x", hostname="test")) + frame(0, Begin(
             next_outgoing_id=0, incoming_window=10, outgoing_window=10)) + frame(0, Attach(
                 name="l", handle=0, role=False, target=Target(address="public.a"))))
-        assert s.take(Side.BROKER) == []
+        assert s.take(Side.ROUTER) == []
         frames = s.take(Side.CLIENT)
         assert conditions(frames) == [
             ("Open", None, None),
             ("Close", "amqp:resource-limit-exceeded", "connection disallowed by local policy"),
         ]
-        assert Side.BROKER in s.closed
+        assert Side.ROUTER in s.closed
         denied = [e for e in s.events if isinstance(e, ConnectionDenied)]
         assert [str(d.reason) for d in denied] == ["unknown_user"]
         assert s.ledger.active() == 0
@@ -110,7 +110,7 @@ class TestAdmission:
         frames = s.take(Side.CLIENT)
         assert frames[0] == (-1, C.AMQP_HEADER, b"")
         assert conditions(frames[1:])[-1][1] == "amqp:resource-limit-exceeded"
-        s.broker(C.AMQP_HEADER)  # arrives late: not relayed a second time
+        s.router(C.AMQP_HEADER)  # arrives late: not relayed a second time
         assert s.take(Side.CLIENT) == []
 
     def test_no_sasl_is_user_anonymous(self):
@@ -138,18 +138,18 @@ class TestAdmission:
         s = Script(POLICY)
         s.sasl_plain("alice")
         s.client(C.AMQP_HEADER)
-        s.take(Side.BROKER)
+        s.take(Side.ROUTER)
         s.client(encode_frame(0, body))
-        sent = bytes(s.sent[Side.BROKER])
+        sent = bytes(s.sent[Side.ROUTER])
         assert sent == encode_frame(0, body[:-2] + (0x4000 - 8).to_bytes(2, "big"))
 
     def test_open_without_channel_max_is_re_encoded_with_the_reserve(self):
         s = Script(POLICY)
         s.sasl_plain("alice")
         s.client(C.AMQP_HEADER)
-        s.take(Side.BROKER)
+        s.take(Side.ROUTER)
         s.client(frame(0, Open(container_id="x", hostname="test")))
-        opens = [p for _, p, _ in s.take(Side.BROKER) if isinstance(p, Open)]
+        opens = [p for _, p, _ in s.take(Side.ROUTER) if isinstance(p, Open)]
         assert [int(o.channel_max) for o in opens] == [0xFFFF - 8]
         assert [(o.container_id, o.hostname) for o in opens] == [("x", "test")]
 
@@ -157,17 +157,17 @@ class TestAdmission:
         s = Script(POLICY)
         s.sasl_plain("alice")
         s.client(C.AMQP_HEADER)
-        s.take(Side.BROKER), s.take(Side.CLIENT)
+        s.take(Side.ROUTER), s.take(Side.CLIENT)
         # the router has not sent its Open yet; client pipelines a denied Attach
         s.client(frame(0, Open(container_id="x", hostname="test", channel_max=100))
                  + frame(0, Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10,
                                   handle_max=1023))
                  + frame(0, Attach(name="l", handle=0, role=False,
                                    target=Target(address="private.x"))))
-        kinds = [type(p).__name__ for _, p, _ in s.take(Side.BROKER)]
+        kinds = [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)]
         assert kinds == ["Open", "Begin"]  # the denied attach never reaches the router
-        s.broker(C.AMQP_HEADER + frame(0, Open(container_id="r")))
-        s.broker(frame(3, Begin(remote_channel=0, next_outgoing_id=0, incoming_window=5,
+        s.router(C.AMQP_HEADER + frame(0, Open(container_id="r")))
+        s.router(frame(3, Begin(remote_channel=0, next_outgoing_id=0, incoming_window=5,
                                 outgoing_window=5, handle_max=1023)))
         frames = s.take(Side.CLIENT)
         names = [type(p).__name__ for _, p, _ in frames[1:]]
@@ -184,14 +184,14 @@ class TestAdmission:
         s.client(C.SASL_HEADER[:3])
         assert s.conn.get_timer() == 10.0
         s._run(s.conn.handle_timer(10.0))
-        assert {Side.CLIENT, Side.BROKER} <= s.closed
+        assert {Side.CLIENT, Side.ROUTER} <= s.closed
         assert [str(e.reason) for e in s.events if isinstance(e, ConnectionDenied)] == [
             "handshake_timeout"]
 
     def test_counts_released_exactly_once(self):
         s = admitted()
         assert s.ledger.active() == 1
-        s._run(s.conn.connection_lost(Side.BROKER, 1.0))
+        s._run(s.conn.connection_lost(Side.ROUTER, 1.0))
         s._run(s.conn.connection_lost(Side.CLIENT, 1.0))
         s._run(s.conn.connection_lost(Side.CLIENT, 2.0))
         assert s.ledger.active() == 0
@@ -202,9 +202,9 @@ class TestAdmission:
 class TestSessions:
     def test_begin_above_channel_max_is_denied_politely_and_connection_stays(self):
         s = admitted()
-        s.take(Side.CLIENT), s.take(Side.BROKER)
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
         s.client(frame(5, Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10)))
-        assert s.take(Side.BROKER) == []
+        assert s.take(Side.ROUTER) == []
         frames = s.take(Side.CLIENT)
         assert conditions(frames) == [
             ("Begin", None, None),
@@ -215,35 +215,35 @@ class TestSessions:
         assert any(isinstance(e, SessionDenied) for e in s.events)
         # the client's End for the denied session is consumed
         s.client(frame(5, End()))
-        assert s.take(Side.BROKER) == []
+        assert s.take(Side.ROUTER) == []
         # and the connection is still usable
         s.begin(0, router_channel=0)
-        assert [type(p).__name__ for _, p, _ in s.take(Side.BROKER)] == ["Begin"]
+        assert [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)] == ["Begin"]
 
     def test_session_count_limit(self):
         s = admitted()
         s.begin(0, router_channel=0)
         s.begin(1, router_channel=1)
-        s.take(Side.CLIENT), s.take(Side.BROKER)
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
         s.client(frame(0, End()))
-        s.broker(frame(0, End()))
+        s.router(frame(0, End()))
         s.begin(0, router_channel=0)  # freed slot is reusable
-        assert [type(p).__name__ for _, p, _ in s.take(Side.BROKER)] == ["End", "Begin"]
+        assert [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)] == ["End", "Begin"]
 
     def test_attach_pipelined_with_denied_begin_is_consumed(self):
         s = admitted()
-        s.take(Side.BROKER)
+        s.take(Side.ROUTER)
         s.client(frame(7, Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10))
                  + frame(7, Attach(name="x", handle=0, role=False,
                                    target=Target(address="public.a"))))
-        assert s.take(Side.BROKER) == []
+        assert s.take(Side.ROUTER) == []
 
     def test_window_rewritten_in_begin_and_flow(self):
         s = admitted()
         s.begin(0, router_channel=4)
         begin = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Begin)][0]
         assert int(begin.incoming_window) == 40960 // 4096
-        s.broker(frame(4, Flow(next_incoming_id=0, incoming_window=100000, next_outgoing_id=0,
+        s.router(frame(4, Flow(next_incoming_id=0, incoming_window=100000, next_outgoing_id=0,
                                outgoing_window=10)))
         flow = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Flow)][0]
         assert int(flow.incoming_window) == 10
@@ -275,7 +275,7 @@ class TestFraming:
         s.client(frame(0, Transfer(handle=0, delivery_id=0, delivery_tag=b"t"), b"x" * 5000))
         frames = s.take(Side.CLIENT)
         assert conditions(frames)[-1][:2] == ("Close", "amqp:connection:framing-error")
-        assert {Side.CLIENT, Side.BROKER} <= s.closed
+        assert {Side.CLIENT, Side.ROUTER} <= s.closed
         assert any(isinstance(e, ProtocolViolation) for e in s.events)
 
     def test_attach_handle_above_handle_max(self):
@@ -303,9 +303,9 @@ class TestFraming:
     def test_amqp_frame_during_sasl(self):
         s = Script(POLICY)
         s.client(C.SASL_HEADER)
-        s._run(s.conn.broker_connected(0))
+        s._run(s.conn.router_connected(0))
         s.client(frame(0, Open(container_id="x")))
-        assert {Side.CLIENT, Side.BROKER} <= s.closed
+        assert {Side.CLIENT, Side.ROUTER} <= s.closed
         assert [e.condition for e in s.events if isinstance(e, ProtocolViolation)] == [
             "amqp:connection:framing-error"]
 
@@ -314,10 +314,10 @@ class TestFraming:
 
         s = Script(POLICY)
         s.client(C.SASL_HEADER)
-        s._run(s.conn.broker_connected(0))
-        s.take(Side.BROKER)
+        s._run(s.conn.router_connected(0))
+        s.take(Side.ROUTER)
         s.client(frame(0, SaslOutcome(code=0), ftype=1))
-        assert s.take(Side.BROKER) == [(-1, C.SASL_HEADER, b"")][1:] or True
+        assert s.take(Side.ROUTER) == [(-1, C.SASL_HEADER, b"")][1:] or True
         assert [e.condition for e in s.events if isinstance(e, ProtocolViolation)] == [
             "amqp:illegal-state"]
         assert s.conn.user is None and s.ledger.active() == 0
@@ -345,20 +345,20 @@ class TestLinks:
     def test_denied_link_answer_and_later_frames_are_consumed(self):
         s = admitted()
         s.begin(0, router_channel=2)
-        s.take(Side.CLIENT), s.take(Side.BROKER)
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
         s.client(frame(0, Attach(name="r", handle=0, role=True, source=Source(address="secret"))))
         s.client(frame(0, Flow(next_incoming_id=0, incoming_window=10, next_outgoing_id=0,
                                outgoing_window=10, handle=0, delivery_count=0, link_credit=10)))
         frames = s.take(Side.CLIENT)
         assert [(c, type(p).__name__) for c, p, _ in frames] == [(2, "Attach"), (2, "Detach")]
         s.client(frame(0, Detach(handle=0, closed=True)))
-        assert s.take(Side.BROKER) == []  # the router never sees the link
+        assert s.take(Side.ROUTER) == []  # the router never sees the link
         assert [(e.role, e.address, str(e.reason)) for e in s.events
                 if isinstance(e, LinkDenied)] == [("receiver", "secret", "source")]
         # the handle is free again and the session usable
         s.client(frame(0, Attach(name="r2", handle=0, role=True,
                                  source=Source(address="alice.inbox"))))
-        assert [type(p).__name__ for _, p, _ in s.take(Side.BROKER)] == ["Attach"]
+        assert [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)] == ["Attach"]
 
     def test_sender_limit_uses_resource_limit_exceeded(self):
         s = admitted()
@@ -375,8 +375,8 @@ class TestLinks:
 def _sender(s: Script, address: str | None) -> None:
     s.begin(0, router_channel=0)
     s.client(frame(0, Attach(name="s", handle=0, role=False, target=Target(address=address))))
-    s.broker(frame(0, Attach(name="s", handle=9, role=True, target=Target(address=address))))
-    s.take(Side.CLIENT), s.take(Side.BROKER)
+    s.router(frame(0, Attach(name="s", handle=9, role=True, target=Target(address=address))))
+    s.take(Side.CLIENT), s.take(Side.ROUTER)
 
 
 def _message_frames(body: bytes, *, delivery_id: int, chunk: int, **props) -> list[bytes]:
@@ -409,7 +409,7 @@ class TestMessages:
         assert len(Message(body=body).encode()) == 1000
         for f in frames:
             s.client(f)
-        assert b"".join(frames) == bytes(s.sent[Side.BROKER])
+        assert b"".join(frames) == bytes(s.sent[Side.ROUTER])
         assert not any(isinstance(e, MessageDenied) for e in s.events)
 
     def test_one_byte_over_is_rejected_link_detached_connection_closed(self):
@@ -418,7 +418,7 @@ class TestMessages:
         body = self._sized(1001)
         for f in _message_frames(body, delivery_id=0, chunk=300):
             s.client(f)
-        to_router = s.take(Side.BROKER)
+        to_router = s.take(Side.ROUTER)
         aborted = [p for _, p, _ in to_router if isinstance(p, Transfer)]
         assert aborted[-1].aborted is True
         frames = s.take(Side.CLIENT)
@@ -436,7 +436,7 @@ class TestMessages:
         _sender(s, None)
         for f in _message_frames(b"no", delivery_id=0, chunk=4000, address="private.x"):
             s.client(f)
-        to_router = s.take(Side.BROKER)
+        to_router = s.take(Side.ROUTER)
         t = to_router[0][1]
         assert t.aborted is True and int(t.delivery_id) == 0 and t.settled is True
         frames = s.take(Side.CLIENT)
@@ -446,7 +446,7 @@ class TestMessages:
         # an allowed message on the same link still flows, byte-identical
         ok = _message_frames(b"yes", delivery_id=1, chunk=4000, address="public.q")
         s.client(ok[0])
-        assert bytes(s.sent[Side.BROKER]) == ok[0]
+        assert bytes(s.sent[Side.ROUTER]) == ok[0]
 
     def test_dropped_frames_renumber_router_flow(self):
         s = admitted()
@@ -456,7 +456,7 @@ class TestMessages:
         for f in frames:
             s.client(f)
         s.take(Side.CLIENT)
-        s.broker(frame(0, Flow(next_incoming_id=1, incoming_window=10, next_outgoing_id=0,
+        s.router(frame(0, Flow(next_incoming_id=1, incoming_window=10, next_outgoing_id=0,
                                outgoing_window=10)))
         flow = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Flow)][0]
         assert int(flow.next_incoming_id) == 1 + len(frames) - 1
@@ -475,28 +475,28 @@ class TestMessages:
         _sender(s, "public.a")
         frames = _message_frames(b"x", delivery_id=0, chunk=4000, user_id=b"alice")
         s.client(frames[0])
-        assert bytes(s.sent[Side.BROKER]) == frames[0]
+        assert bytes(s.sent[Side.ROUTER]) == frames[0]
 
 
 class TestShutdown:
     def test_begin_shutdown_sends_forced_close(self):
         s = admitted()
         s.begin(0, router_channel=0)
-        s.take(Side.CLIENT), s.take(Side.BROKER)
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
         s._run(s.conn.begin_shutdown(0))
         assert conditions(s.take(Side.CLIENT)) == [
             ("Close", "amqp:connection:forced", "proxy shutting down")]
-        assert s.take(Side.BROKER) == []  # the client may still settle deliveries
+        assert s.take(Side.ROUTER) == []  # the client may still settle deliveries
         s.client(frame(0, Flow(next_incoming_id=0, incoming_window=1, next_outgoing_id=0,
                                outgoing_window=1)))
         s.client(frame(0, Close()))
-        assert conditions(s.take(Side.BROKER)) == [("Flow", None, None), ("Close", None, None)]
+        assert conditions(s.take(Side.ROUTER)) == [("Flow", None, None), ("Close", None, None)]
         assert Side.CLIENT in s.closed
 
     def test_upstream_lost_gives_client_clean_close(self):
         s = admitted()
         s.take(Side.CLIENT)
-        s._run(s.conn.connection_lost(Side.BROKER, 0))
+        s._run(s.conn.connection_lost(Side.ROUTER, 0))
         assert conditions(s.take(Side.CLIENT)) == [
             ("Close", "amqp:connection:forced", "upstream connection lost")]
 
@@ -511,4 +511,4 @@ def test_any_split_of_the_client_bytes_gives_the_same_result(chunk):
     _sender(split, "public.a")
     for i in range(0, len(data), chunk):
         split.client(data[i : i + chunk])
-    assert bytes(split.sent[Side.BROKER]) == bytes(whole.sent[Side.BROKER]) == data
+    assert bytes(split.sent[Side.ROUTER]) == bytes(whole.sent[Side.ROUTER]) == data

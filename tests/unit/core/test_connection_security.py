@@ -17,7 +17,7 @@ from amqp_policy_proxy.core.events import (
     MessageDenied,
     ProtocolViolation,
 )
-from amqp_policy_proxy.core.state import Phase
+from amqp_policy_proxy.core.state import ClientState
 from tests.support import hostile
 
 from .helpers import Open, Script, frame, make_policy
@@ -35,10 +35,10 @@ MECHS = SaslMechanisms(sasl_server_mechanisms=symbol_array(["PLAIN", "ANONYMOUS"
 
 def router_greets(s: Script) -> None:
     s.client(C.SASL_HEADER)
-    s._run(s.conn.broker_connected(s.now))
-    s.broker(C.SASL_HEADER + frame(0, MECHS, ftype=1))
+    s._run(s.conn.router_connected(s.now))
+    s.router(C.SASL_HEADER + frame(0, MECHS, ftype=1))
     s.take(Side.CLIENT)
-    s.take(Side.BROKER)
+    s.take(Side.ROUTER)
 
 
 def outcomes(frames) -> list[int]:
@@ -53,7 +53,7 @@ def admitted_as(user: str) -> Script:
     s = Script(POLICY)
     s.open(user=user)
     s.take(Side.CLIENT)
-    s.take(Side.BROKER)
+    s.take(Side.ROUTER)
     return s
 
 
@@ -64,9 +64,9 @@ class TestIdentity:
         s = Script(POLICY)
         router_greets(s)
         s.client(hostile.plain_init("mallory", "her-own-password", authzid="admin"))
-        assert s.take(Side.BROKER) == []  # the sasl-init never reaches the router
+        assert s.take(Side.ROUTER) == []  # the sasl-init never reaches the router
         assert outcomes(s.take(Side.CLIENT)) == [C.SaslCode.AUTH]
-        assert s.closed == {Side.CLIENT, Side.BROKER}
+        assert s.closed == {Side.CLIENT, Side.ROUTER}
         denied = [e for e in s.events if isinstance(e, ConnectionDenied)]
         assert [(str(e.reason), e.user) for e in denied] == [("authzid", "mallory")]
         assert not any(isinstance(e, ConnectionApproved) for e in s.events)
@@ -75,10 +75,10 @@ class TestIdentity:
         s = Script(POLICY)
         router_greets(s)
         s.client(hostile.plain_init("alice", "pw", authzid="alice"))
-        assert len(s.take(Side.BROKER)) == 1
-        s.broker(frame(0, SaslOutcome(code=0), ftype=1))
+        assert len(s.take(Side.ROUTER)) == 1
+        s.router(frame(0, SaslOutcome(code=0), ftype=1))
         s.client(C.AMQP_HEADER)
-        s.broker(C.AMQP_HEADER)
+        s.router(C.AMQP_HEADER)
         s.client(frame(0, Open(container_id="c", hostname="test")))
         assert s.conn.user == "alice" and s.conn.group.name == "users"
 
@@ -87,7 +87,7 @@ class TestIdentity:
         router_greets(s)
         s.client(frame(0, SaslInit(mechanism="SCRAM-SHA-256",
                                    initial_response=b"n,a=admin,n=mallory,r=abc"), ftype=1))
-        assert s.take(Side.BROKER) == []
+        assert s.take(Side.ROUTER) == []
         assert outcomes(s.take(Side.CLIENT)) == [C.SaslCode.AUTH]
 
     def test_external_identity_is_the_certificate_the_proxy_verified(self):
@@ -95,7 +95,7 @@ class TestIdentity:
         s.conn.tls_subject = "CN=alice"
         router_greets(s)
         s.client(frame(0, SaslInit(mechanism="EXTERNAL", initial_response=b"admin"), ftype=1))
-        assert s.take(Side.BROKER) == []
+        assert s.take(Side.ROUTER) == []
         assert outcomes(s.take(Side.CLIENT)) == [C.SaslCode.AUTH]
 
     def test_per_user_limits_count_the_authenticated_user(self):
@@ -107,8 +107,8 @@ class TestIdentity:
             s = Script(POLICY, ledger=ledger, conn_id=f"c{n}")
             ledger = s.ledger
             s.open(user="mallory")
-            results.append(s.conn.phase)
-        assert results == [Phase.OPENED, Phase.OPENED, Phase.DENIED]
+            results.append(s.conn.view.client_state)
+        assert results == [ClientState.OPENED, ClientState.OPENED, ClientState.DENIED]
 
 
 class TestCanonicalSasl:
@@ -116,8 +116,8 @@ class TestCanonicalSasl:
         s = Script(POLICY)
         router_greets(s)
         s.client(hostile.sasl_init_count_exceeds_size("admin", "mallory", "pw"))
-        assert s.take(Side.BROKER) == []
-        assert s.closed == {Side.CLIENT, Side.BROKER}
+        assert s.take(Side.ROUTER) == []
+        assert s.closed == {Side.CLIENT, Side.ROUTER}
         assert violations(s)[0][0] == "amqp:decode-error"
         assert s.conn.user is None
 
@@ -126,31 +126,31 @@ class TestCanonicalSasl:
         router_greets(s)
         s.client(hostile.sasl_init_deeply_nested(2000))
         assert [c for c, _ in violations(s)] == ["amqp:decode-error"]
-        assert s.take(Side.BROKER) == []
+        assert s.take(Side.ROUTER) == []
 
 
 class TestCanonicalAttach:
     def attach(self, data: bytes, user: str = "alice") -> Script:
         s = admitted_as(user)
         s.begin(0, router_channel=0)
-        s.take(Side.BROKER)
+        s.take(Side.ROUTER)
         s.client(data)
         return s
 
     def assert_refused(self, s: Script) -> None:
-        assert s.take(Side.BROKER)[-1:] != [] and all(
-            type(p).__name__ != "Attach" for _, p, _ in s.take(Side.BROKER))
+        assert s.take(Side.ROUTER)[-1:] != [] and all(
+            type(p).__name__ != "Attach" for _, p, _ in s.take(Side.ROUTER))
         assert violations(s) and violations(s)[0][0] == "amqp:decode-error"
 
     def test_finding_3_shadow_attach(self):
         s = self.attach(hostile.shadow_attach(0, 0, shown="public.d", hidden="secret.f3d"))
         assert violations(s)[0][0] == "amqp:decode-error"
-        assert "Attach" not in [type(p).__name__ for _, p, _ in s.take(Side.BROKER)]
+        assert "Attach" not in [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)]
 
     def test_finding_4_attach_count_beyond_size(self):
         s = self.attach(hostile.attach_count_exceeds_size(0, 0, shown="public.a"))
         assert violations(s)[0] == ("amqp:decode-error", "attach: list count and size disagree")
-        assert "Attach" not in [type(p).__name__ for _, p, _ in s.take(Side.BROKER)]
+        assert "Attach" not in [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)]
 
     def test_finding_6_unknown_target_descriptor(self):
         s = self.attach(hostile.attach_unknown_target_descriptor(0, 0, "secret.x"))
@@ -175,19 +175,19 @@ class TestCanonicalTransfer:
         s.client(hostile.amqp_frame(0, hostile.described(0x12, hostile.list32(
             hostile.attach_fields("s", 0, role=b"\x42", source_=hostile.source(None),
                                   target_=hostile.target("public.a")), 7))))
-        s.take(Side.BROKER)
+        s.take(Side.ROUTER)
         return s
 
     def test_finding_7_hidden_more_is_a_decode_error(self):
         s = self.sender()
         s.client(hostile.transfer_hidden_more(0, 0, 0, b"\x00\x53\x75\xa0\x01x"))
         assert violations(s)[0][0] == "amqp:decode-error"
-        assert "Transfer" not in [type(p).__name__ for _, p, _ in s.take(Side.BROKER)]
+        assert "Transfer" not in [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)]
 
     def test_a_canonical_transfer_passes(self):
         s = self.sender()
         s.client(hostile.transfer(0, 0, 0, b"\x00\x53\x75\xa0\x01x"))
-        assert [type(p).__name__ for _, p, _ in s.take(Side.BROKER)] == ["Transfer"]
+        assert [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)] == ["Transfer"]
 
 
 class TestCanonicalMessages:
@@ -197,7 +197,7 @@ class TestCanonicalMessages:
         s.client(hostile.amqp_frame(0, hostile.described(0x12, hostile.list32(
             hostile.attach_fields("relay", 0, role=b"\x42", source_=hostile.source(None),
                                   target_=hostile.target(None)), 7))))
-        s.take(Side.BROKER)
+        s.take(Side.ROUTER)
         return s
 
     def test_finding_5_described_message_id(self):
@@ -205,14 +205,14 @@ class TestCanonicalMessages:
         s.client(hostile.transfer(0, 0, 0, hostile.message_described_message_id(
             "public.ok", "secret.x")))
         assert violations(s)[0][0] == "amqp:decode-error"
-        assert "Transfer" not in [type(p).__name__ for _, p, _ in s.take(Side.BROKER)]
+        assert "Transfer" not in [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)]
 
     def test_finding_5_properties_count_beyond_size(self):
         s = self.relay()
         s.client(hostile.transfer(0, 0, 0, hostile.message_properties_count_exceeds_size(
             "secret.x")))
         assert violations(s)[0][0] == "amqp:decode-error"
-        assert "Transfer" not in [type(p).__name__ for _, p, _ in s.take(Side.BROKER)]
+        assert "Transfer" not in [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)]
 
     def test_finding_8_router_annotations_are_refused(self):
         s = self.relay()
@@ -220,7 +220,7 @@ class TestCanonicalMessages:
             "public.ok", "secret.x")))
         denied = [e for e in s.events if isinstance(e, MessageDenied)]
         assert [str(e.reason) for e in denied] == ["router_annotations"]
-        frames = s.take(Side.BROKER)
+        frames = s.take(Side.ROUTER)
         assert all(not getattr(p, "more", False) for _, p, _ in frames)
         # the router gets no payload of it (an aborted, payload-less stand-in at most)
         assert all(payload == b"" for _, _, payload in frames)
@@ -228,7 +228,7 @@ class TestCanonicalMessages:
     def test_a_canonical_relay_message_passes(self):
         s = self.relay()
         s.client(hostile.transfer(0, 0, 0, hostile.message_to("public.ok")))
-        frames = s.take(Side.BROKER)
+        frames = s.take(Side.ROUTER)
         assert [type(p).__name__ for _, p, _ in frames] == ["Transfer"]
         assert frames[0][2]
 
@@ -239,14 +239,14 @@ class TestRouterDown:
     def test_sasl_client_gets_sys_temp_never_ok(self):
         s = Script(POLICY)
         s.client(C.SASL_HEADER)
-        s._run(s.conn.broker_connect_failed(s.now))
+        s._run(s.conn.router_connect_failed(s.now))
         greeting = s.take(Side.CLIENT)
         assert greeting[0] == (-1, C.SASL_HEADER, b"")
         assert isinstance(greeting[1][1], SaslMechanisms)
         s.client(hostile.plain_init("alice", "wrong password"))
         assert outcomes(s.take(Side.CLIENT)) == [C.SaslCode.SYS_TEMP]
         assert Side.CLIENT in s.closed
-        assert s.conn.phase is Phase.UNAVAILABLE
+        assert s.conn.view.client_state is ClientState.STOPPED  # answered: nothing more is read
         reasons = [str(e.reason) for e in s.events if isinstance(e, ConnectionDenied)]
         assert reasons == ["upstream_unavailable"]
         assert not any(isinstance(e, ConnectionApproved) for e in s.events)
@@ -255,7 +255,7 @@ class TestRouterDown:
     def test_router_greeting_already_relayed_is_not_repeated(self):
         s = Script(POLICY)
         router_greets(s)
-        s._run(s.conn.connection_lost(Side.BROKER, s.now))  # gone before any outcome
+        s._run(s.conn.connection_lost(Side.ROUTER, s.now))  # gone before any outcome
         assert s.take(Side.CLIENT) == []
         s.client(hostile.plain_init("alice", "pw"))
         assert outcomes(s.take(Side.CLIENT)) == [C.SaslCode.SYS_TEMP]
@@ -263,7 +263,7 @@ class TestRouterDown:
     def test_pipelined_sasl_init_is_answered_sys_temp(self):
         s = Script(POLICY)
         s.client(C.SASL_HEADER + hostile.plain_init("alice", "pw"))
-        s._run(s.conn.broker_connect_failed(s.now))
+        s._run(s.conn.router_connect_failed(s.now))
         frames = s.take(Side.CLIENT)
         assert outcomes(frames) == [C.SaslCode.SYS_TEMP]
         assert "Open" not in [type(p).__name__ for _, p, _ in frames]
@@ -271,7 +271,7 @@ class TestRouterDown:
     def test_client_without_sasl_gets_open_close_forced_without_admission(self):
         s = Script(POLICY)
         s.client(C.AMQP_HEADER)
-        s._run(s.conn.broker_connect_failed(s.now))
+        s._run(s.conn.router_connect_failed(s.now))
         s.client(frame(0, Open(container_id="c", hostname="test")))
         frames = s.take(Side.CLIENT)
         closes = [(str(p.error.condition), p.error.description) for _, p, _ in frames

@@ -1,49 +1,104 @@
-"""ReservedPool: the reply channels and handles the proxy keeps back from the router."""
+"""The state tables of core/state.py: every listed move is allowed, every other one raises."""
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+import pytest
 
-from amqp_policy_proxy.core.state import ReservedPool
-
-
-def test_top_down_then_none():
-    pool = ReservedPool(0xFFFF, 3)
-    assert [pool.take(), pool.take(), pool.take(), pool.take()] == [0xFFFF, 0xFFFE, 0xFFFD, None]
-
-
-def test_nothing_reserved():
-    assert ReservedPool(1, 0).take() is None
-
-
-def test_given_back_is_taken_first():
-    pool = ReservedPool(2**32 - 1, 64)
-    a, b = pool.take(), pool.take()
-    pool.give_back(a)
-    assert pool.take() == a
-    pool.give_back(b)
-    pool.give_back(a)
-    assert (pool.take(), pool.take(), pool.take()) == (a, b, 2**32 - 3)
+from amqp_policy_proxy.core.state import (
+    CLIENT_TRANSITIONS,
+    CLOSE_TRANSITIONS,
+    ROUTER_TRANSITIONS,
+    ClientState,
+    CloseState,
+    IllegalTransition,
+    RouterState,
+    Sides,
+)
 
 
-@given(high=st.integers(0, 2**32 - 1), count=st.integers(0, 70),
-       ops=st.lists(st.booleans(), max_size=200))
-def test_same_order_as_the_list_it_replaces(high, count, ops):
-    """Take (True) / give back the oldest taken (False): the same numbers as list.pop/append."""
-    count = min(count, high // 2)
-    model = list(range(high - count + 1, high + 1))
-    pool = ReservedPool(high, count)
-    held_model: list[int] = []
-    held_pool: list[int] = []
-    for take in ops:
-        if take:
-            expected = model.pop() if model else None
-            got = pool.take()
-            assert got == expected
-            if got is not None:
-                held_model.append(expected)
-                held_pool.append(got)
-        elif held_model:
-            model.append(held_model.pop(0))
-            pool.give_back(held_pool.pop(0))
+def _client_at(state: ClientState) -> Sides:
+    """A Sides whose client leg reached ``state`` through legal moves (a path in the table)."""
+    path = _path(CLIENT_TRANSITIONS, ClientState.AWAIT_HEADER, state)
+    sides = Sides()
+    for step in path[1:]:
+        sides.to_client(step)
+    return sides
+
+
+def _router_at(state: RouterState) -> Sides:
+    path = _path(ROUTER_TRANSITIONS, RouterState.IDLE, state)
+    sides = Sides()
+    for step in path[1:]:
+        sides.to_router(step)
+    return sides
+
+
+def _path(table, start, goal):
+    frontier, seen = [[start]], {start}
+    while frontier:
+        path = frontier.pop(0)
+        if path[-1] is goal:
+            return path
+        for nxt in table[path[-1]]:
+            if nxt not in seen:
+                seen.add(nxt)
+                frontier.append([*path, nxt])
+    raise AssertionError(f"{goal} cannot be reached from {start}")
+
+
+def test_every_state_is_in_the_tables_and_reachable():
+    assert set(CLIENT_TRANSITIONS) == set(ClientState)
+    assert set(ROUTER_TRANSITIONS) == set(RouterState)
+    for state in ClientState:
+        assert _client_at(state).client is state
+    for state in RouterState:
+        assert _router_at(state).router is state
+
+
+@pytest.mark.parametrize("start", list(ClientState))
+def test_client_table_is_enforced(start):
+    for target in ClientState:
+        sides = _client_at(start)
+        if target is start or target in CLIENT_TRANSITIONS[start]:
+            sides.to_client(target)
+            assert sides.client is target
+        else:
+            with pytest.raises(IllegalTransition):
+                sides.to_client(target)
+            assert sides.client is start
+
+
+@pytest.mark.parametrize("start", list(RouterState))
+def test_router_table_is_enforced(start):
+    for target in RouterState:
+        sides = _router_at(start)
+        if target is start or target in ROUTER_TRANSITIONS[start]:
+            sides.to_router(target)
+            assert sides.router is target
+        else:
+            with pytest.raises(IllegalTransition):
+                sides.to_router(target)
+            assert sides.router is start
+
+
+def test_the_ends_are_reachable_from_everywhere_and_final():
+    for start in ClientState:
+        if start is not ClientState.CLOSED:
+            assert ClientState.CLOSED in CLIENT_TRANSITIONS[start]
+    assert not CLIENT_TRANSITIONS[ClientState.CLOSED]
+    assert not ROUTER_TRANSITIONS[RouterState.CLOSED]
+
+
+def test_close_exchange_table():
+    for to_client in (True, False):
+        sides = Sides()
+        sides.close_sent(to_client)
+        attr = "client_close" if to_client else "router_close"
+        assert getattr(sides, attr) is CloseState.SENT
+        assert sides.close_received(to_client)
+        assert getattr(sides, attr) is CloseState.BOTH
+        assert not sides.close_received(to_client)  # a second Close changes nothing
+        with pytest.raises(IllegalTransition):
+            sides.close_sent(to_client)
+    for (state, event), new in CLOSE_TRANSITIONS.items():
+        assert event in ("sent", "received") and new is not state

@@ -1,0 +1,471 @@
+"""Sans-IO. The client leg: its protocol header, its SASL frames, its Open, and the dispatch of
+its AMQP frames to the handlers of :mod:`.sessions` and :mod:`.deliveries`.
+
+What the client's bytes are is decided by its state (:class:`~.state.ClientState`): a protocol
+header first; SASL frames, relayed to the router (the sasl-init names the identity the router
+will authenticate, :mod:`..amqp.sasl`); then its Open, held with everything pipelined behind it
+until the admission decision (:mod:`.admission`); then frames relayed under the group's limits
+(:mod:`.fastpath` for those that need no decision). Every client performative the proxy reads is
+checked canonically first (:mod:`..amqp.canonical`, decision 0005).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from struct import Struct
+from typing import TYPE_CHECKING, Any
+
+from ..amqp import constants as C
+from ..amqp.canonical import check_performative
+from ..amqp.constants import Condition, Descriptor, FrameType, SaslCode
+from ..amqp.errors import FramingError, IllegalStateError, NotAllowedError, ResourceLimitError
+from ..amqp.framing import check_frame_header
+from ..amqp.handshake import OpenHead, read_open_head, read_sasl_init
+from ..amqp.performatives import (
+    Attach,
+    Begin,
+    Close,
+    Detach,
+    Disposition,
+    End,
+    Flow,
+    Open,
+    SaslOutcome,
+    Transfer,
+    decode_performative,
+)
+from ..amqp.sasl import ANONYMOUS_USER, identity_from_sasl_init
+from ..amqp.transfer import is_transfer_descriptor
+from .commands import ConnectRouter, SendData, Side
+from .events import ConnectionDenied, ConnectionDenyReason, ProtocolViolation
+from .fastpath import relay_client_frames
+from .framebuf import feed
+from .state import CLIENT_AMQP, CLIENT_SASL, ClientState, RouterState
+from .wire import error, frame
+
+if TYPE_CHECKING:
+    from .connection import ProxyConnection
+
+logger = logging.getLogger(__name__)
+
+_HDR = Struct(">IBBH")
+#: Largest frame accepted from the client before the proxy has advertised a max-frame-size
+#: (the spec says 512 for SASL frames and an Open; the proxy is lenient but bounded).
+PRE_OPEN_FRAME_LIMIT = 64 * 1024
+#: Bytes a client may pipeline behind its Open before the admission decision.
+PIPELINED_LIMIT = 4 * 1024 * 1024
+#: The encodings of an error-less Close (list0, list8, list32 with no fields), recognised from
+#: their bytes; proton's decoder gives exactly ``Close()`` for each.
+EMPTY_CLOSE_BODIES = frozenset({
+    bytes.fromhex("00531845"), bytes.fromhex("005318c00100"),
+    bytes.fromhex("005318d00000000400000000"),
+})
+EMPTY_CLOSE = Close()
+
+_HEADER, _SASL, _AMQP, _NONE = range(4)
+
+
+def sasl_outcome(code: SaslCode) -> bytes:
+    """A sasl-outcome frame with ``code`` (Part 5 §5.3.3.6)."""
+    return frame(0, SaslOutcome(code=int(code)), ftype=FrameType.SASL)
+
+
+class ClientSide:
+    """The client leg of one connection."""
+
+    __slots__ = ("conn", "wire", "sides", "buf", "frame_limit", "held", "open",
+                 "open_body", "sasl_used", "sasl_init_seen", "sasl_user", "sasl_ok",
+                 "handlers")
+
+    def __init__(self, conn: ProxyConnection) -> None:
+        """Nothing received yet."""
+        self.conn = conn
+        self.wire = conn.wire
+        self.sides = conn.sides
+        self.buf = bytearray()
+        """The client bytes of a unit that straddles reads (at most one frame)."""
+        self.frame_limit = PRE_OPEN_FRAME_LIMIT
+        """Largest frame accepted from the client (the max-frame-size it was given)."""
+        self.held = bytearray()
+        """Client frames pipelined behind its Open, held until the decision."""
+        self.open: Open | OpenHead | None = None
+        self.open_body: bytes | None = None
+        """The client's Open frame body until its admission is decided."""
+        self.sasl_used = False
+        self.sasl_init_seen = False
+        self.sasl_user: str | None = None
+        """The identity the sasl-init names (trusted only once the router said ``ok``)."""
+        self.sasl_ok = False
+        """The router's sasl-outcome ``ok`` was relayed (or the client skipped SASL)."""
+        sessions = conn.sessions
+        self.handlers: dict[type, Callable[[Any, bytes, int, float], None]] = {
+            Begin: sessions.on_client_begin,
+            Attach: sessions.on_client_attach,
+            Flow: sessions.on_client_flow,
+            Detach: sessions.on_client_detach,
+            End: sessions.on_client_end,
+            Disposition: sessions.on_client_disposition,
+            Close: self.on_close,
+            Open: self.on_second_open,
+            Transfer: self.on_decoded_transfer,
+        }
+
+    # ------------------------------------------------------------------ bytes in
+
+    def _mode(self) -> int:
+        state = self.sides.client
+        if state in CLIENT_AMQP:
+            if state is ClientState.UNAVAILABLE and self.sasl_used and not self.sasl_ok:
+                return _SASL
+            return _AMQP
+        if state in CLIENT_SASL:
+            return _SASL
+        if state is ClientState.AWAIT_HEADER:
+            return _HEADER
+        return _NONE
+
+    def data(self, data: bytes, now: float) -> None:
+        """Bytes the client sent (any split; frames may span reads)."""
+        mode = self._mode()
+        if mode == _NONE:
+            return
+        self.buf = feed(self.buf, data, mode != _HEADER, self.frame_limit, self.process, now)
+
+    def process(self, buf: Any, start: int, end: int, now: float) -> int:
+        """Consume whole units from ``buf[start:end]``; return the offset reached.
+
+        Admitted frames forwarded unchanged accumulate into one run of original bytes,
+        written as a single ``SendData`` (flushed before anything else is sent).
+        """
+        wire = self.wire
+        saved = (wire.run_buf, wire.run_start, wire.run_end)
+        wire.run_buf, wire.run_start, wire.run_end = buf, -1, 0
+        try:
+            return self._units(buf, start, end, now)
+        finally:
+            wire.flush_run()
+            wire.run_buf, wire.run_start, wire.run_end = saved
+
+    def _units(self, buf: Any, pos: int, end: int, now: float) -> int:
+        sides = self.sides
+        while pos < end:
+            state = sides.client
+            if state is ClientState.OPENED:
+                # The admitted steady state; returns at a partial frame, a frame it leaves to
+                # the general code below, or once the state has changed.
+                pos = relay_client_frames(self.conn, buf, pos, end, now)
+                if pos >= end:
+                    break
+            mode = self._mode()
+            if mode == _NONE:
+                break
+            if mode == _HEADER:
+                if end - pos < 8:
+                    head = bytes(buf[pos:end])
+                    if not (C.AMQP_HEADER.startswith(head) or C.SASL_HEADER.startswith(head)
+                            or C.TLS_HEADER.startswith(head)):
+                        self._bad_header(now)
+                        return end
+                    return pos
+                self._header(bytes(buf[pos:pos + 8]), now)
+                pos += 8
+                continue
+            if end - pos < 8:
+                return pos
+            if buf[pos] == 0x41 and bytes(buf[pos:pos + 4]) == b"AMQP":
+                # a protocol header where a frame would be: only the AMQP header after SASL
+                self._header(bytes(buf[pos:pos + 8]), now)
+                pos += 8
+                continue
+            size, doff, ftype, channel = _HDR.unpack_from(buf, pos)
+            check_frame_header(size, doff, ftype, self.frame_limit)
+            if end - pos < size:
+                return pos
+            fend = pos + size
+            if mode == _SASL:
+                self._sasl_frame(buf, pos, doff, ftype, fend, now)
+            elif state is ClientState.OPENED or (
+                    state is ClientState.CLOSING and not sides.client_close_received()
+                    and self.conn.opened_at is not None):
+                if self.amqp_frame(buf, pos, doff, ftype, channel, fend, now):
+                    self.wire.extend_run(pos, fend)
+            else:
+                self._preopen_frame(buf, pos, doff, ftype, channel, fend, now)
+            pos = fend
+        return pos
+
+    # ------------------------------------------------------------------ headers and SASL
+
+    def _bad_header(self, now: float) -> None:
+        """Garbage or another protocol: QDR answers with an AMQP header, Open and Close
+        ``amqp:connection:framing-error`` ``Unknown protocol detected``."""
+        conn = self.conn
+        self.wire.emit(ProtocolViolation(**conn.ctx(now), side=str(Side.CLIENT),
+                                         condition=str(Condition.CONNECTION_FRAMING_ERROR),
+                                         description=C.UNKNOWN_PROTOCOL))
+        conn.close_reason = "protocol_error"
+        conn.handshake_deadline = None
+        conn.send_open_close(error(Condition.CONNECTION_FRAMING_ERROR, C.UNKNOWN_PROTOCOL))
+        self.sides.stop_client()
+        self.wire.close_transport(Side.ROUTER)
+        self.wire.close_transport(Side.CLIENT)
+
+    def _header(self, header: bytes, now: float) -> None:
+        """A protocol header (Part 2 §2.2): SASL or AMQP first, AMQP after SASL.
+
+        Raises:
+            FramingError: any other header where one may come.
+        """
+        sides = self.sides
+        state = sides.client
+        if state is ClientState.AWAIT_HEADER:
+            if header == C.SASL_HEADER:
+                self.sasl_used = True
+                sides.to_client(ClientState.SASL)
+            elif header == C.AMQP_HEADER:
+                # no SASL: user anonymous, as in QDR
+                self.sasl_user = ANONYMOUS_USER
+                self.sasl_ok = True
+                sides.to_client(ClientState.AWAIT_OPEN)
+            else:
+                self._bad_header(now)
+                return
+            sides.to_router(RouterState.CONNECTING)
+            self.wire.out.append(ConnectRouter())
+            self.wire.send(Side.ROUTER, header)
+            return
+        if state in CLIENT_SASL and header == C.AMQP_HEADER:
+            sides.to_client(ClientState.AWAIT_OPEN)
+            self.wire.send(Side.ROUTER, header)
+            return
+        raise FramingError(f"unexpected protocol header {header!r}")
+
+    def _sasl_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int,
+                    now: float) -> None:
+        """A client SASL frame (Part 5 §5.3): the sasl-init or a sasl-response.
+
+        The sasl-init names the identity the router will authenticate; a client asking for
+        another authorization identity is refused with the outcome ``auth`` and its sasl-init
+        never reaches the router. Both frames are accepted only in canonical form. With no
+        upstream reachable the sasl-init is answered ``sys-temp``.
+
+        Raises:
+            FramingError: an AMQP or empty frame during SASL.
+            IllegalStateError: a second sasl-init, or another SASL frame.
+            DecodeError: not canonical, or a malformed initial response.
+        """
+        if ftype != FrameType.SASL:
+            raise FramingError("AMQP frame during SASL negotiation")
+        body = pos + doff * 4
+        if body == fend:
+            raise FramingError("empty frame during SASL negotiation")
+        init = read_sasl_init(buf, body, fend)  # plain encodings, no decode
+        if init is None:
+            code, _, _ = check_performative(buf, body, fend)
+            if code == Descriptor.SASL_INIT:
+                perf, _ = decode_performative(memoryview(buf)[body:fend])
+                init = (str(perf.mechanism or ""), perf.initial_response)
+            elif code != Descriptor.SASL_RESPONSE:
+                raise IllegalStateError(f"client sent {Descriptor(code).name} during SASL")
+        if init is not None:
+            if self.sasl_user is not None or self.sasl_init_seen:
+                raise IllegalStateError("second sasl-init")
+            self.sasl_init_seen = True
+            identity = identity_from_sasl_init(*init, tls_identity=self.conn.tls_subject)
+            if identity.impersonates:
+                self._refuse_impersonation(identity.user, identity.authzid, now)
+                return
+            self.sasl_user = identity.user
+            if self.sides.client is ClientState.UNAVAILABLE:
+                self.answer_unavailable()
+                return
+        self.wire.send(Side.ROUTER, bytes(buf[pos:fend]))
+
+    def answer_unavailable(self) -> None:
+        """No upstream authenticated the client: sasl-outcome ``sys-temp``, then close."""
+        self.sides.stop_client()
+        self.wire.send(Side.CLIENT, sasl_outcome(SaslCode.SYS_TEMP))
+        self.wire.close_transport(Side.CLIENT)
+
+    def _refuse_impersonation(self, user: str | None, authzid: str | None, now: float) -> None:
+        """The client asks to act as ``authzid`` while authenticating as ``user``.
+
+        The router (proton with Cyrus) would authenticate ``user`` and accept any authzid, so
+        the proxy refuses the exchange itself: sasl-outcome ``auth`` (code 1) to the client,
+        nothing of the sasl-init to the router, both transports closed; counted as a
+        connection denied for ``authzid``.
+        """
+        conn = self.conn
+        conn.user = user
+        conn.close_reason = "denied"
+        conn.handshake_deadline = None
+        logger.info("[%s] DENY SASL for user '%s', rhost '%s': authorization identity '%s' "
+                    "differs from the authenticated identity", conn.conn_id, user,
+                    conn.remote_host, authzid)
+        wire = self.wire
+        wire.emit(ConnectionDenied(**conn.ctx(now), reason=ConnectionDenyReason.AUTHZID,
+                                   condition="", description="sasl-outcome auth"))
+        self.sides.stop_client()
+        self.sides.stop_router()
+        wire.pending.clear()
+        wire.out.append(SendData(Side.CLIENT, sasl_outcome(SaslCode.AUTH)))
+        wire.close_transport(Side.ROUTER)
+        wire.close_transport(Side.CLIENT)
+
+    # ------------------------------------------------------------------ before the decision
+
+    def _preopen_frame(self, buf: Any, pos: int, doff: int, ftype: int, channel: int,
+                       fend: int, now: float) -> None:
+        """A client AMQP frame before its admission: the Open (decided at once), frames
+        pipelined behind it (held), or frames after a refusal (only its Close matters).
+
+        Raises:
+            FramingError: a SASL frame after SASL, or an Open on a channel other than 0.
+            ResourceLimitError: more than 4 MiB pipelined behind the Open.
+            IllegalStateError: something else than an Open first.
+            DecodeError: an Open that is not canonical.
+        """
+        if ftype != FrameType.AMQP:
+            raise FramingError("SASL frame after SASL negotiation")
+        state = self.sides.client
+        if state in (ClientState.DENIED, ClientState.UNAVAILABLE, ClientState.CLOSING):
+            self._after_close_frame(buf, pos, doff, fend)
+            return
+        if self.open is not None:  # pipelined behind the Open: held until the decision
+            self.held += buf[pos:fend]
+            if len(self.held) > PIPELINED_LIMIT:
+                raise ResourceLimitError("too much data pipelined before the Open decision")
+            return
+        body = pos + doff * 4
+        if body == fend:
+            return  # heartbeat before Open: nothing to relay yet
+        raw = bytes(buf[body:fend])
+        # the fields admission needs, read from the plain encoding without a decode
+        perf: Open | OpenHead | None = read_open_head(raw)
+        if perf is None:
+            check_performative(raw, 0, len(raw))
+            perf, _ = decode_performative(raw)
+            if not isinstance(perf, Open):
+                raise IllegalStateError(f"expected Open, got {type(perf).__name__}")
+        if channel != 0:
+            raise FramingError("Open on a channel other than 0")
+        self.open = perf
+        self.open_body = raw
+        self.sides.to_client(ClientState.DECIDING)
+        self.conn.admission.when_ready(now)
+
+    def _after_close_frame(self, buf: Any, pos: int, doff: int, fend: int) -> None:
+        """A frame after the client was refused or sent its Close: consumed; its Close ends
+        the exchange (the transports close)."""
+        body = pos + doff * 4
+        if body == fend:
+            return
+        code = is_transfer_descriptor(buf, body, fend)
+        sides = self.sides
+        if code == Descriptor.OPEN and sides.client is ClientState.UNAVAILABLE:
+            return
+        if code == Descriptor.CLOSE:
+            sides.close_received(True)
+            self.wire.close_transport(Side.CLIENT)
+            if sides.client is ClientState.CLOSING:
+                self.wire.close_transport(Side.ROUTER)
+
+    def release_held(self, now: float) -> None:
+        """The Open was approved: process what the client pipelined behind it."""
+        held = bytes(self.held)
+        self.held.clear()
+        if held:
+            self.process(held, 0, len(held), now)
+
+    # ------------------------------------------------------------------ admitted frames
+
+    def amqp_frame(self, buf: Any, pos: int, doff: int, ftype: int, channel: int, fend: int,
+                   now: float) -> bool:
+        """Handle one admitted client frame; True means "forward its original bytes".
+
+        Raises:
+            FramingError: a SASL frame. NotAllowedError: a Flow or Disposition on a channel
+            never begun. IllegalStateError: a performative the client may not send.
+            DecodeError: not canonical.
+        """
+        if ftype != FrameType.AMQP:
+            raise FramingError("SASL frame after SASL negotiation")
+        body = pos + doff * 4
+        if body == fend:
+            return True  # heartbeat
+        conn = self.conn
+        sessions = conn.sessions
+        code = is_transfer_descriptor(buf, body, fend)
+        if code == Descriptor.TRANSFER:
+            conn.figures.transfers_in += 1
+            forward = conn.deliveries.client_transfer(buf, body, channel, fend, now)
+            session = sessions.sessions.get(channel)
+            if session is not None and sessions.window_frames is not None:
+                sessions.reopen_window(session)
+            return forward
+        if code == Descriptor.DISPOSITION:
+            if channel in sessions.denied_sessions:
+                return False
+            if channel not in sessions.sessions:
+                raise NotAllowedError(f"disposition on channel {channel} that was never begun")
+            return True
+        if code == Descriptor.FLOW:
+            session = sessions.sessions.get(channel)
+            if session is None:
+                if channel in sessions.denied_sessions:
+                    return False
+                raise NotAllowedError(f"flow on channel {channel} that was never begun")
+            if not session.denied_handles and not session.dropped_transfers:
+                return True
+        if code == Descriptor.CLOSE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
+            perf: Any = EMPTY_CLOSE
+        else:
+            # what the proxy decides on must be what the router reads (decision 0005)
+            check_performative(buf, body, fend)
+            perf, _ = decode_performative(memoryview(buf)[body:fend])
+        handler = self.handlers.get(type(perf))
+        if handler is None:
+            raise IllegalStateError(f"unexpected {type(perf).__name__} from client")
+        handler(perf, bytes(buf[pos:fend]), channel, now)
+        return False
+
+    def on_second_open(self, perf: Any, raw: bytes, channel: int, now: float) -> None:
+        """A second Open (Part 2 §2.4.1 allows one).
+
+        Raises:
+            IllegalStateError: always.
+        """
+        raise IllegalStateError("second Open")
+
+    def on_decoded_transfer(self, perf: Any, raw: bytes, channel: int, now: float) -> None:
+        """A Transfer that only the general decoder recognised (a symbolic descriptor).
+
+        Raises:
+            DecodeError: always (never reached: the canonical check refuses it first).
+        """
+        raise IllegalStateError("transfer with a non-standard descriptor encoding")
+
+    def on_close(self, perf: Close, raw: bytes, channel: int, now: float) -> None:
+        """The client's Close (Part 2 §2.7.9): the answer to the proxy's Close ends the
+        connection; otherwise it is relayed and the router's answer awaited (bounded by the
+        linger time)."""
+        conn = self.conn
+        sides = self.sides
+        wire = self.wire
+        sides.close_received(True)
+        if conn.close_reason is None:
+            conn.close_reason = "client_close"
+        if sides.client_close_sent():
+            # the client answers a Close it was sent (shutdown, oversize, the router's): done
+            wire.close_transport(Side.CLIENT)
+            if not sides.router_close_sent():
+                wire.send_close(Side.ROUTER, None)
+            if sides.router_close_received():
+                wire.close_transport(Side.ROUTER)
+            return
+        if sides.client is ClientState.OPENED:
+            sides.to_client(ClientState.CLOSING)
+        sides.close_sent(False)
+        conn.linger(now)  # bounded wait for the router's answer
+        wire.send(Side.ROUTER, raw)

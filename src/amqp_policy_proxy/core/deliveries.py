@@ -1,0 +1,377 @@
+"""Sans-IO. Deliveries: the per-message rules on client Transfers, and the topic filter on the
+router's.
+
+Client to router: each delivery is counted across its frames against ``maxMessageSize``, and
+its first frame goes through the per-message checks on links that need them (``user-id`` when
+``allowUserIdProxy`` is false, the anonymous-relay ``to``, router annotations, a topic
+publisher's ``to``). A refused delivery never reaches the router: the router gets an aborted,
+settled stand-in for its first frame and nothing of the rest (decision 0002); the client gets
+QDR's answer (``rejected`` for a relay or user-id violation; rejected, detach and Close for an
+oversize message).
+
+Router to client, on connections with topic-filtered receivers: a delivery a wildcard subscriber
+may not see is replaced by payload-less frames that abort it, and ``durable`` is cleared for a
+subscriber without the persistent authority (decision 0004).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..amqp import constants as C
+from ..amqp.constants import Condition
+from ..amqp.errors import DecodeError, IllegalStateError, NotAllowedError, UnattachedHandleError
+from ..amqp.message import cleared_durable_byte, durable_flag_offset, read_message_head
+from ..amqp.performatives import Accepted, Detach, Disposition, Rejected, Transfer
+from ..amqp.transfer import delivery_tag_at, read_transfer_fields
+from ..policy import decisions
+from ..policy.reasons import MessageDenyReason
+from .commands import Side
+from .events import MessageDenied
+from .records import LinkRecord, SessionRecord
+from .state import ClientState
+from .wire import error, frame
+
+if TYPE_CHECKING:
+    from .connection import ProxyConnection
+
+logger = logging.getLogger(__name__)
+
+
+class Deliveries:
+    """The per-message rules of one connection, both directions."""
+
+    __slots__ = ("conn", "wire", "max_message_size", "check_user_id", "user_id_bytes",
+                 "relay_allowed", "topics", "principal", "qos_of", "topic_receivers")
+
+    def __init__(self, conn: ProxyConnection) -> None:
+        """No rule applies until the connection is admitted under a group (:meth:`govern`)."""
+        self.conn = conn
+        self.wire = conn.wire
+        self.max_message_size: int | None = None
+        """Bytes; the group's maxMessageSize (resolved group -> vhost -> global)."""
+        self.check_user_id = False
+        """``allowUserIdProxy`` is false: a message's user-id must be the user's."""
+        self.user_id_bytes = b""
+        self.relay_allowed: str | None = None
+        """The last relay ``to`` the address rules allowed (a relay sender repeats it)."""
+        self.topics: Any = None
+        """The group's topic authorizer, if a topic model applies to it."""
+        self.principal: Any = None
+        self.qos_of: Any = None
+        self.topic_receivers = False
+        """Some receiver link needs per-delivery topic handling (router Transfers are read)."""
+
+    def govern(self, group: Any, user: str, tls_subject: str | None) -> None:
+        """Apply ``group``'s message rules to this connection (at admission)."""
+        self.max_message_size = group.max_message_size
+        self.check_user_id = not group.allow_user_id_proxy
+        self.user_id_bytes = user.encode("utf-8")
+        topics = getattr(group, "topics", None)
+        if topics is not None:
+            from ..policy.topics import Principal, qos_of  # only vhosts with topic models
+
+            self.topics = topics
+            self.qos_of = qos_of
+            self.principal = Principal(user=user, group=group.name, subject=tls_subject)
+
+    def inspects(self, link: LinkRecord) -> bool:
+        """Whether the first frame of each delivery on the sender ``link`` needs a look."""
+        return link.anonymous or self.check_user_id or self.topics is not None
+
+    def check_link(self, is_sender: bool, address: str, qos: int, now: float) -> Any:
+        """The topic models' decision on a link to ``address`` (publish or subscribe)."""
+        conn = self.conn
+        check = self.topics.check_publish if is_sender else self.topics.check_subscribe
+        verdict = check(self.principal, address, qos=qos, wall_now=now + conn.wall_offset)
+        if not verdict.allowed:
+            logger.info("[%s] topic authorization denies %s '%s' for user '%s': %s",
+                        conn.conn_id, "publish" if is_sender else "subscribe", address,
+                        conn.user, verdict.decided_by)
+        return verdict
+
+    # ------------------------------------------------------------------ client Transfers
+
+    def client_transfer(self, buf: Any, body: int, channel: int, fend: int, now: float,
+                        fields: tuple[Any, ...] | None = None) -> bool:
+        """Handle one client Transfer (Part 2 §2.7.5); True means "forward its bytes".
+
+        ``fields`` is the :func:`read_transfer_fields` tuple when the caller read it already.
+
+        Raises:
+            NotAllowedError: a channel never begun, or a Transfer where the client receives.
+            UnattachedHandleError: a handle not attached. IllegalStateError: after Detach.
+            DecodeError: a Transfer or message head that is not canonical.
+        """
+        sessions = self.conn.sessions
+        session = sessions.sessions.get(channel)
+        if session is None:
+            if channel in sessions.denied_sessions:
+                return False
+            raise NotAllowedError(f"transfer on channel {channel} that was never begun")
+        if fields is None:
+            fields = read_transfer_fields(buf, body, fend)
+        handle, delivery_id, settled, more, aborted, payload_offset, tag = fields
+        session.transfers_in += 1
+        link = session.links.get(handle)
+        if link is None:
+            if handle in session.denied_handles:
+                session.dropped_transfers += 1
+                return False
+            raise UnattachedHandleError(f"transfer on handle {handle} that is not attached")
+        if not link.is_sender:
+            raise NotAllowedError("transfer on a link where the client is the receiver")
+        if link.client_detached:
+            raise IllegalStateError("transfer after detach")
+        first = not link.in_delivery
+        if first:
+            link.in_delivery = True
+            link.delivery_bytes = 0
+            link.delivery_id = delivery_id
+            link.delivery_settled = settled
+            link.discarding = False
+        elif settled:
+            link.delivery_settled = True
+        if not more or aborted:
+            link.in_delivery = False
+        if link.discarding:
+            session.dropped_transfers += 1
+            if not link.in_delivery:
+                self._finish_denied(session, link, now)
+            return False
+        link.delivery_bytes += fend - payload_offset
+        if first and not aborted and link.inspect:
+            denial = self.message_denial(link, buf, payload_offset, fend, more, now)
+            if denial is not None:
+                self._deny(session, link, delivery_tag_at(buf, tag), denial[0], denial[1], now)
+                return False
+        limit = self.max_message_size
+        if limit is not None and link.delivery_bytes > limit and not aborted:
+            self._oversize(session, link, delivery_tag_at(buf, tag) if first else None, first,
+                           now)
+            return False
+        return True
+
+    def message_denial(self, link: LinkRecord, buf: Any, payload: int, fend: int, more: bool,
+                       now: float) -> tuple[MessageDenyReason, str | None] | None:
+        """The per-message checks on the first frame of a delivery on an inspected link:
+        QDR's ``user-id`` check (allowUserIdProxy false) and anonymous-relay ``to`` (address
+        rules, then topics); no router annotations on an anonymous-relay message (qdrouterd
+        would route it by ``x-opt-qd.to``); on a topic publisher's link a ``to`` other than the
+        target must be publishable too. The head is read canonically; one that does not fit in
+        the first frame is refused rather than let pass.
+
+        Returns:
+            ``(reason, to)`` for a denial, else None.
+
+        Raises:
+            DecodeError: the message head is not canonical.
+        """
+        head = read_message_head(buf, payload, fend, last=not more)
+        to = head.to
+        if not head.complete:
+            if link.anonymous:
+                return MessageDenyReason.RELAY_TARGET, to
+            return (MessageDenyReason.USER_ID if self.check_user_id
+                    else MessageDenyReason.TOPIC), to
+        if self.check_user_id and head.user_id and head.user_id != self.user_id_bytes:
+            return MessageDenyReason.USER_ID, to
+        conn = self.conn
+        topics = self.topics
+        if link.anonymous:
+            if head.router_annotations:
+                return MessageDenyReason.ROUTER_ANNOTATIONS, to
+            if to is not None:
+                if to != self.relay_allowed:
+                    if not decisions.approve_relay_target(conn.group, user=conn.user or "",
+                                                          to=to):
+                        return MessageDenyReason.RELAY_TARGET, to
+                    self.relay_allowed = to
+                if topics is not None and not topics.check_publish(
+                        self.principal, to, qos=link.qos,
+                        wall_now=now + conn.wall_offset).allowed:
+                    return MessageDenyReason.TOPIC, to
+        elif topics is not None and to is not None and to != link.address:
+            if not topics.check_publish(self.principal, to, qos=link.qos,
+                                        wall_now=now + conn.wall_offset).allowed:
+                return MessageDenyReason.TOPIC, to
+        return None
+
+    def _log_denial(self, reason: MessageDenyReason, address: str | None,
+                    detail: str = "") -> None:
+        conn = self.conn
+        logger.info("[%s] DENY AMQP Transfer for user '%s', rhost '%s', vhost '%s', address "
+                    "'%s': %s%s", conn.conn_id, conn.user, conn.remote_host, conn.vhost_name,
+                    address, reason, f" ({detail})" if detail else "")
+
+    def _deny(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
+              reason: MessageDenyReason, address: str | None, now: float) -> None:
+        # The router gets an aborted, settled transfer in place of the first frame, so the
+        # session's delivery-ids stay contiguous; later frames of the delivery are dropped and
+        # counted (docs/decisions/0002-withheld-transfers.md).
+        link.discarding = True
+        link.discard_reason = reason
+        self._log_denial(reason, address)
+        self._send_aborted(session, link, tag, True)
+        self.wire.emit(MessageDenied(**self.conn.ctx(now), address=address, reason=reason,
+                                     size=link.delivery_bytes))
+        if not link.in_delivery:
+            self._finish_denied(session, link, now)
+
+    def _send_aborted(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
+                      first: bool) -> None:
+        if first:
+            t = Transfer(handle=link.handle, delivery_id=link.delivery_id,
+                         delivery_tag=tag or b"", message_format=0, settled=True,
+                         more=False, aborted=True)
+        else:
+            t = Transfer(handle=link.handle, more=False, aborted=True, settled=True)
+        self.wire.send(Side.ROUTER, frame(session.channel, t))
+
+    def _finish_denied(self, session: SessionRecord, link: LinkRecord, now: float) -> None:
+        reason = link.discard_reason
+        link.discarding = False
+        if reason == MessageDenyReason.MESSAGE_SIZE:
+            self._finish_oversize(session, link, now)
+            return
+        description = (C.USER_ID_VIOLATION if reason == MessageDenyReason.USER_ID
+                       else C.TARGET_VIOLATION)  # relay target, by address rules or topics
+        if not link.delivery_settled and link.delivery_id is not None:
+            disp = Disposition(role=True, first=link.delivery_id, settled=True,
+                               state=Rejected(error=error(Condition.UNAUTHORIZED_ACCESS,
+                                                          description)))
+            self.conn.sessions.reply_on_session(session, frame(0, disp))
+
+    def _oversize(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
+                  first: bool, now: float) -> None:
+        self._log_denial(MessageDenyReason.MESSAGE_SIZE, link.address,
+                         f"maxMessageSize {self.max_message_size} exceeded")
+        link.discarding = True
+        link.discard_reason = MessageDenyReason.MESSAGE_SIZE
+        self._send_aborted(session, link, tag, first)
+        self.wire.emit(MessageDenied(**self.conn.ctx(now), address=link.address,
+                                     reason=MessageDenyReason.MESSAGE_SIZE,
+                                     size=link.delivery_bytes))
+        if not link.in_delivery:
+            self._finish_oversize(session, link, now)
+
+    def _finish_oversize(self, session: SessionRecord, link: LinkRecord, now: float) -> None:
+        # QDR: reject the delivery, detach the link (no error), close the connection forced.
+        frames = []
+        if link.delivery_id is not None:
+            frames.append(frame(0, Disposition(
+                role=True, first=link.delivery_id, settled=True,
+                state=Rejected(error=error(Condition.LINK_MESSAGE_SIZE_EXCEEDED,
+                                           C.MESSAGE_SIZE_EXCEEDED)))))
+        if link.broker_handle is not None:
+            frames.append(frame(0, Detach(handle=link.broker_handle, closed=True)))
+        conn = self.conn
+        conn.sessions.reply_on_session(session, *frames)
+        conn.close_reason = "message_size"
+        wire = self.wire
+        if not conn.sides.client_close_sent():  # a second oversize message, pipelined: one Close
+            wire.send_close(Side.CLIENT, error(Condition.CONNECTION_FORCED,
+                                               C.MESSAGE_SIZE_EXCEEDED))
+        if not conn.sides.router_close_sent():
+            wire.send_close(Side.ROUTER, None)
+        if conn.sides.client is ClientState.OPENED:
+            conn.sides.to_client(ClientState.CLOSING)
+        conn.linger(now)
+
+    # ------------------------------------------------------------------ router Transfers
+
+    def router_transfer(self, buf: Any, pos: int, body: int, fend: int, channel: int,
+                        now: float) -> bytes | None:
+        """A router Transfer on a connection with topic-filtered receivers.
+
+        Returns:
+            None to forward the frame's bytes as they are, else the bytes to send the client
+            instead: a copy with ``durable`` cleared, or a payload-less stand-in for a
+            withheld delivery (docs/decisions/0004-topic-delivery-filtering.md).
+        """
+        conn = self.conn
+        session = conn.sessions.broker_sessions.get(channel)
+        if session is None:
+            return None
+        handle, delivery_id, settled, more, aborted, payload_offset, tag = read_transfer_fields(
+            buf, body, fend)
+        link = session.broker_links.get(handle)
+        if link is None or link.is_sender or not (link.topic_filter or link.strip_durable):
+            return None
+        first = not link.in_delivery
+        last = not more or aborted
+        if first:
+            link.delivery_id = delivery_id
+            link.delivery_tag = delivery_tag_at(buf, tag)
+            link.delivery_settled = settled
+            link.discarding = False
+            link.rewrite_durable = link.strip_durable
+            if link.topic_filter and not aborted:
+                self._filter(link, buf, payload_offset, fend, more, delivery_id, now)
+        elif settled:
+            link.delivery_settled = True
+        link.in_delivery = not last
+        if link.discarding:
+            # One payload-less frame per router frame keeps the session's transfer-ids and the
+            # link's delivery-count in step on both sides; the last one aborts the delivery,
+            # which settles it for the client (Part 2 §2.7.5).
+            if first:
+                t = Transfer(handle=handle, delivery_id=delivery_id,
+                             delivery_tag=link.delivery_tag or b"", message_format=0,
+                             settled=True if last else None, more=not last,
+                             aborted=True if last else None)
+            else:
+                t = Transfer(handle=handle, more=not last, settled=True if last else None,
+                             aborted=True if last else None)
+            if last:
+                link.discarding = False
+                if not link.delivery_settled and not aborted and link.delivery_id is not None:
+                    # settle it toward the router: the subscriber may not see it
+                    self.wire.send(Side.ROUTER, frame(session.channel, Disposition(
+                        role=True, first=link.delivery_id, settled=True, state=Accepted())))
+            return frame(channel, t)
+        if first and link.rewrite_durable:
+            link.rewrite_durable = False
+            offset = durable_flag_offset(buf, payload_offset, fend)
+            if offset is not None:
+                data = bytearray(buf[pos:fend])
+                data[offset - pos] = cleared_durable_byte(buf, offset)
+                return bytes(data)
+        return None
+
+    def _filter(self, link: LinkRecord, buf: Any, payload: int, fend: int, more: bool,
+                delivery_id: int | None, now: float) -> None:
+        """Decide whether the subscriber on ``link`` may see the delivery that starts here.
+
+        The message comes from a publisher, through the router: its head is read canonically
+        and a ``to`` the proxy cannot read proves nothing (visible only if the subscriber may
+        see every topic its wildcard matches).
+        """
+        conn = self.conn
+        to: str | None = None
+        try:
+            head = read_message_head(buf, payload, fend, last=not more)
+        except DecodeError:
+            head = None
+        wall_now = now + conn.wall_offset
+        if head is not None and not head.complete:
+            visible, decided = False, "properties not in the first frame"
+        elif head is not None and head.to is not None:
+            to = head.to
+            d = self.topics.check_delivery(self.principal, link.address or "", to,
+                                           wall_now=wall_now)
+            visible, decided = d.visible, d.decided_by
+            link.rewrite_durable = d.strip_durable
+        else:
+            d = self.topics.check_unknown_delivery(self.principal, link.address or "",
+                                                   wall_now=wall_now)
+            visible, decided = d.visible, d.decided_by
+            link.rewrite_durable = d.strip_durable
+        if not visible:
+            link.discarding = True
+            logger.debug("[%s] delivery %s on '%s' withheld: %s", conn.conn_id, delivery_id,
+                         link.address, decided)
+            self.wire.emit(MessageDenied(**conn.ctx(now), address=to,
+                                         reason=MessageDenyReason.TOPIC_WITHHELD,
+                                         size=fend - payload))

@@ -1,0 +1,123 @@
+"""Sans-IO. The relay's hot path: admitted client frames that need no decision.
+
+An admitted client mostly sends Transfers on a sender link, each a whole delivery, within
+``maxMessageSize``, with no per-message rule to apply, and heartbeats. Those only extend the
+*run* (the slice of original bytes forwarded in one write, :class:`~.wire.Wire`); when one is
+found, the optional C scanner (:mod:`..amqp.accel`) skips the frames after it that are more of
+the same. Every other frame (another performative, a multi-frame delivery, a denied or
+inspected link, an aborted Transfer, a frame header the general loop must judge) goes to the
+general handlers (:mod:`.client_side`, :mod:`.deliveries`), so the behaviour is the same with
+or without this path, and with or without the C scanner (the property tests run all three).
+"""
+
+from __future__ import annotations
+
+from struct import Struct
+from typing import TYPE_CHECKING, Any
+
+from ..amqp import accel
+from ..amqp.constants import Descriptor
+from ..amqp.framing import PROTOCOL_HEADER_MIN_SIZE, frame_header_ok
+from ..amqp.transfer import read_transfer_fields
+from .state import ClientState
+
+if TYPE_CHECKING:
+    from .connection import ProxyConnection
+
+_HDR = Struct(">IBBH")
+_TRANSFER = Descriptor.TRANSFER
+#: A size of this or more may be a protocol header ("AMQP" read as a size): never a run frame.
+_RUN_FRAME_LIMIT = PROTOCOL_HEADER_MIN_SIZE - 1
+#: "No maxMessageSize" for the C scanner (which takes a signed 64-bit limit).
+_NO_SIZE_LIMIT = -1
+#: The C scanner of runs of plain Transfers, or None: every frame in Python.
+_scan = accel.scan
+
+
+def relay_client_frames(conn: ProxyConnection, buf: Any, pos: int, end: int,
+                        now: float) -> int:
+    """Relay admitted client frames from ``buf[pos:end]`` while the client is OPENED.
+
+    Returns:
+        The offset of the first unconsumed byte: a partial frame, a frame whose header the
+        general loop must look at (it raises what is wrong with it, or reads a protocol
+        header), or the frame after one that changed the client's state.
+    """
+    client = conn.client
+    sessions = conn.sessions.sessions
+    deliveries = conn.deliveries
+    wire = conn.wire
+    sides = conn.sides
+    limit = min(client.frame_limit, _RUN_FRAME_LIMIT)
+    max_size = deliveries.max_message_size
+    scan_max = _NO_SIZE_LIMIT if max_size is None else max_size
+    window = conn.sessions.window_frames
+    unpack = _HDR.unpack_from
+    read_fields = read_transfer_fields
+    scan = _scan
+    run_start, run_end = wire.run_start, wire.run_end
+    transfers = 0
+    try:
+        while end - pos >= 8:
+            size, doff, ftype, channel = unpack(buf, pos)
+            if not frame_header_ok(size, doff, ftype, limit):
+                break
+            fend = pos + size
+            if fend > end:
+                break
+            body = pos + doff * 4
+            if body == fend:  # heartbeat
+                if run_start < 0:
+                    run_start = pos
+                run_end = pos = fend
+                continue
+            if (fend - body > 3 and buf[body] == 0x00 and buf[body + 1] == 0x53
+                    and buf[body + 2] == _TRANSFER):
+                transfers += 1
+                session = sessions.get(channel)
+                f = None
+                if session is not None:
+                    f = read_fields(buf, body, fend)
+                    link = session.links.get(f[0])
+                    if (link is not None and link.is_sender and not link.in_delivery
+                            and not f[3] and not f[4] and not link.inspect
+                            and not link.client_detached
+                            and (max_size is None or fend - f[5] <= max_size)):
+                        # a whole delivery that needs no decision: forwarded as it came
+                        session.transfers_in += 1
+                        if run_start < 0:
+                            run_start = pos
+                        run_end = pos = fend
+                        if scan is not None:
+                            # the frames after it on the same link are most often more of
+                            # the same: the C scanner passes them (and heartbeats) and stops
+                            # at the first frame that may need a decision
+                            pos, n = scan(buf, pos, end, limit, channel, f[0], scan_max)
+                            transfers += n
+                            session.transfers_in += n
+                            run_end = pos
+                        if window is not None:
+                            wire.run_start, wire.run_end = run_start, run_end
+                            conn.sessions.reopen_window(session)
+                            run_start, run_end = wire.run_start, wire.run_end
+                        continue
+                # a decision, a denial or an error: the general Transfer handler
+                wire.run_start, wire.run_end = run_start, run_end
+                forward = deliveries.client_transfer(buf, body, channel, fend, now, f)
+                if session is not None and window is not None:
+                    conn.sessions.reopen_window(session)
+            else:
+                wire.run_start, wire.run_end = run_start, run_end
+                forward = client.amqp_frame(buf, pos, doff, ftype, channel, fend, now)
+            run_start, run_end = wire.run_start, wire.run_end
+            if forward:
+                if run_start < 0:
+                    run_start = pos
+                run_end = fend
+            pos = fend
+            if sides.client is not ClientState.OPENED:
+                break
+    finally:
+        wire.run_start, wire.run_end = run_start, run_end
+        conn.figures.transfers_in += transfers
+    return pos

@@ -1,0 +1,132 @@
+"""Sans-IO. The records a connection keeps of its sessions and links, and the reserved numbers.
+
+Plain slotted objects (tens of thousands of connections: no ``__dict__``); the logic that
+changes them is in :mod:`.sessions` (Begin, Attach, Detach, End, Flow) and :mod:`.deliveries`
+(Transfers).
+"""
+
+from __future__ import annotations
+
+
+class ReservedPool:
+    """Numbers kept back from the router for the proxy's synthesized denial replies.
+
+    The proxy lowers the channel-max (Open) and handle-max (Begin) it forwards, so the top
+    ``count`` numbers are the proxy's to answer denied sessions and links on. :meth:`take`
+    hands them out from the top down and reuses the ones given back first (last in, first out):
+    the order of ``list(range(high - count + 1, high + 1))`` popped from its end, in three slots
+    instead of a list of ``count`` ints (about 2 KiB per session for 64 handles near 2**32).
+    """
+
+    __slots__ = ("low", "next", "returned")
+
+    def __init__(self, high: int, count: int) -> None:
+        """Reserve ``high - count + 1 .. high`` (none when ``count`` is 0)."""
+        self.low = high - count + 1
+        self.next = high
+        self.returned: list[int] | None = None
+
+    def take(self) -> int | None:
+        """Return a free reserved number, or None when all are in use."""
+        if self.returned:
+            return self.returned.pop()
+        n = self.next
+        if n < self.low:
+            return None
+        self.next = n - 1
+        return n
+
+    def give_back(self, number: int) -> None:
+        """Make ``number`` (from :meth:`take`) free again; it is the next one taken."""
+        if self.returned is None:
+            self.returned = []
+        self.returned.append(number)
+
+
+class LinkRecord:
+    """A link the client attached and the proxy forwarded (client handle numbering)."""
+
+    __slots__ = (
+        "name", "handle", "is_sender", "address", "broker_handle", "client_detached",
+        "broker_detached", "anonymous", "inspect", "delivery_bytes", "delivery_id",
+        "delivery_tag", "delivery_settled", "in_delivery", "discarding", "discard_reason",
+        "qos", "topic_filter", "strip_durable", "rewrite_durable",
+    )
+
+    def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
+        """Record a link: its name, the client's handle, its role and terminus address."""
+        self.name = name
+        self.handle = handle
+        self.is_sender = is_sender
+        """The client sends messages on it (role sender)."""
+        self.address = address
+        """Target address (sender) or source address (receiver); None when absent."""
+        self.broker_handle: int | None = None
+        self.client_detached = False
+        self.broker_detached = False
+        self.anonymous = is_sender and not address
+        self.inspect = False
+        """The first frame of each delivery goes through the per-message checks (user-id,
+        relay ``to``, router annotations, topic publish of ``to``)."""
+        self.delivery_bytes = 0
+        self.delivery_id: int | None = None
+        self.delivery_tag: bytes | None = None
+        self.delivery_settled = False
+        self.in_delivery = False
+        self.discarding = False
+        self.discard_reason: str | None = None
+        self.qos = 1
+        """QoS the link's settle modes map to, for relay publish checks (topic models)."""
+        self.topic_filter = False
+        """Receiver with a wildcard subscription under ``nearestAcl``: check every delivery."""
+        self.strip_durable = False
+        """Receiver whose principal lacks the persistent authority: durable delivered as false."""
+        self.rewrite_durable = False
+        """The router-to-client delivery in progress gets its ``durable`` flag cleared."""
+
+
+class SessionRecord:
+    """A session the client began and the proxy forwarded (client channel numbering)."""
+
+    __slots__ = (
+        "channel", "broker_channel", "handle_max", "links", "broker_links", "denied_handles",
+        "reserved_handles", "pending_replies", "dropped_transfers", "client_ended",
+        "broker_ended", "senders", "receivers", "transfers_in", "transfers_out",
+        "client_next_out", "client_window_end", "router_next_out", "router_window_end",
+        "router_out_window",
+    )
+
+    def __init__(self, channel: int, reserved_handles: ReservedPool,
+                 client_next_out: int) -> None:
+        """Record a session on the client's ``channel``."""
+        self.channel = channel
+        self.broker_channel: int | None = None
+        self.handle_max: int | None = None
+        self.links: dict[int, LinkRecord] = {}
+        self.broker_links: dict[int, LinkRecord] = {}
+        self.denied_handles: dict[int, int] = {}
+        self.reserved_handles = reserved_handles
+        self.pending_replies: list[bytes] = []
+        self.dropped_transfers = 0
+        """Client Transfer frames never forwarded (withheld deliveries, denied handles)."""
+        self.client_ended = False
+        self.broker_ended = False
+        self.senders = 0
+        self.receivers = 0
+        # session flow control under maxSessionWindow (Part 2 §2.5.6), in transfer frames
+        # Transfer ids are kept as unbounded ints from the Begin's next-outgoing-id (the wire
+        # carries them modulo 2**32).
+        self.transfers_in = 0
+        """Transfer frames received from the client on this session (forwarded or not)."""
+        self.transfers_out = 0
+        """Transfer frames sent to the client on this session."""
+        self.client_next_out = client_next_out
+        """The client's next-outgoing-id at its Begin."""
+        self.client_window_end = 0
+        """The first transfer-id (client numbering) the client's window does not cover."""
+        self.router_next_out = 0
+        """The router's next-outgoing-id at its Begin."""
+        self.router_window_end = 0
+        """The first transfer-id (router numbering) the router's own window does not cover."""
+        self.router_out_window = 0
+        """The router's last outgoing-window."""

@@ -1,0 +1,340 @@
+"""Sans-IO. The router leg: its protocol headers and SASL frames, relayed to the client; its
+AMQP frames, held until the client's Open is decided and then relayed, the few that policy
+rewrites going through a dispatch table (Open, Begin, Attach, Flow, Detach, End, Close).
+
+The router is the authentication authority (decision 0001): its sasl-outcome is what makes the
+client's claimed identity trusted. Its frames are trusted as the router's: they are decoded
+only where the proxy rewrites or maps them, and forwarded as their original bytes otherwise,
+in runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from struct import Struct
+from typing import TYPE_CHECKING, Any
+
+from ..amqp import constants as C
+from ..amqp.constants import Descriptor, FrameType
+from ..amqp.errors import FramingError, IllegalStateError
+from ..amqp.framing import check_frame_header, encode_frame, frame_header_ok
+from ..amqp.handshake import (
+    OpenHead,
+    is_sasl_mechanisms,
+    patch_open,
+    read_open_head,
+    sasl_outcome_code,
+)
+from ..amqp.performatives import (
+    Attach,
+    Begin,
+    Close,
+    Detach,
+    End,
+    Flow,
+    Open,
+    SaslMechanisms,
+    SaslOutcome,
+    decode_performative,
+)
+from ..amqp.transfer import is_transfer_descriptor
+from .client_side import EMPTY_CLOSE, EMPTY_CLOSE_BODIES, PRE_OPEN_FRAME_LIMIT
+from .commands import Side
+from .framebuf import feed
+from .state import ClientState, RouterState
+from .wire import frame, run_data
+
+if TYPE_CHECKING:
+    from .connection import ProxyConnection
+
+_HDR = Struct(">IBBH")
+_U32 = Struct(">I")
+UINT_MAX = 0xFFFFFFFF
+#: Cap on the frame size buffered from the router (it honours the client's max-frame-size).
+ROUTER_FRAME_LIMIT = 64 * 1024 * 1024
+#: How much of the router's SASL greeting reached the client (``RouterSide.sasl_relayed``).
+SASL_HEADER_RELAYED = 1
+SASL_MECHANISMS_RELAYED = 2
+SASL_OUTCOME_RELAYED = 3
+
+
+class RouterSide:
+    """The router leg of one connection."""
+
+    __slots__ = ("conn", "wire", "sides", "buf", "frame_limit", "held", "open_seen",
+                 "sasl_relayed", "handlers")
+
+    def __init__(self, conn: ProxyConnection) -> None:
+        """No upstream yet."""
+        self.conn = conn
+        self.wire = conn.wire
+        self.sides = conn.sides
+        self.buf = bytearray()
+        """The router bytes of a unit that straddles reads (at most one frame)."""
+        self.frame_limit = ROUTER_FRAME_LIMIT
+        """Largest frame accepted from the router (the client's max-frame-size, capped)."""
+        self.held: list[bytes] = []
+        """Router AMQP frames received before the client's Open was decided."""
+        self.open_seen = False
+        self.sasl_relayed = 0
+        """``SASL_HEADER_RELAYED``, ``SASL_MECHANISMS_RELAYED``, ``SASL_OUTCOME_RELAYED``."""
+        sessions = conn.sessions
+        self.handlers: dict[type, Callable[[Any, bytes, int, float], bytes | None]] = {
+            Open: self.on_open,
+            OpenHead: self.on_open,
+            Begin: sessions.on_router_begin,
+            Attach: sessions.on_router_attach,
+            Flow: sessions.on_router_flow,
+            Detach: sessions.on_router_detach,
+            End: sessions.on_router_end,
+            Close: self.on_close,
+        }
+
+    # ------------------------------------------------------------------ bytes in
+
+    def data(self, data: bytes, now: float) -> None:
+        """Bytes the router sent (any split)."""
+        state = self.sides.router
+        if state in (RouterState.STOPPED, RouterState.CLOSED, RouterState.FAILED):
+            return
+        framed = state is RouterState.SASL or state is RouterState.AMQP
+        limit = PRE_OPEN_FRAME_LIMIT if state is RouterState.SASL else self.frame_limit
+        self.buf = feed(self.buf, data, framed, limit, self.process, now)
+
+    def _relaying(self) -> bool:
+        client = self.sides.client
+        return client is ClientState.OPENED or client is ClientState.CLOSING
+
+    def process(self, buf: Any, pos: int, end: int, now: float) -> int:
+        """Consume whole units of router bytes from ``buf[pos:end]``; return where it ended."""
+        sides = self.sides
+        while pos < end:
+            state = sides.router
+            if state is RouterState.AMQP:
+                if self._relaying():
+                    return self.relay(buf, pos, end, now)
+                pos = self._hold(buf, pos, end)
+                break
+            if state is RouterState.AWAIT_HEADER or state is RouterState.AWAIT_AMQP_HEADER:
+                if end - pos < 8:
+                    break
+                self._header(bytes(buf[pos:pos + 8]))
+                pos += 8
+                continue
+            if state is not RouterState.SASL or end - pos < 8:
+                break
+            size, doff, ftype, _channel = _HDR.unpack_from(buf, pos)
+            check_frame_header(size, doff, ftype, PRE_OPEN_FRAME_LIMIT)
+            if end - pos < size:
+                break
+            fend = pos + size
+            self._sasl_frame(buf, pos, doff, ftype, fend)
+            pos = fend
+        return pos
+
+    def _header(self, header: bytes) -> None:
+        """The router's protocol header, relayed to the client.
+
+        Raises:
+            FramingError: not the SASL header (before SASL) or the AMQP header.
+        """
+        sides = self.sides
+        if header == C.SASL_HEADER and sides.router is RouterState.AWAIT_HEADER:
+            sides.to_router(RouterState.SASL)
+            self.sasl_relayed = SASL_HEADER_RELAYED
+        elif header == C.AMQP_HEADER:
+            sides.to_router(RouterState.AMQP)
+            self.wire.amqp_header_sent = True
+        else:
+            raise FramingError(f"unexpected protocol header from upstream {header!r}")
+        self.wire.send(Side.CLIENT, header)
+
+    def _sasl_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int) -> None:
+        """A router SASL frame (Part 5 §5.3.3), relayed; its sasl-outcome ``ok`` makes the
+        client's claimed identity trusted.
+
+        Raises:
+            FramingError: an AMQP frame during SASL.
+        """
+        if ftype != FrameType.SASL:
+            raise FramingError("AMQP frame during SASL negotiation")
+        body = pos + doff * 4
+        if body < fend:
+            code = sasl_outcome_code(buf, body, fend)  # plain encodings, no decode
+            if code is None:
+                if is_sasl_mechanisms(buf, body, fend):
+                    self.sasl_relayed = SASL_MECHANISMS_RELAYED
+                else:
+                    perf, _ = decode_performative(memoryview(buf)[body:fend])
+                    if isinstance(perf, SaslOutcome):
+                        code = 0 if perf.code is None else int(perf.code)
+                    elif isinstance(perf, SaslMechanisms):
+                        self.sasl_relayed = SASL_MECHANISMS_RELAYED
+            if code is not None:
+                self.sasl_relayed = SASL_OUTCOME_RELAYED
+                if code == 0:
+                    self.conn.client.sasl_ok = True
+                    if self.sides.client is ClientState.SASL:
+                        self.sides.to_client(ClientState.AWAIT_AMQP_HEADER)
+                self.sides.to_router(RouterState.AWAIT_AMQP_HEADER)
+        self.wire.send(Side.CLIENT, bytes(buf[pos:fend]))
+
+    def _hold(self, buf: Any, pos: int, end: int) -> int:
+        """Hold whole router frames until the client's Open is decided."""
+        while end - pos >= 8:
+            size, doff, ftype, _channel = _HDR.unpack_from(buf, pos)
+            check_frame_header(size, doff, ftype, ROUTER_FRAME_LIMIT, FrameType.AMQP)
+            if end - pos < size:
+                break
+            self.held.append(bytes(buf[pos:pos + size]))
+            pos += size
+        return pos
+
+    def release_held(self, now: float) -> None:
+        """The Open was approved: relay what the router sent meanwhile (its Open, usually)."""
+        held = b"".join(self.held)
+        self.held.clear()
+        if held:
+            pos = self.relay(held, 0, len(held), now)
+            if pos < len(held):
+                self.buf[:0] = held[pos:]
+
+    # ------------------------------------------------------------------ relaying
+
+    def relay(self, buf: Any, pos: int, end: int, now: float) -> int:
+        """Relay admitted router frames in ``buf[pos:end]``; runs of untouched frames go as
+        one write. Returns the offset of the first unconsumed byte.
+
+        Raises:
+            FramingError: a frame header that breaks the rule, or a SASL frame.
+            IllegalStateError: a second Open.
+        """
+        run_start = pos
+        limit = self.frame_limit
+        unpack = _HDR.unpack_from
+        conn = self.conn
+        wire = self.wire
+        sides = self.sides
+        deliveries = conn.deliveries
+        sessions = conn.sessions
+        figures = conn.figures
+        while end - pos >= 8 and sides.router is RouterState.AMQP:
+            size, doff, ftype, channel = unpack(buf, pos)
+            if not frame_header_ok(size, doff, ftype, limit):
+                check_frame_header(size, doff, ftype, limit, FrameType.AMQP)
+            if end - pos < size:
+                break
+            fend = pos + size
+            body = pos + doff * 4
+            if body == fend:
+                pos = fend
+                continue
+            if fend - body >= 3 and buf[body] == 0x00 and buf[body + 1] == 0x53:
+                code = buf[body + 2]  # is_transfer_descriptor's common case, inline
+            else:
+                code = is_transfer_descriptor(buf, body, fend)
+            if code == Descriptor.TRANSFER:
+                figures.transfers_out += 1
+                if sessions.window_frames is not None:
+                    session = sessions.broker_sessions.get(channel)
+                    if session is not None:
+                        session.transfers_out += 1
+                if deliveries.topic_receivers:
+                    replacement = deliveries.router_transfer(buf, pos, body, fend, channel, now)
+                    if replacement is not None:
+                        if pos > run_start:
+                            wire.send(Side.CLIENT, run_data(buf, run_start, pos))
+                        wire.send(Side.CLIENT, replacement)
+                        run_start = fend
+                pos = fend
+                continue
+            if code == Descriptor.DISPOSITION:
+                pos = fend
+                continue
+            if code == Descriptor.FLOW:
+                session = sessions.broker_sessions.get(channel)
+                if session is None or (not session.dropped_transfers
+                                       and sessions.window_frames is None):
+                    pos = fend
+                    continue
+            # a frame the proxy looks at: flush the run before it
+            if pos > run_start:
+                wire.send(Side.CLIENT, run_data(buf, run_start, pos))
+            perf: Any = None
+            if code == Descriptor.CLOSE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
+                perf = EMPTY_CLOSE
+            elif code == Descriptor.OPEN:
+                # relayed as it came (or patched): read what the proxy needs from its bytes
+                perf = read_open_head(bytes(buf[body:fend]), strict=False)
+            if perf is None:
+                perf, _ = decode_performative(memoryview(buf)[body:fend])
+            handler = self.handlers.get(type(perf))
+            raw = bytes(buf[pos:fend])
+            replacement = raw if handler is None else handler(perf, raw, channel, now)
+            if replacement:
+                wire.send(Side.CLIENT, replacement)
+            pos = run_start = fend
+        if pos > run_start and sides.router is RouterState.AMQP:
+            wire.send(Side.CLIENT, run_data(buf, run_start, pos))
+        return pos
+
+    def on_open(self, perf: Open | OpenHead, raw: bytes, channel: int, now: float) -> bytes:
+        """The router's Open (Part 2 §2.7.1), relayed with the group's limits applied: its
+        max-frame-size lowered to ``maxFrameSize``, its channel-max to ``maxSessions - 1``;
+        ``maxSessionWindow`` becomes a window in frames of the max-frame-size in force.
+
+        Raises:
+            IllegalStateError: a second Open.
+        """
+        if self.open_seen:
+            raise IllegalStateError("second Open from upstream")
+        self.open_seen = True
+        conn = self.conn
+        sessions = conn.sessions
+        changes: dict[str, Any] = {}
+        group = conn.group
+        mfs = UINT_MAX if perf.max_frame_size is None else int(perf.max_frame_size)
+        cmax = 0xFFFF if perf.channel_max is None else int(perf.channel_max)
+        if group is not None:
+            if group.max_frame_size:
+                new = max(C.MIN_MAX_FRAME_SIZE, min(mfs, group.max_frame_size))
+                if new != mfs:
+                    changes["max_frame_size"] = mfs = new
+            if sessions.policy_channel_max is not None:
+                new = min(cmax, sessions.policy_channel_max)
+                if new != cmax:
+                    changes["channel_max"] = cmax = new
+            if group.max_session_window:
+                sessions.window_frames = max(1, group.max_session_window // mfs)
+        conn.client.frame_limit = max(C.MIN_MAX_FRAME_SIZE, mfs)
+        sessions.advertised_channel_max = cmax
+        self.wire.open_sent = True
+        if changes:
+            patched = patch_open(raw[raw[4] * 4:], **changes)
+            if patched is not None:
+                return encode_frame(0, patched)
+            if not isinstance(perf, Open):  # read from bytes, yet not patchable
+                perf, _ = decode_performative(raw[raw[4] * 4:])
+            return frame(0, dataclasses.replace(perf, **changes))
+        return raw
+
+    def on_close(self, perf: Close, raw: bytes, channel: int, now: float) -> bytes | None:
+        """The router's Close: relayed to the client (whose answer is awaited for the linger
+        time), or the answer to a Close the proxy sent (then the router transport closes)."""
+        conn = self.conn
+        sides = self.sides
+        sides.close_received(False)
+        if sides.client_close_sent():
+            # the client already has the proxy's Close (shutdown/oversize)
+            if sides.client_close_received() or sides.client is ClientState.CLOSING:
+                self.wire.close_transport(Side.ROUTER)
+            return None
+        if conn.close_reason is None:
+            conn.close_reason = "broker_close"
+        sides.close_sent(True)
+        if sides.client is ClientState.OPENED:
+            sides.to_client(ClientState.CLOSING)
+        # a client that never answers (half-open) must not hold its counts forever
+        conn.linger(now)
+        return raw

@@ -1,0 +1,513 @@
+"""Sans-IO. Sessions and links: Begin, Attach, Flow, Detach, End from both legs.
+
+What the client began and attached (the records of :mod:`.records`, in the client's channel
+and handle numbering, mapped to the router's as its answers arrive), the live and peak counts, QDR's session and link denials (Begin+End and Attach+Detach answered
+by the proxy on channels and handles kept back from the router, decision 0003), and the session
+window the group's ``maxSessionWindow`` gives the client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..amqp import constants as C
+from ..amqp.constants import Condition
+from ..amqp.errors import (
+    DecodeError,
+    FramingError,
+    HandleInUseError,
+    IllegalStateError,
+    NotAllowedError,
+    ResourceLimitError,
+    UnattachedHandleError,
+)
+from ..amqp.performatives import (
+    Attach,
+    Begin,
+    Detach,
+    End,
+    Flow,
+    Source,
+    Target,
+    decode_performative,
+)
+from ..policy import decisions
+from ..policy.reasons import LinkDenyReason
+from .commands import Side
+from .events import LinkDenied, SessionDenied
+from .records import LinkRecord, ReservedPool, SessionRecord
+from .wire import error, frame, rechannel
+
+if TYPE_CHECKING:
+    from .connection import ProxyConnection
+
+logger = logging.getLogger(__name__)
+
+UINT_MAX = 0xFFFFFFFF
+USHORT_MAX = 0xFFFF
+#: Channels kept back from the router (top of the client's channel-max) for Begin+End replies.
+RESERVED_CHANNELS = 8
+#: Handles kept back from the router (top of the client's handle-max) for Attach+Detach replies.
+RESERVED_HANDLES = 64
+
+
+def _address(terminus: Any) -> str | None:
+    address = getattr(terminus, "address", None)
+    return None if address is None else str(address)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _checked_replace(perf: Any, **changes: Any) -> Any:
+    """Return ``perf`` with ``changes``, refusing values that do not survive re-encoding.
+
+    A rewritten client frame (Open, Begin) is re-encoded by proton's codec; a value proton
+    normalises would otherwise reach the router with other fields than the ones the proxy
+    decided on (fuzz finding ``framing-nested-described-reencode``).
+
+    Raises:
+        DecodeError: the re-encoded performative decodes to something else.
+    """
+    new = dataclasses.replace(perf, **changes)
+    back, _ = decode_performative(new.encode())
+    if back != new:
+        raise DecodeError(f"{type(perf).__name__} fields do not survive re-encoding")
+    return new
+
+
+class Sessions:
+    """The sessions and links of one connection, both legs."""
+
+    __slots__ = (
+        "conn", "wire", "sessions", "broker_sessions", "denied_sessions", "reserved_channels",
+        "advertised_channel_max", "policy_channel_max", "window_frames",
+    )
+
+    def __init__(self, conn: ProxyConnection) -> None:
+        """No session yet; the channel limits are set at the Opens."""
+        self.conn = conn
+        self.wire = conn.wire
+        self.sessions: dict[int, SessionRecord] = {}
+        """Client channel -> session."""
+        self.broker_sessions: dict[int, SessionRecord] = {}
+        """Router channel -> session."""
+        self.denied_sessions: dict[int, int] = {}
+        """Client channel of a denied Begin -> the reserved channel it was answered on."""
+        self.reserved_channels = ReservedPool(0, 0)
+        self.advertised_channel_max = USHORT_MAX
+        """The channel-max the client was given (the router's, lowered by policy)."""
+        self.policy_channel_max: int | None = None
+        """``maxSessions - 1`` of the group, if set."""
+        self.window_frames: int | None = None
+        """The group's ``maxSessionWindow`` in transfer frames, if set (at the router's Open)."""
+
+    # ------------------------------------------------------------------ client frames
+
+    def session(self, channel: int, what: str) -> SessionRecord | None:
+        """The client's session on ``channel``; None for one the proxy denied (the frame is
+        consumed).
+
+        Raises:
+            NotAllowedError: a channel the client never began.
+            IllegalStateError: a session the client already ended.
+        """
+        session = self.sessions.get(channel)
+        if session is None:
+            if channel in self.denied_sessions:
+                return None
+            raise NotAllowedError(f"{what} on channel {channel} that was never begun")
+        if session.client_ended:
+            raise IllegalStateError(f"{what} on channel {channel} after End")
+        return session
+
+    def on_client_begin(self, perf: Begin, raw: bytes, channel: int, now: float) -> None:
+        """A client Begin (Part 2 §2.7.2): denied beyond ``maxSessions`` (Begin+End, QDR's
+        ``session disallowed by local policy``), else forwarded with handle-max lowered by
+        the handles kept back for link denials.
+
+        Raises:
+            NotAllowedError: a channel in use, or a Begin that claims a remote-channel.
+            FramingError: a channel above the channel-max the client was given.
+        """
+        if channel in self.sessions or channel in self.denied_sessions:
+            raise NotAllowedError(f"channel {channel} already in use")
+        if perf.remote_channel is not None:
+            raise NotAllowedError("client-initiated Begin with remote-channel set")
+        conn = self.conn
+        pcm = self.policy_channel_max
+        group = conn.group
+        figures = conn.figures
+        if group is not None and group.max_sessions and (
+            (pcm is not None and channel > pcm) or figures.active_sessions >= group.max_sessions
+        ):
+            self._deny_session(channel, now)
+            return
+        if channel > self.advertised_channel_max:
+            raise FramingError(f"remote channel {channel} is above negotiated channel_max "
+                               f"{self.advertised_channel_max}.")
+        hmax = UINT_MAX if perf.handle_max is None else int(perf.handle_max)
+        reserve = min(RESERVED_HANDLES, hmax // 2)
+        session = SessionRecord(channel, ReservedPool(hmax, reserve),
+                                _int_or_none(perf.next_outgoing_id) or 0)
+        self.sessions[channel] = session
+        figures.active_sessions += 1
+        if figures.active_sessions > figures.peak_sessions:
+            figures.peak_sessions = figures.active_sessions
+        if reserve:
+            raw = frame(channel, _checked_replace(perf, handle_max=hmax - reserve))
+        self.wire.send(Side.ROUTER, raw)
+
+    def _deny_session(self, channel: int, now: float) -> None:
+        conn = self.conn
+        reply = self.reserved_channels.take()
+        if reply is None:
+            raise ResourceLimitError("session disallowed by local policy (no reply channel)")
+        self.denied_sessions[channel] = reply
+        err = error(Condition.RESOURCE_LIMIT_EXCEEDED, C.SESSION_DISALLOWED)
+        data = frame(reply, Begin(remote_channel=channel, next_outgoing_id=0, incoming_window=0,
+                                  outgoing_window=0)) + frame(reply, End(error=err))
+        self.wire.send(Side.CLIENT, data)
+        logger.info("[%s] DENY AMQP Begin Session due to session limit. user: %s, rhost: %s, "
+                    "vhost: %s", conn.conn_id, conn.user, conn.remote_host, conn.vhost_name)
+        self.wire.emit(SessionDenied(**conn.ctx(now), channel=channel))
+
+    def on_client_attach(self, perf: Attach, raw: bytes, channel: int, now: float) -> None:
+        """A client Attach (Part 2 §2.7.3), checked as QDR does: sender/receiver counts, the
+        target or source address rules (``${user}``), anonymous senders, dynamic sources, then
+        the topic models. A denial is answered Attach+Detach(closed) on a reserved handle; the
+        router never sees the link.
+
+        Raises:
+            DecodeError: no name, handle or role.
+            HandleInUseError: the handle is attached already.
+            FramingError: a handle above the handle-max the router gave.
+        """
+        session = self.session(channel, "attach")
+        if session is None:
+            return  # pipelined behind a denied Begin: consumed
+        if perf.handle is None or perf.name is None or perf.role is None:
+            raise DecodeError("attach without name, handle or role")
+        handle = int(perf.handle)
+        if handle in session.links or handle in session.denied_handles:
+            raise HandleInUseError(f"handle {handle} is already attached")
+        if session.handle_max is not None and handle > session.handle_max:
+            raise FramingError(f"remote handle {handle} is above handle_max {session.handle_max}")
+        is_sender = perf.role is False or perf.role == 0
+        terminus = perf.target if is_sender else perf.source
+        address = _address(terminus)
+        dynamic = bool(getattr(terminus, "dynamic", False))
+        conn = self.conn
+        figures = conn.figures
+        group = conn.group
+        if group is not None:
+            user = conn.user or ""
+            if is_sender:
+                reason = decisions.approve_sender(group, user=user,
+                                                  target_address=address or None,
+                                                  open_senders=figures.active_senders)
+            else:
+                reason = decisions.approve_receiver(group, user=user,
+                                                    source_address=address or None,
+                                                    dynamic=dynamic,
+                                                    open_receivers=figures.active_receivers)
+            if reason is not None:
+                self._deny_link(session, perf, handle, is_sender, address, reason, now)
+                return
+        deliveries = conn.deliveries
+        qos = 1
+        verdict = None
+        if deliveries.topics is not None:
+            qos = deliveries.qos_of(_int_or_none(perf.snd_settle_mode),
+                                    _int_or_none(perf.rcv_settle_mode))
+            if address and not dynamic:
+                verdict = deliveries.check_link(is_sender, address, qos, now)
+                if not verdict.allowed:
+                    self._deny_link(session, perf, handle, is_sender, address,
+                                    LinkDenyReason.TOPIC, now)
+                    return
+        link = LinkRecord(str(perf.name), handle, is_sender, address)
+        link.qos = qos
+        link.inspect = is_sender and group is not None and deliveries.inspects(link)
+        if verdict is not None and not is_sender and (verdict.per_delivery
+                                                      or verdict.strip_durable):
+            link.topic_filter = verdict.per_delivery
+            link.strip_durable = verdict.strip_durable
+            deliveries.topic_receivers = True
+        session.links[handle] = link
+        if is_sender:
+            session.senders += 1
+            figures.active_senders += 1
+            figures.peak_senders = max(figures.peak_senders, figures.active_senders)
+        else:
+            session.receivers += 1
+            figures.active_receivers += 1
+            figures.peak_receivers = max(figures.peak_receivers, figures.active_receivers)
+        self.wire.send(Side.ROUTER, raw)
+
+    def _deny_link(self, session: SessionRecord, perf: Attach, handle: int, is_sender: bool,
+                   address: str | None, reason: LinkDenyReason, now: float) -> None:
+        """QDR's link denial: Attach (terminus present, address absent) then Detach(closed)
+        with ``amqp:resource-limit-exceeded`` (counts) or ``amqp:unauthorized-access``."""
+        reply_handle = session.reserved_handles.take()
+        if reply_handle is None:
+            raise ResourceLimitError("link disallowed by local policy (no reply handle)")
+        session.denied_handles[handle] = reply_handle
+        condition = (Condition.RESOURCE_LIMIT_EXCEEDED
+                     if reason in (LinkDenyReason.SENDER_LIMIT, LinkDenyReason.RECEIVER_LIMIT)
+                     else Condition.UNAUTHORIZED_ACCESS)
+        reply = Attach(
+            name=perf.name, handle=reply_handle, role=is_sender,
+            snd_settle_mode=perf.snd_settle_mode, rcv_settle_mode=perf.rcv_settle_mode,
+            source=Source(), target=Target(), initial_delivery_count=None if is_sender else 0,
+        )
+        detach = Detach(handle=reply_handle, closed=True,
+                        error=error(condition, C.LINK_DISALLOWED))
+        self.reply_on_session(session, frame(0, reply), frame(0, detach))
+        conn = self.conn
+        role = "sender" if is_sender else "receiver"
+        logger.info("[%s] DENY AMQP Attach %s '%s' for user '%s', rhost '%s', vhost '%s' (%s)",
+                    conn.conn_id, role, address, conn.user, conn.remote_host, conn.vhost_name,
+                    reason)
+        self.wire.emit(LinkDenied(**conn.ctx(now), role=role, address=address, reason=reason))
+
+    def reply_on_session(self, session: SessionRecord, *frames: bytes) -> None:
+        """Send synthesized frames (encoded for channel 0) on the router's channel of
+        ``session``; they wait for the router's Begin if it has not reached the client yet."""
+        if session.broker_channel is None:
+            session.pending_replies.extend(frames)
+            return
+        channel = session.broker_channel
+        self.wire.send(Side.CLIENT, b"".join(rechannel(f, channel) for f in frames))
+
+    def on_client_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> None:
+        """A client Flow (Part 2 §2.7.4) that needs a look: one for a denied handle is consumed;
+        its next-outgoing-id is renumbered past the Transfer frames the router never got."""
+        session = self.session(channel, "flow")
+        if session is None:
+            return
+        if perf.handle is not None and int(perf.handle) in session.denied_handles:
+            return
+        if session.dropped_transfers and perf.next_outgoing_id is not None:
+            nxt = (int(perf.next_outgoing_id) - session.dropped_transfers) & UINT_MAX
+            raw = frame(channel, dataclasses.replace(perf, next_outgoing_id=nxt))
+        self.wire.send(Side.ROUTER, raw)
+
+    def on_client_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> None:
+        """A client Detach (Part 2 §2.7.7): one that answers a denial is consumed (the router
+        must never see a Detach for a handle it does not know), else the link is counted down
+        and the Detach forwarded.
+
+        Raises:
+            DecodeError: no handle. UnattachedHandleError: not attached.
+            IllegalStateError: detached twice.
+        """
+        session = self.session(channel, "detach")
+        if session is None:
+            return
+        if perf.handle is None:
+            raise DecodeError("detach without handle")
+        handle = int(perf.handle)
+        reply = session.denied_handles.pop(handle, None)
+        if reply is not None:
+            session.reserved_handles.give_back(reply)
+            return
+        link = session.links.get(handle)
+        if link is None:
+            raise UnattachedHandleError(f"detach of handle {handle} that is not attached")
+        if link.client_detached:
+            raise IllegalStateError(f"second detach of handle {handle}")
+        link.client_detached = True
+        self._link_gone(session, link)
+        if link.broker_detached:
+            self._drop_link(session, link)
+        self.wire.send(Side.ROUTER, raw)
+
+    def on_client_end(self, perf: End, raw: bytes, channel: int, now: float) -> None:
+        """A client End (Part 2 §2.7.8): one that answers a denied Begin is consumed, else the
+        session is counted down and the End forwarded.
+
+        Raises:
+            NotAllowedError: a channel never begun. IllegalStateError: ended twice.
+        """
+        reply = self.denied_sessions.pop(channel, None)
+        if reply is not None:
+            self.reserved_channels.give_back(reply)
+            return
+        session = self.sessions.get(channel)
+        if session is None:
+            raise NotAllowedError(f"end on channel {channel} that was never begun")
+        if session.client_ended:
+            raise IllegalStateError(f"second end on channel {channel}")
+        session.client_ended = True
+        self._session_gone(session)
+        if session.broker_ended:
+            self._drop_session(session)
+        self.wire.send(Side.ROUTER, raw)
+
+    def on_client_disposition(self, perf: Any, raw: bytes, channel: int, now: float) -> None:
+        """A client Disposition (Part 2 §2.7.6): forwarded, unless its session was denied."""
+        if self.session(channel, "disposition") is None:
+            return
+        self.wire.send(Side.ROUTER, raw)
+
+    # ------------------------------------------------------------------ counting
+
+    def _link_gone(self, session: SessionRecord, link: LinkRecord) -> None:
+        # Called after setting the detaching side's flag: the link is uncounted when the first
+        # side detaches, never again when the second one does, and not at all once an End
+        # already uncounted the whole session.
+        if link.client_detached and link.broker_detached:
+            return
+        if session.client_ended or session.broker_ended:
+            return
+        figures = self.conn.figures
+        if link.is_sender:
+            session.senders -= 1
+            figures.active_senders -= 1
+        else:
+            session.receivers -= 1
+            figures.active_receivers -= 1
+
+    def _drop_link(self, session: SessionRecord, link: LinkRecord) -> None:
+        if session.links.get(link.handle) is link:
+            del session.links[link.handle]
+        if link.broker_handle is not None and session.broker_links.get(link.broker_handle) is link:
+            del session.broker_links[link.broker_handle]
+
+    def _session_gone(self, session: SessionRecord) -> None:
+        # Called after setting the ending side's flag (see _link_gone).
+        if session.client_ended and session.broker_ended:
+            return
+        figures = self.conn.figures
+        figures.active_sessions -= 1
+        figures.active_senders -= session.senders
+        figures.active_receivers -= session.receivers
+        session.senders = session.receivers = 0
+
+    def _drop_session(self, session: SessionRecord) -> None:
+        if self.sessions.get(session.channel) is session:
+            del self.sessions[session.channel]
+        if session.broker_channel is not None:
+            if self.broker_sessions.get(session.broker_channel) is session:
+                del self.broker_sessions[session.broker_channel]
+
+    # ------------------------------------------------------------------ router frames
+
+    def on_router_begin(self, perf: Begin, raw: bytes, channel: int, now: float) -> bytes:
+        """The router's Begin answering the client's: map its channel, lower its
+        incoming-window to ``maxSessionWindow`` and send the denial replies that waited."""
+        session = None
+        if perf.remote_channel is not None:
+            session = self.sessions.get(int(perf.remote_channel))
+        if session is None:
+            return raw  # a router-initiated session: relayed untouched
+        session.broker_channel = channel
+        session.handle_max = UINT_MAX if perf.handle_max is None else int(perf.handle_max)
+        session.router_next_out = _int_or_none(perf.next_outgoing_id) or 0
+        session.router_out_window = _int_or_none(perf.outgoing_window) or 0
+        self.broker_sessions[channel] = session
+        data = raw
+        if self.window_frames is not None:
+            iw = 0 if perf.incoming_window is None else int(perf.incoming_window)
+            # the router's next-incoming-id is the client's next-outgoing-id (Part 2 §2.5.6)
+            session.router_window_end = session.client_next_out + iw
+            given = min(iw, self.window_frames)
+            session.client_window_end = session.client_next_out + given
+            if iw > self.window_frames:
+                data = frame(channel, dataclasses.replace(perf, incoming_window=given))
+        if session.pending_replies:
+            data = data + b"".join(rechannel(f, channel) for f in session.pending_replies)
+            session.pending_replies.clear()
+        return data
+
+    def on_router_attach(self, perf: Attach, raw: bytes, channel: int, now: float) -> bytes:
+        """The router's Attach: map its handle to the client's link of the same name."""
+        session = self.broker_sessions.get(channel)
+        if session is not None and perf.name is not None and perf.handle is not None:
+            for link in session.links.values():
+                if link.name == perf.name and link.broker_handle is None:
+                    link.broker_handle = int(perf.handle)
+                    session.broker_links[int(perf.handle)] = link
+                    break
+        return raw
+
+    def on_router_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> bytes:
+        """The router's Flow: next-incoming-id renumbered past the Transfer frames the router
+        never got, incoming-window lowered to ``maxSessionWindow``."""
+        session = self.broker_sessions.get(channel)
+        changes: dict[str, Any] = {}
+        if session is not None and session.dropped_transfers and \
+                perf.next_incoming_id is not None:
+            changes["next_incoming_id"] = (int(perf.next_incoming_id)
+                                           + session.dropped_transfers) & UINT_MAX
+        if session is not None and self.window_frames is not None:
+            if perf.outgoing_window is not None:
+                session.router_out_window = int(perf.outgoing_window)
+            if perf.incoming_window is not None and perf.next_incoming_id is not None:
+                iw = int(perf.incoming_window)
+                # next-incoming-id (router numbering) as an unbounded id near the ones sent
+                sent = session.client_next_out + session.transfers_in - session.dropped_transfers
+                ahead = (int(perf.next_incoming_id) - sent) & UINT_MAX
+                nid = sent + (ahead - (1 << 32) if ahead >= 1 << 31 else ahead)
+                session.router_window_end = nid + iw
+                given = min(iw, self.window_frames)
+                session.client_window_end = nid + session.dropped_transfers + given
+                if iw > self.window_frames:
+                    changes["incoming_window"] = given
+        if changes:
+            return frame(channel, dataclasses.replace(perf, **changes))
+        return raw
+
+    def on_router_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> bytes:
+        """The router's Detach: the link is counted down (once)."""
+        session = self.broker_sessions.get(channel)
+        if session is not None and perf.handle is not None:
+            link = session.broker_links.get(int(perf.handle))
+            if link is not None and not link.broker_detached:
+                link.broker_detached = True
+                self._link_gone(session, link)
+                if link.client_detached:
+                    self._drop_link(session, link)
+        return raw
+
+    def on_router_end(self, perf: End, raw: bytes, channel: int, now: float) -> bytes:
+        """The router's End: the session is counted down (once)."""
+        session = self.broker_sessions.get(channel)
+        if session is not None and not session.broker_ended:
+            session.broker_ended = True
+            self._session_gone(session)
+            if session.client_ended:
+                self._drop_session(session)
+        return raw
+
+    # ------------------------------------------------------------------ the session window
+
+    def reopen_window(self, session: SessionRecord) -> None:
+        """Give the client more of the ``maxSessionWindow`` once it used half of it.
+
+        The proxy lowers the router's incoming-window to ``maxSessionWindow`` frames, but the
+        router, whose own window is larger, sees no reason to send a Flow, so without this the
+        client would stall after that many Transfer frames. A session Flow (Part 2 §2.5.6)
+        carries the router's next-incoming-id in the client's numbering and a new window of up
+        to ``maxSessionWindow`` frames, never past the window the router itself gave.
+        """
+        window = self.window_frames
+        if window is None or session.broker_channel is None or session.broker_ended:
+            return
+        next_in = session.client_next_out + session.transfers_in
+        if (session.client_window_end - next_in) * 2 >= window:
+            return  # more than half of the window left
+        router_left = session.router_window_end - (next_in - session.dropped_transfers)
+        given = max(0, min(window, router_left))
+        if next_in + given <= session.client_window_end:
+            return
+        session.client_window_end = next_in + given
+        flow = Flow(next_incoming_id=next_in & UINT_MAX, incoming_window=given,
+                    next_outgoing_id=(session.router_next_out + session.transfers_out)
+                    & UINT_MAX,
+                    outgoing_window=session.router_out_window)
+        self.wire.send(Side.CLIENT, frame(session.broker_channel, flow))

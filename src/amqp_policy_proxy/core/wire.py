@@ -1,0 +1,155 @@
+"""Sans-IO. What one connection writes, to which leg, in order.
+
+:class:`Wire` turns the handlers' decisions into commands: bytes for either leg (queued while
+the upstream connect is under way, dropped once a leg can no longer be written), the Close
+performatives with their bookkeeping in :class:`~.state.Sides`, transport closes, events. It
+also holds the *run*: consecutive client frames forwarded as they came accumulate as one slice
+of the original bytes, written with a single ``SendData`` before anything else is sent, so the
+order on the wire is kept and a burst of Transfers costs one write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..amqp.constants import AMQP_HEADER, FrameType
+from ..amqp.framing import encode_frame
+from ..amqp.performatives import Close, Error, Open
+from .commands import CloseTransport, Command, Emit, SendData, Side
+from .events import ProxyEvent
+from .state import ROUTER_WRITABLE, ClientState, RouterState, Sides
+
+
+def frame(channel: int, perf: Any, payload: bytes = b"", ftype: int = FrameType.AMQP) -> bytes:
+    """A whole frame (DOFF 2) holding ``perf`` encoded, then ``payload``."""
+    return encode_frame(channel, perf.encode() + payload, ftype)
+
+
+def error(condition: str, description: str) -> Error:
+    """An AMQP error (Part 2 §2.8.14)."""
+    return Error(condition=condition, description=description)
+
+
+def run_data(buf: Any, start: int, end: int) -> bytes | memoryview:
+    """``buf[start:end]``, a run of frames forwarded as they came, to hand to ``SendData``.
+
+    A read the transport delivered is an immutable ``bytes``: the run is a view of it (no copy;
+    the shell writes it, or its transport keeps the view until it is sent). Anything else (the
+    proxy's own buffers, which change after this call) is copied once.
+    """
+    if type(buf) is bytes:
+        return buf if (start == 0 and end == len(buf)) else memoryview(buf)[start:end]
+    with memoryview(buf) as view:
+        return view[start:end].tobytes()
+
+
+def rechannel(data: bytes, channel: int) -> bytes:
+    """``data`` (one frame) with its channel field set to ``channel``."""
+    return data[:6] + channel.to_bytes(2, "big") + data[8:]
+
+
+class Wire:
+    """The output of one connection while it handles one input."""
+
+    __slots__ = ("sides", "out", "pending", "run_buf", "run_start", "run_end",
+                 "amqp_header_sent", "open_sent", "container_id")
+
+    def __init__(self, sides: Sides, container_id: str) -> None:
+        """Create the output side of a connection.
+
+        Args:
+            sides: the connection's states (sending depends on them; Closes change them).
+            container_id: container-id of the Opens the proxy synthesizes.
+        """
+        self.sides = sides
+        self.out: list[Command] = []
+        """The commands of the input being handled (a new list per input)."""
+        self.pending: list[bytes] = []
+        """Bytes for the router, queued while its connection is being made."""
+        self.run_buf: Any = b""
+        self.run_start = -1
+        self.run_end = 0
+        self.amqp_header_sent = False
+        """The client was sent an AMQP protocol header (the router's, or the proxy's own)."""
+        self.open_sent = False
+        """The client was sent an Open (the router's, or the proxy's own)."""
+        self.container_id = container_id
+
+    # ------------------------------------------------------------------ bytes
+
+    def send(self, side: Side, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` to ``side`` after the run of client bytes accumulated so far.
+
+        To the router: queued while it connects, dropped once it failed, stopped or is gone.
+        To the client: dropped once its transport is gone.
+        """
+        if self.run_start >= 0:
+            self.flush_run()  # earlier frames of the client's run go first
+        if side is Side.ROUTER:
+            router = self.sides.router
+            if router not in ROUTER_WRITABLE:
+                return
+            if router is RouterState.IDLE or router is RouterState.CONNECTING:
+                self.pending.append(bytes(data))
+                return
+        elif self.sides.client is ClientState.CLOSED:
+            return
+        self.out.append(SendData(side, data))
+
+    def flush_run(self) -> None:
+        """Write the accumulated run of client frames to the router."""
+        start = self.run_start
+        if start < 0:
+            return
+        self.run_start = -1
+        self.send(Side.ROUTER, run_data(self.run_buf, start, self.run_end))
+
+    def extend_run(self, pos: int, end: int) -> None:
+        """Add the client frame ``run_buf[pos:end]`` to the run (it is forwarded as it came)."""
+        if self.run_start < 0:
+            self.run_start = pos
+        self.run_end = end
+
+    def take_pending(self) -> bytes:
+        """Everything queued for the router while it connected (it is connected now)."""
+        data = b"".join(self.pending)
+        self.pending.clear()
+        return data
+
+    @property
+    def router_backlog(self) -> int:
+        """Bytes queued for the router while its connection is being made."""
+        return sum(map(len, self.pending))
+
+    # ------------------------------------------------------------------ performatives
+
+    def send_close(self, side: Side, err: Error | None) -> None:
+        """Send ``side`` a Close (Part 2 §2.7.9) and record it in the Close exchange."""
+        self.sides.close_sent(side is Side.CLIENT)
+        self.send(side, frame(0, Close(error=err)))
+
+    def send_open_close(self, err: Error) -> None:
+        """QDR's connection denial on the wire: an Open (listener defaults) and then Close.
+
+        The AMQP header goes first when the client has none yet (the router's is then never
+        relayed).
+        """
+        self.open_sent = True
+        self.sides.close_sent(True)
+        data = frame(0, Open(container_id=self.container_id)) + frame(0, Close(error=err))
+        if not self.amqp_header_sent:
+            self.amqp_header_sent = True
+            data = AMQP_HEADER + data
+        self.send(Side.CLIENT, data)
+
+    # ------------------------------------------------------------------ the rest
+
+    def close_transport(self, side: Side) -> None:
+        """Close ``side``'s transport after what was written before."""
+        if self.run_start >= 0:
+            self.flush_run()
+        self.out.append(CloseTransport(side))
+
+    def emit(self, event: ProxyEvent) -> None:
+        """Publish ``event`` (metrics, event log)."""
+        self.out.append(Emit(event))
