@@ -133,7 +133,7 @@ def test_wheel_carries_the_demo_policy_and_the_command(dist: Path) -> None:
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         scripts = whl.read(entry_points).decode()
     assert "amqp_policy_proxy/demo/policy.json" in names
-    assert "amqp-policy-proxy = amqp_policy_proxy.daemon.cli:main" in scripts
+    assert "amqp-policy-proxy = amqp_policy_proxy.cli:main" in scripts
     # the capacity reports are code in the wheel, PySpark is only an extra
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     with zipfile.ZipFile(wheel) as whl:

@@ -72,7 +72,7 @@ BAD_POLICIES = {
 @pytest.mark.parametrize("flag", ["--policy", "--whatif"])
 def test_a_policy_check_rejects_is_refused_with_checks_messages(fixtures, tmp_path, capsys,
                                                                    name, flag):
-    from amqp_policy_proxy.daemon.cli import main as cli_main
+    from amqp_policy_proxy.cli import main as cli_main
 
     policy = tmp_path / name
     policy.write_text(BAD_POLICIES[name])
@@ -87,7 +87,7 @@ def test_a_policy_check_rejects_is_refused_with_checks_messages(fixtures, tmp_pa
 
 
 def test_a_missing_policy_is_refused_like_check(fixtures, tmp_path, capsys):
-    from amqp_policy_proxy.daemon.cli import main as cli_main
+    from amqp_policy_proxy.cli import main as cli_main
 
     absent = str(tmp_path / "absent")
     assert cli_main(["check", "--policy", absent]) == 2

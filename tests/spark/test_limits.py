@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from amqp_policy_proxy.daemon.cli import main as cli_main
+from amqp_policy_proxy.cli import main as cli_main
 from amqp_policy_proxy.spark_reports.limits import (
     DEFAULT_LIMIT,
     LimitsError,

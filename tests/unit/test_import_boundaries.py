@@ -1,4 +1,4 @@
-"""The layering rules of ARCHITECTURE section 1, enforced on the source's ASTs."""
+"""The layering rules (docs/architecture.md, "Layers"), enforced on the source's ASTs."""
 
 from __future__ import annotations
 
@@ -79,3 +79,116 @@ def test_pyspark_only_in_spark_reports_and_daemon_never_imports_it() -> None:
             continue
         for name in _imports(path):
             assert name.split(".")[0] != "pyspark", f"{rel} imports {name}"
+
+
+#: The layers, bottom first (docs/architecture.md, "Layers"): a module may import its own
+#: package and packages of a lower rank, never a higher one. ``spark_reports`` is a separate
+#: program that reads the event log's schema and the policy; it sits beside the daemon.
+LAYERS: dict[str, int] = {
+    "amqp": 0,
+    "resolver": 1,
+    "ingress": 1,
+    "policy": 2,
+    "limits": 3,
+    "core": 4,
+    "eventlog": 5,
+    "metrics": 5,
+    "daemon": 6,
+    "spark_reports": 6,
+    "demo": 7,
+    "cli": 8,
+    "__main__": 9,
+    "__init__": -1,
+}
+#: What the capacity reports may import from the proxy (they run on Spark executors, far from a
+#: running daemon): the event-log schema, the policy and the host-name resolver.
+SPARK_REPORTS_MAY_IMPORT = {"eventlog", "policy", "resolver", "spark_reports", "__init__"}
+
+
+def _unit(path: Path) -> str:
+    """The layer unit of a source file: its top-level package, or the module's own name."""
+    return path.relative_to(SRC).parts[0].removesuffix(".py")
+
+
+def _module(path: Path) -> str:
+    return "amqp_policy_proxy." + ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(
+        ".__init__"
+    )
+
+
+def _runtime_imports(path: Path) -> list[str]:
+    """Imports that run (those under ``if TYPE_CHECKING:`` are left out: they cannot loop)."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                skipped.update(id(n) for n in ast.walk(inner))
+    names = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pkg = path.relative_to(SRC.parent).with_suffix("").parts[: -node.level]
+                base = ".".join(pkg)
+                names.append(f"{base}.{node.module}" if node.module else base)
+            else:
+                names.append(node.module or "")
+    return names
+
+
+ALL_FILES = sorted(SRC.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_layers_read_top_down(path: Path) -> None:
+    unit = _unit(path)
+    assert unit in LAYERS, f"{unit} has no place in LAYERS: give the new package a layer"
+    for name in _imports(path):
+        parts = name.split(".")
+        if parts[0] != "amqp_policy_proxy" or len(parts) < 2:
+            continue
+        target = parts[1]
+        if target == unit:
+            continue
+        assert LAYERS[target] < LAYERS[unit], (
+            f"{path.relative_to(SRC)} ({unit}, layer {LAYERS[unit]}) imports {name} "
+            f"({target}, layer {LAYERS[target]})"
+        )
+        if unit == "spark_reports":
+            assert target in SPARK_REPORTS_MAY_IMPORT, f"{path.relative_to(SRC)} imports {name}"
+
+
+def test_no_import_cycles_between_modules() -> None:
+    modules = {_module(p): p for p in ALL_FILES}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        for name in _runtime_imports(path):
+            # "from .x import y" names a module x or a symbol y of x: keep the longest module
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module and not module.startswith(name + "."):
+                targets.add(name)
+        graph[module] = targets
+    seen: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(module: str) -> None:
+        seen[module] = 1
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if seen.get(target) == 1:
+                cycle = stack[stack.index(target) :] + [target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in seen:
+                visit(target)
+        stack.pop()
+        seen[module] = 2
+
+    for module in sorted(graph):
+        if module not in seen:
+            visit(module)

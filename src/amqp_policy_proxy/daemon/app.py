@@ -27,11 +27,11 @@ from ..policy.errors import ConfigIssue, PolicyError
 from ..policy.load import load_policy
 from ..policy.model import Policy
 from ..policy.reasons import ConnectionDenyReason
+from ..resolver import system_resolver
 from . import systemd
 from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .preauth import PreauthBudget
 from .relay import ClientProtocol
-from .resolver import system_resolver
 from .upstreams import UpstreamHealth
 
 logger = logging.getLogger(__name__)

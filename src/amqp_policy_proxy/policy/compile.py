@@ -3,7 +3,7 @@
 This is QDR's ``PolicyCompiler`` (``policy_local.py``) with three
 differences: every issue is collected (QDR stopped at the first error of a vhost), unknown keys
 are errors (QDR warned: a typo must not silently weaken policy), and the documented intent
-wins over QDR's quirks (docs/qdr-compatibility.md; the module docstrings of :mod:`amqp_policy_proxy.limits.addresses` and
+wins over QDR's quirks (docs/qdr-compatibility.md; the module docstrings of :mod:`amqp_policy_proxy.policy.addresses` and
 :mod:`amqp_policy_proxy.ingress.remote_hosts` list them). QDR's error texts are reproduced where
 QDR has them.
 
@@ -22,12 +22,13 @@ from types import MappingProxyType
 from typing import Any
 
 from amqp_policy_proxy.ingress.remote_hosts import RemoteHosts, RemoteHostsError, split_spec
-from amqp_policy_proxy.limits.addresses import (
+from amqp_policy_proxy.policy.addresses import (
     AddressRules,
     multiple_token_message,
     pattern_item_message,
 )
 from amqp_policy_proxy.policy.errors import ERROR, WARNING, ConfigIssue, PolicyError
+from amqp_policy_proxy.policy.hostnames import HostnamePatterns
 from amqp_policy_proxy.policy.keys import (
     ANY_USER,
     DEFAULT_GROUP,
@@ -40,7 +41,6 @@ from amqp_policy_proxy.policy.keys import (
     hyphen_to_camel,
     suggest,
 )
-from amqp_policy_proxy.policy.lookup import HostnamePatterns
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, PolicySettings, VhostPolicy
 from amqp_policy_proxy.policy.topics.authorizer import TopicAuthorizer
 from amqp_policy_proxy.policy.topics.config import (

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amqp_policy_proxy.ingress.peer import normalise_peer
-from amqp_policy_proxy.limits.addresses import USER_TOKEN, AddressRules
+from amqp_policy_proxy.policy.addresses import USER_TOKEN, AddressRules
 from amqp_policy_proxy.policy.lookup import resolve_group, resolve_vhost
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
 from amqp_policy_proxy.policy.reasons import ConnectionDenyReason, LinkDenyReason

@@ -63,7 +63,7 @@ def load_policy(
         settings: the global policy settings (daemon ``[policy]`` section); defaults apply when
             None.
         resolver: resolves ``remoteHosts`` host names at load time (e.g.
-            :func:`amqp_policy_proxy.daemon.resolver.system_resolver`); without one, host names
+            :func:`amqp_policy_proxy.resolver.system_resolver`); without one, host names
             are errors.
         dds_loader: loads DDS permissions documents; default :func:`load_dds_permissions`.
         allow_empty: accept a policy that defines no vhost (a directory without policy files

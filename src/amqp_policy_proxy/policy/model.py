@@ -18,12 +18,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from amqp_policy_proxy.ingress.remote_hosts import RemoteHosts
-from amqp_policy_proxy.limits.addresses import AddressRules
+from amqp_policy_proxy.policy.addresses import AddressRules
 from amqp_policy_proxy.policy.keys import LINK_LIMIT_MAX
 
 if TYPE_CHECKING:
     from amqp_policy_proxy.policy.errors import ConfigIssue
-    from amqp_policy_proxy.policy.lookup import HostnamePatterns
+    from amqp_policy_proxy.policy.hostnames import HostnamePatterns
     from amqp_policy_proxy.policy.topics import TopicAuthorizer
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})

@@ -253,9 +253,9 @@ def load_checked_limits(path: str | os.PathLike[str]) -> tuple[ConnectionLimits,
             per line (``error: FILE: KEY PATH: reason``, then any warnings), and ``issues``
             holds them.
     """
-    from amqp_policy_proxy.daemon.resolver import system_resolver
     from amqp_policy_proxy.policy.errors import PolicyError, format_issues
     from amqp_policy_proxy.policy.load import load_policy
+    from amqp_policy_proxy.resolver import system_resolver
 
     path = os.fspath(path)
     try:

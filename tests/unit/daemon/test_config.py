@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amqp_policy_proxy.daemon.cli import EXIT_CONFIG, EXIT_OK, main
+from amqp_policy_proxy.cli import EXIT_CONFIG, EXIT_OK, main
 from amqp_policy_proxy.daemon.config import (
     Address,
     ConfigError,
@@ -259,7 +259,7 @@ def test_command_line_values_are_blamed_on_their_flags(confdir: Path,
 
 def test_flags_complete_a_file_that_lacks_listeners(confdir: Path) -> None:
     """`run --config f --listen ...`: the merged result is validated, not the file alone."""
-    from amqp_policy_proxy.daemon.cli import build_parser, config_from_args
+    from amqp_policy_proxy.cli import build_parser, config_from_args
 
     path = write(confdir, UPSTREAM + POLICY)
     args = build_parser().parse_args(["run", "--config", str(path), "--listen", "127.0.0.1:0"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from amqp_policy_proxy.daemon.resolver import system_resolver
 from amqp_policy_proxy.ingress.remote_hosts import RemoteHosts, RemoteHostsError
+from amqp_policy_proxy.resolver import system_resolver
 
 
 def _problems(spec: object, resolver: object = None) -> tuple[tuple[int, str], ...]:

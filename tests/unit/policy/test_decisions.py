@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from amqp_policy_proxy.limits.addresses import AddressRules
+from amqp_policy_proxy.policy.addresses import AddressRules
 from amqp_policy_proxy.policy.compile import compile_policy
 from amqp_policy_proxy.policy.decisions import (
     OpenAllowed,

@@ -1,4 +1,4 @@
-"""policy/lookup.py: vhost resolution (QDR-POLICY 2.4) and group assignment (2.5)."""
+"""policy/lookup.py and policy/hostnames.py: vhost resolution and group assignment, as QDR."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from amqp_policy_proxy.policy.compile import compile_policy
+from amqp_policy_proxy.policy.hostnames import HostnamePatterns
 from amqp_policy_proxy.policy.lookup import (
-    HostnamePatterns,
     lookup_group,
     lookup_vhost,
     resolve_group,

@@ -1,4 +1,4 @@
-"""daemon/cli.py: ``explain`` exit codes, ``--json`` and ``--config``; ``check``'s placeholder,
+"""cli.py: ``explain`` exit codes, ``--json`` and ``--config``; ``check``'s placeholder,
 empty-policy and YAML ``*`` errors; logging flags before and after the subcommand (issue 15)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from amqp_policy_proxy.daemon.cli import EXIT_CONFIG, EXIT_DENY, EXIT_OK, build_parser, main
+from amqp_policy_proxy.cli import EXIT_CONFIG, EXIT_DENY, EXIT_OK, build_parser, main
 from amqp_policy_proxy.daemon.logs import JsonFormatter, TextFormatter
 
 POLICY = [["vhost", {

@@ -1,4 +1,4 @@
-"""limits/addresses.py: QDR-POLICY section 4 matching, with the injection fixes of decision 6."""
+"""policy/addresses.py: QDR address pattern matching (sourcePattern, targetPattern, ...), with the injection fixes (a user name is matched as one literal token)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amqp_policy_proxy.limits.addresses import (
+from amqp_policy_proxy.policy.addresses import (
     AddressRules,
     match_tokens,
     normalise_tokens,
@@ -281,7 +281,7 @@ def test_memo_is_per_user() -> None:
 
 
 def test_memo_is_bounded() -> None:
-    from amqp_policy_proxy.limits import addresses
+    from amqp_policy_proxy.policy import addresses
 
     rules = AddressRules.from_patterns(["q.*"])
     for i in range(addresses.MEMO_SIZE + 10):

@@ -1,4 +1,4 @@
-"""daemon/cli.py ``check`` and ``explain`` with the topic keys (ARCHITECTURE 4.6)."""
+"""cli.py ``check`` and ``explain`` with the topic keys (ARCHITECTURE 4.6)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from amqp_policy_proxy.daemon.cli import EXIT_CONFIG, EXIT_DENY, EXIT_OK, main
+from amqp_policy_proxy.cli import EXIT_CONFIG, EXIT_DENY, EXIT_OK, main
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "policy-topics"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "policy-topics"
 
 
 @pytest.mark.parametrize("name", ["markets.json", "plant.yaml"])

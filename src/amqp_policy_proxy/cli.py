@@ -1,4 +1,4 @@
-"""Daemon layer, the top: the ``amqp-policy-proxy`` command line: ``run``, ``check``, ``explain``,
+"""The top of the house: the ``amqp-policy-proxy`` command line: ``run``, ``check``, ``explain``,
 ``report``, ``demo``.
 
 Exit codes: 0 ok (``explain``: allowed), 1 runtime failure, 2 bad configuration or usage
@@ -17,8 +17,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import __version__
-from .config import (
+from . import __version__
+from .daemon.config import (
     LOG_FORMATS,
     LOG_LEVELS,
     ConfigError,
@@ -181,9 +181,9 @@ def _print_issues(issues: list[str], file: Any = None) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``run``: start the daemon and serve until SIGTERM/SIGINT."""
-    from ..policy.errors import PolicyError
-    from .app import run_daemon
-    from .loop import run
+    from .daemon.app import run_daemon
+    from .daemon.loop import run
+    from .policy.errors import PolicyError
 
     try:
         config = config_from_args(args)
@@ -206,9 +206,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """``check``: load the config and/or policy, print every issue, exit 2 on errors."""
-    from ..policy.errors import PolicyError, format_issues
-    from ..policy.load import load_policy
-    from ..policy.model import PolicySettings
+    from .policy.errors import PolicyError, format_issues
+    from .policy.load import load_policy
+    from .policy.model import PolicySettings
     from .resolver import system_resolver
 
     settings = PolicySettings()
@@ -223,7 +223,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         settings = config.policy
         policy_path = config.policy_path
         allow_empty = allow_empty or config.allow_empty_policy
-        from .app import Daemon
+        from .daemon.app import Daemon
 
         try:  # ExecReload runs this before SIGHUP: TLS files are reloaded too
             Daemon(config).build_tls_contexts()
@@ -248,10 +248,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """``explain``: print the decision for a user/host (and address) and the rule behind it."""
-    from ..policy.errors import PolicyError, format_issues
-    from ..policy.explain import explain
-    from ..policy.load import load_policy
-    from ..policy.model import PolicySettings
+    from .policy.errors import PolicyError, format_issues
+    from .policy.explain import explain
+    from .policy.load import load_policy
+    from .policy.model import PolicySettings
     from .resolver import system_resolver
 
     settings = PolicySettings()
@@ -308,7 +308,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """``report capacity ...``: delegate to the Spark job's own argument parser."""
     try:
-        from ..spark_reports.jobs.capacity import main as capacity_main
+        from .spark_reports.jobs.capacity import main as capacity_main
     except ImportError as exc:
         print(f"error: Spark reports need the 'spark' extra (pyspark): {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -317,7 +317,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``demo``: embedded broker, the proxy with the example policy, demo clients."""
-    from ..demo.run import main as demo_main
+    from .demo.run import main as demo_main
 
     return int(demo_main(keep_running=args.keep_running))
 
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _setup_logging(args: argparse.Namespace, config: DaemonConfig | None) -> None:
     """Flags first, then the config's ``[logging]``, then info/text."""
-    from .logs import configure_logging
+    from .daemon.logs import configure_logging
 
     level = args.log_level or (config.log_level if config else "info")
     fmt = args.log_format or (config.log_format if config else "text")
