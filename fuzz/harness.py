@@ -45,9 +45,9 @@ from amqp_policy_proxy.amqp.framing import FrameDecoder
 from amqp_policy_proxy.amqp.message import read_message_head
 from amqp_policy_proxy.amqp.performatives import Attach, decode_performative
 from amqp_policy_proxy.amqp.transfer import is_transfer_descriptor, read_transfer
-from amqp_policy_proxy.core.client_side import PRE_OPEN_FRAME_LIMIT
 from amqp_policy_proxy.core.commands import CloseTransport, ConnectRouter, Emit, SendData, Side
 from amqp_policy_proxy.core.connection import ProxyConnection
+from amqp_policy_proxy.core.context import PRE_OPEN_FRAME_LIMIT
 from amqp_policy_proxy.core.events import (
     ConnectionApproved,
     ConnectionClosed,
@@ -361,10 +361,10 @@ def _descriptor(buf: bytearray, pos: int, doff: int, size: int) -> int | None:
 
 def _check_buffers(conn: ProxyConnection) -> None:
     client, router, figures = conn.client, conn.router, conn.figures
-    cl = client.frame_limit
+    cl = conn.client_frame_limit
     if len(client.buf) >= max(cl, 8):
         raise Finding(f"client buffer {len(client.buf)} bytes, frame limit {cl}")
-    bl = max(router.frame_limit, PRE_OPEN_FRAME_LIMIT)
+    bl = max(conn.router_frame_limit, PRE_OPEN_FRAME_LIMIT)
     if len(router.buf) >= max(bl, 8):
         raise Finding(f"router buffer {len(router.buf)} bytes, frame limit {bl}")
     if len(client.held) > HELD_LIMIT + cl:

@@ -26,7 +26,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import Message
 
-import amqp_policy_proxy.core.client_side as client_side
 import amqp_policy_proxy.core.fastpath as fastpath
 from amqp_policy_proxy.amqp import accel
 from amqp_policy_proxy.amqp.performatives import Disposition
@@ -128,12 +127,12 @@ def _stream(msgs: list[tuple[Any, ...]], tail: str) -> bytes:
 @contextmanager
 def _general_only() -> Iterator[None]:
     """Every frame takes the general path: the fast path forwards nothing."""
-    saved = client_side.relay_client_frames
-    client_side.relay_client_frames = lambda conn, buf, pos, end, now: pos
+    saved = fastpath.FastPath.relay
+    fastpath.FastPath.relay = lambda self, buf, pos, end, now: pos  # type: ignore[method-assign]
     try:
         yield
     finally:
-        client_side.relay_client_frames = saved
+        fastpath.FastPath.relay = saved  # type: ignore[method-assign]
 
 
 def _run(stream: bytes, cuts: list[int], fast: bool, policy: Any = POLICY) -> tuple[Any, ...]:
@@ -214,18 +213,18 @@ def test_fast_path_is_taken(scanner):
     the scanner) runs at all."""
     calls = []
     scanned = []
-    original = client_side.relay_client_frames
+    original = fastpath.FastPath.relay
 
-    def spy(*args):
+    def spy(self, *args):
         calls.append(1)
-        return original(*args)
+        return original(self, *args)
 
     def scan_spy(*args):
         result = accel.scan_c(*args)
         scanned.append(result[1])
         return result
 
-    client_side.relay_client_frames = spy
+    fastpath.FastPath.relay = spy  # type: ignore[method-assign]
     try:
         with _scanner(scanner):
             if scanner == "c":
@@ -233,7 +232,7 @@ def test_fast_path_is_taken(scanner):
             stream = _stream([(0, b"x", None, None, 2000, True, False, "")] * 5, "")
             fast = _run(stream, [], fast=True, policy=POLICY_TRUSTED)
     finally:
-        client_side.relay_client_frames = original
+        fastpath.FastPath.relay = original  # type: ignore[method-assign]
     assert calls and fast[0][-1][0] is Side.ROUTER
     assert fast == _run(stream, [], fast=False, policy=POLICY_TRUSTED)
     if scanner == "c":

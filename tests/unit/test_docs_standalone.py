@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 OUTSIDE_REFERENCE = re.compile(
     r"ARCHITECTURE|QDR-POLICY|STYLE(?:\.md| ?§| [0-9])"
@@ -21,8 +19,6 @@ OUTSIDE_REFERENCE = re.compile(
     r"|\bissue #?[0-9]+\b"
 )
 TEXT_SUFFIXES = {".md", ".py", ".json", ".yml", ".yaml", ".toml", ".service", ".c"}
-#: Being rewritten by the lead: checked separately (xfail until the rewrite lands).
-PENDING = ("src/amqp_policy_proxy/core/", "src/amqp_policy_proxy/amqp/")
 
 
 def files(*roots: str) -> list[Path]:
@@ -47,17 +43,10 @@ def offending_lines(paths: list[Path]) -> list[str]:
 
 
 def test_docs_readmes_unit_dashboards_examples_and_sources_stand_alone():
-    paths = [p for p in files("docs", "README.md", "bench/README.md", "fuzz/README.md",
-                              "systemd", "dashboards", "examples", "src")
-             if not p.relative_to(ROOT).as_posix().startswith(PENDING)]
+    paths = files("docs", "README.md", "bench/README.md", "fuzz/README.md",
+                  "systemd", "dashboards", "examples", "src")
     assert len(paths) > 50
     assert offending_lines(paths) == []
-
-
-@pytest.mark.xfail(strict=True, reason="core/ and amqp/ still cite the design notes; the lead "
-                                       "is rewriting them (remove this marker then)")
-def test_core_and_amqp_stand_alone():
-    assert offending_lines(files(*PENDING)) == []
 
 
 def test_the_pattern_catches_what_it_should():

@@ -20,6 +20,17 @@ PROTOCOL_HEADER_SIZE = 8
 MIN_MAX_FRAME_SIZE = 512
 #: Frame header: 4-byte SIZE, 1-byte DOFF, 1-byte TYPE, 2 type-specific bytes (the channel).
 FRAME_HEADER_SIZE = 8
+#: DOFF counts 4-byte words: the frame body starts at ``DOFF * DOFF_UNIT`` (Part 2 §2.3.1).
+DOFF_UNIT = 4
+#: The first byte of every protocol header ("A" of "AMQP"); a frame's size never starts with it
+#: below the header's value read as a size (0x41000000 bytes).
+PROTOCOL_HEADER_FIRST_BYTE = 0x41
+#: A described value starts with this constructor; a performative's descriptor is then most
+#: often a ``smallulong`` (format code 0x53) holding the code (Part 1 §1.2, §1.6.9).
+DESCRIBED = 0x00
+SMALLULONG = 0x53
+#: channel-max when the Open leaves it out (Part 2 §2.7.1: "65535").
+DEFAULT_CHANNEL_MAX = 0xFFFF
 
 
 class FrameType(IntEnum):
@@ -144,7 +155,10 @@ class Condition(StrEnum):
     LINK_STOLEN = "amqp:link:stolen"
 
 
-# QDR's denial descriptions (QDR-POLICY.md §3.9), reproduced exactly.
+# The descriptions qdrouterd 1.19 puts in its denials, reproduced exactly: the three "disallowed"
+# ones from src/policy.c, the target and user-id rejections and the size limit from
+# src/router_node.c, the protocol-header one from proton's transport (a client that does not
+# speak AMQP). ``PROXY_SHUTTING_DOWN`` is the proxy's own (drain).
 CONNECTION_DISALLOWED = "connection disallowed by local policy"
 SESSION_DISALLOWED = "session disallowed by local policy"
 LINK_DISALLOWED = "link disallowed by local policy"

@@ -6,7 +6,7 @@ router's own annotations.
 
 The proxy forwards messages as their original bytes. The one edit it makes is clearing the
 header's ``durable`` flag for a subscriber without the *persistent* authority (topic
-authorization, ARCHITECTURE 4.6, model ``nearestAcl``): ``true`` and ``false`` have encodings of
+authorization, docs/topic-authorization.md, model ``nearestAcl``): ``true`` and ``false`` have encodings of
 the same length, so the edit never changes a frame's size or any offset after it.
 """
 

@@ -450,6 +450,17 @@ for _cls in (
     _REGISTRY[_cls.DESCRIPTOR] = _cls
 del _cls
 
+#: The encodings of an error-less Close (list0, list8, list32 with no fields), recognised from
+#: their bytes; proton's decoder gives exactly :data:`EMPTY_CLOSE` for each.
+EMPTY_CLOSE_BODIES = frozenset(
+    {
+        bytes.fromhex("00531845"),
+        bytes.fromhex("005318c00100"),
+        bytes.fromhex("005318d00000000400000000"),
+    }
+)
+EMPTY_CLOSE = Close()
+
 PERFORMATIVES: dict[int, type[Composite]] = {
     code: cls for code, cls in _REGISTRY.items() if 0x10 <= code <= 0x18
 }
@@ -489,3 +500,20 @@ def symbols(value: Any) -> tuple[str, ...]:
         return tuple(str(v) for v in elements if isinstance(v, str))
     except TypeError:
         return ()
+
+
+def checked_replace(perf: Composite, **changes: Any) -> Composite:
+    """Return ``perf`` with ``changes``, refusing values that do not survive re-encoding.
+
+    A client frame the proxy rewrites (Open, Begin) is re-encoded by proton's codec; a value
+    proton normalises would otherwise reach the router with other fields than the ones the
+    proxy decided on (fuzz finding ``framing-nested-described-reencode``).
+
+    Raises:
+        DecodeError: the re-encoded performative decodes to something else.
+    """
+    new = dataclasses.replace(perf, **changes)
+    back, _ = decode_performative(new.encode())
+    if back != new:
+        raise DecodeError(f"{type(perf).__name__} fields do not survive re-encoding")
+    return new

@@ -6,7 +6,7 @@ counts (vhost, per user, per host) in the ledger. A denied client gets QDR's Ope
 ``amqp:resource-limit-exceeded`` / ``connection disallowed by local policy`` and the router gets
 nothing of its Open. An admitted client's Open goes to the router (its channel-max lowered by
 the channels kept back for session denials, decision 0003), followed by what the client
-pipelined behind it; the router's frames held meanwhile are relayed.
+pipelined behind it, and the router's frames held meanwhile (the facade replays both).
 """
 
 from __future__ import annotations
@@ -19,21 +19,20 @@ from ..amqp.constants import Condition
 from ..amqp.errors import IllegalStateError
 from ..amqp.framing import encode_frame
 from ..amqp.handshake import OpenHead, patch_open
-from ..amqp.performatives import Open, decode_performative
+from ..amqp.performatives import Open, checked_replace, decode_performative
 from ..policy import decisions
 from ..policy.lookup import lookup_vhost
 from ..policy.reasons import ConnectionDenyReason
 from .commands import Side
+from .context import ROUTER_FRAME_LIMIT, Context
 from .events import ConnectionApproved, ConnectionDenied
-from .records import ReservedPool
-from .router_side import ROUTER_FRAME_LIMIT
-from .sessions import RESERVED_CHANNELS, USHORT_MAX, _checked_replace
-from .state import ROUTER_CONNECTED, ClientState, RouterState
+from .rules import MessageRules
+from .sessions import USHORT_MAX, Sessions
+from .state import ClientState
 from .wire import error, frame
 
 if TYPE_CHECKING:
     from ..policy.model import GroupSettings, VhostPolicy
-    from .connection import ProxyConnection
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +45,9 @@ class AdmissionLedger(Protocol):
     :class:`~amqp_policy_proxy.limits.connections.ConnectionLedger` is the in-process one.
     """
 
-    def try_admit(self, conn_id: str, *, vhost: VhostPolicy, group: GroupSettings, user: str,
-                  remote_host: str) -> ConnectionDenyReason | None:
+    def try_admit(
+        self, conn_id: str, *, vhost: VhostPolicy, group: GroupSettings, user: str, remote_host: str
+    ) -> ConnectionDenyReason | None:
         """Count the connection if every limit allows it; else the first failed limit."""
 
     def release(self, conn_id: str) -> bool:
@@ -57,142 +57,144 @@ class AdmissionLedger(Protocol):
 class Admission:
     """The Open decision of one connection."""
 
-    __slots__ = ("conn", "wire", "sides", "ledger", "in_ledger")
+    __slots__ = ("ctx", "wire", "sides", "sessions", "rules", "ledger", "in_ledger")
 
-    def __init__(self, conn: ProxyConnection, ledger: AdmissionLedger) -> None:
+    def __init__(
+        self, ctx: Context, sessions: Sessions, rules: MessageRules, ledger: AdmissionLedger
+    ) -> None:
         """Nothing decided yet."""
-        self.conn = conn
-        self.wire = conn.wire
-        self.sides = conn.sides
+        self.ctx = ctx
+        self.wire = ctx.wire
+        self.sides = ctx.sides
+        self.sessions = sessions
+        self.rules = rules
         self.ledger = ledger
         self.in_ledger = False
         """The connection is counted in the ledger (released exactly once at the end)."""
 
-    def when_ready(self, now: float) -> None:
-        """Decide the client's Open now, or once the upstream is connected.
+    def decide(self, open_: Open | OpenHead, body: bytes | None, now: float) -> bool:
+        """Decide the client's Open (``body``: its frame body as received): admit it or deny
+        it, in QDR's order.
 
-        Nobody is admitted without an upstream: while the connect is under way the decision
-        waits (the client's Open cannot reach the router before that anyway); if no upstream
-        accepts, the client is told so without an admission.
-
-        Raises:
-            IllegalStateError: an Open before a successful SASL outcome.
-        """
-        router = self.sides.router
-        if router is RouterState.IDLE or router is RouterState.CONNECTING:
-            return
-        client = self.conn.client
-        if router in ROUTER_CONNECTED and client.open is not None:
-            try:
-                self.decide(client.open, now)
-            finally:
-                client.open_body = None
-
-    def decide(self, open_: Open | OpenHead, now: float) -> None:
-        """Decide the client's Open: admit it or deny it (QDR's order).
+        Returns:
+            True when admitted (the Open is on its way to the router), False when denied.
 
         Raises:
             IllegalStateError: an Open before a successful SASL outcome.
         """
-        conn = self.conn
-        client = conn.client
-        if not client.sasl_ok:
+        ctx = self.ctx
+        if not ctx.sasl_ok:
             raise IllegalStateError("Open before a successful SASL outcome")
-        user = client.sasl_user
-        conn.user = user
-        conn.handshake_deadline = None
-        policy = conn.policy
+        user = ctx.sasl_user
+        ctx.user = user
+        ctx.handshake_deadline = None
+        policy = ctx.policy
         if not policy.settings.enable_vhost_policy:
-            self._approve(open_, None, None, now)
-            return
+            self._approve(open_, body, None, now)
+            return True
         hostname = None if open_.hostname is None else str(open_.hostname)
         if user is None:
-            conn.vhost = lookup_vhost(policy, hostname)
-            self._deny(ConnectionDenyReason.UNKNOWN_USER if conn.vhost
-                       else ConnectionDenyReason.NO_VHOST, now)
-            return
-        decision = decisions.approve_open(policy, hostname=hostname, user=user,
-                                          remote_host=conn.client_address)
-        conn.vhost = decision.vhost
-        conn.group = decision.group
+            ctx.vhost = lookup_vhost(policy, hostname)
+            self._deny(
+                ConnectionDenyReason.UNKNOWN_USER if ctx.vhost else ConnectionDenyReason.NO_VHOST,
+                now,
+            )
+            return False
+        decision = decisions.approve_open(
+            policy, hostname=hostname, user=user, remote_host=ctx.client_address
+        )
+        ctx.vhost = decision.vhost
+        ctx.group = decision.group
         if isinstance(decision, decisions.OpenDenied):
-            logger.info("[%s] %s", conn.conn_id, decision.log)
+            logger.info("[%s] %s", ctx.conn_id, decision.log)
             self._deny(decision.reason, now)
-            return
-        reason = self.ledger.try_admit(conn.conn_id, vhost=decision.vhost,
-                                       group=decision.group, user=user,
-                                       remote_host=conn.remote_host)
+            return False
+        reason = self.ledger.try_admit(
+            ctx.conn_id,
+            vhost=decision.vhost,
+            group=decision.group,
+            user=user,
+            remote_host=ctx.remote_host,
+        )
         if reason is not None:
-            logger.info("[%s] DENY AMQP Open for user '%s', rhost '%s', vhost '%s': %s",
-                        conn.conn_id, user, conn.remote_host, decision.vhost.hostname, reason)
+            logger.info(
+                "[%s] DENY AMQP Open for user '%s', rhost '%s', vhost '%s': %s",
+                ctx.conn_id,
+                user,
+                ctx.remote_host,
+                decision.vhost.hostname,
+                reason,
+            )
             self._deny(reason, now)
-            return
+            return False
         self.in_ledger = True
-        self._approve(open_, decision.vhost, decision.group, now)
+        self._approve(open_, body, decision.group, now)
+        return True
 
     def _deny(self, reason: ConnectionDenyReason, now: float) -> None:
         """QDR's connection denial; the router never receives anything of this Open."""
-        conn = self.conn
+        ctx = self.ctx
         sides = self.sides
         wire = self.wire
         sides.to_client(ClientState.DENIED)
-        conn.close_reason = "denied"
+        ctx.close_reason = "denied"
         err = error(Condition.RESOURCE_LIMIT_EXCEEDED, C.CONNECTION_DISALLOWED)
-        wire.emit(ConnectionDenied(**conn.ctx(now), reason=reason,
-                                   condition=str(err.condition),
-                                   description=str(err.description)))
-        conn.client.held.clear()
-        conn.router.held.clear()
+        wire.emit(
+            ConnectionDenied(
+                **ctx.event_fields(now),
+                reason=reason,
+                condition=str(err.condition),
+                description=str(err.description),
+            )
+        )
         wire.pending.clear()
         sides.stop_router()
         wire.close_transport(Side.ROUTER)
-        conn.send_open_close(err)
-        conn.linger(now)
+        ctx.send_open_close(err)
+        ctx.linger(now)
 
-    def _approve(self, open_: Open | OpenHead, vhost: VhostPolicy | None,
-                 group: GroupSettings | None, now: float) -> None:
-        """Admit: apply the group, forward the Open, replay what both legs sent meanwhile."""
-        conn = self.conn
-        sides = conn.sessions
-        conn.governed = group is not None
+    def _approve(
+        self, open_: Open | OpenHead, body: bytes | None, group: GroupSettings | None, now: float
+    ) -> None:
+        """Admit: apply the group and forward the Open (its channel-max lowered by the
+        channels kept back for session denials)."""
+        ctx = self.ctx
+        ctx.governed = group is not None
         self.sides.to_client(ClientState.OPENED)
-        conn.opened_at = now
+        ctx.opened_at = now
         if group is not None:
-            conn.deliveries.govern(group, conn.user or "", conn.tls_subject)
+            self.rules.govern(group, ctx.user or "", ctx.tls_subject)
             if group.max_sessions:
-                sides.policy_channel_max = max(0, group.max_sessions - 1)
-        self.wire.emit(ConnectionApproved(
-            **conn.ctx(now), hostname=None if open_.hostname is None else str(open_.hostname)))
-        # Reserve the top of the client's channel-max for synthesized Begin+End replies.
-        cmax = min(UINT_MAX if open_.channel_max is None else int(open_.channel_max),
-                   USHORT_MAX)
-        reserve = min(RESERVED_CHANNELS, cmax // 2)
-        sides.reserved_channels = ReservedPool(cmax, reserve)
-        body = conn.client.open_body
-        if reserve:
+                self.sessions.policy_channel_max = max(0, group.max_sessions - 1)
+        self.wire.emit(
+            ConnectionApproved(
+                **ctx.event_fields(now),
+                hostname=None if open_.hostname is None else str(open_.hostname),
+            )
+        )
+        cmax = min(UINT_MAX if open_.channel_max is None else int(open_.channel_max), USHORT_MAX)
+        given = self.sessions.reserve_channels(cmax)
+        if given != cmax:
             # the client's own bytes with channel-max patched (plain encodings); otherwise
             # re-encoded, refusing fields proton would not re-encode faithfully
-            patched = None if body is None else patch_open(body, channel_max=cmax - reserve)
+            patched = None if body is None else patch_open(body, channel_max=given)
             if patched is not None:
                 forward = encode_frame(0, patched)
             else:
                 if not isinstance(open_, Open):  # read from bytes, yet not patchable
                     open_, _ = decode_performative(body)
-                forward = frame(0, _checked_replace(open_, channel_max=cmax - reserve))
+                forward = frame(0, checked_replace(open_, channel_max=given))
         elif isinstance(open_, OpenHead) and body is not None:
             forward = encode_frame(0, body)  # read from its bytes: relayed as it came
         else:
             forward = frame(0, open_)
         # The router may send frames up to the client's max-frame-size.
         cmfs = UINT_MAX if open_.max_frame_size is None else int(open_.max_frame_size)
-        conn.router.frame_limit = max(C.MIN_MAX_FRAME_SIZE, min(cmfs, ROUTER_FRAME_LIMIT))
+        ctx.router_frame_limit = max(C.MIN_MAX_FRAME_SIZE, min(cmfs, ROUTER_FRAME_LIMIT))
         self.wire.send(Side.ROUTER, forward)
-        conn.router.release_held(now)
-        conn.client.release_held(now)
 
     def release(self) -> None:
         """Uncount the connection in the ledger (once; nothing if it was never counted)."""
         if self.in_ledger:
             self.in_ledger = False
-            self.ledger.release(self.conn.conn_id)
-
+            self.ledger.release(self.ctx.conn_id)

@@ -14,15 +14,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from struct import Struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..amqp import constants as C
 from ..amqp.canonical import check_performative
-from ..amqp.constants import Condition, Descriptor, FrameType, SaslCode
+from ..amqp.constants import (
+    DOFF_UNIT,
+    FRAME_HEADER_SIZE,
+    PROTOCOL_HEADER_FIRST_BYTE,
+    PROTOCOL_HEADER_SIZE,
+    Condition,
+    Descriptor,
+    FrameType,
+    SaslCode,
+)
 from ..amqp.errors import FramingError, IllegalStateError, NotAllowedError, ResourceLimitError
 from ..amqp.framing import check_frame_header
 from ..amqp.handshake import OpenHead, read_open_head, read_sasl_init
 from ..amqp.performatives import (
+    EMPTY_CLOSE,
+    EMPTY_CLOSE_BODIES,
     Attach,
     Begin,
     Close,
@@ -38,30 +49,20 @@ from ..amqp.performatives import (
 from ..amqp.sasl import ANONYMOUS_USER, identity_from_sasl_init
 from ..amqp.transfer import is_transfer_descriptor
 from .commands import ConnectRouter, SendData, Side
+from .context import Context
+from .deliveries import Deliveries
 from .events import ConnectionDenied, ConnectionDenyReason, ProtocolViolation
-from .fastpath import relay_client_frames
+from .fastpath import FastPath
 from .framebuf import feed
+from .sessions import Sessions
 from .state import CLIENT_AMQP, CLIENT_SASL, ClientState, RouterState
 from .wire import error, frame
-
-if TYPE_CHECKING:
-    from .connection import ProxyConnection
 
 logger = logging.getLogger(__name__)
 
 _HDR = Struct(">IBBH")
-#: Largest frame accepted from the client before the proxy has advertised a max-frame-size
-#: (the spec says 512 for SASL frames and an Open; the proxy is lenient but bounded).
-PRE_OPEN_FRAME_LIMIT = 64 * 1024
 #: Bytes a client may pipeline behind its Open before the admission decision.
 PIPELINED_LIMIT = 4 * 1024 * 1024
-#: The encodings of an error-less Close (list0, list8, list32 with no fields), recognised from
-#: their bytes; proton's decoder gives exactly ``Close()`` for each.
-EMPTY_CLOSE_BODIES = frozenset({
-    bytes.fromhex("00531845"), bytes.fromhex("005318c00100"),
-    bytes.fromhex("005318d00000000400000000"),
-})
-EMPTY_CLOSE = Close()
 
 _HEADER, _SASL, _AMQP, _NONE = range(4)
 
@@ -74,31 +75,44 @@ def sasl_outcome(code: SaslCode) -> bytes:
 class ClientSide:
     """The client leg of one connection."""
 
-    __slots__ = ("conn", "wire", "sides", "buf", "frame_limit", "held", "open",
-                 "open_body", "sasl_used", "sasl_init_seen", "sasl_user", "sasl_ok",
-                 "handlers")
+    __slots__ = (
+        "ctx",
+        "wire",
+        "sides",
+        "sessions",
+        "deliveries",
+        "open_received",
+        "fast",
+        "buf",
+        "held",
+        "open",
+        "open_body",
+        "handlers",
+    )
 
-    def __init__(self, conn: ProxyConnection) -> None:
-        """Nothing received yet."""
-        self.conn = conn
-        self.wire = conn.wire
-        self.sides = conn.sides
+    def __init__(
+        self,
+        ctx: Context,
+        sessions: Sessions,
+        deliveries: Deliveries,
+        open_received: Callable[[float], None],
+    ) -> None:
+        """Nothing received yet; ``open_received(now)`` is called when the client's Open is
+        here (the facade decides it)."""
+        self.ctx = ctx
+        self.wire = ctx.wire
+        self.sides = ctx.sides
+        self.sessions = sessions
+        self.deliveries = deliveries
+        self.open_received = open_received
+        self.fast = FastPath(ctx, sessions, deliveries, self.amqp_frame)
         self.buf = bytearray()
         """The client bytes of a unit that straddles reads (at most one frame)."""
-        self.frame_limit = PRE_OPEN_FRAME_LIMIT
-        """Largest frame accepted from the client (the max-frame-size it was given)."""
         self.held = bytearray()
         """Client frames pipelined behind its Open, held until the decision."""
         self.open: Open | OpenHead | None = None
         self.open_body: bytes | None = None
         """The client's Open frame body until its admission is decided."""
-        self.sasl_used = False
-        self.sasl_init_seen = False
-        self.sasl_user: str | None = None
-        """The identity the sasl-init names (trusted only once the router said ``ok``)."""
-        self.sasl_ok = False
-        """The router's sasl-outcome ``ok`` was relayed (or the client skipped SASL)."""
-        sessions = conn.sessions
         self.handlers: dict[type, Callable[[Any, bytes, int, float], None]] = {
             Begin: sessions.on_client_begin,
             Attach: sessions.on_client_attach,
@@ -114,9 +128,12 @@ class ClientSide:
     # ------------------------------------------------------------------ bytes in
 
     def _mode(self) -> int:
+        """How the next client bytes are cut, from the client state: ``_HEADER`` (an 8-byte
+        protocol header), ``_SASL`` or ``_AMQP`` (frames) or ``_NONE`` (ignore them: closed)."""
         state = self.sides.client
         if state in CLIENT_AMQP:
-            if state is ClientState.UNAVAILABLE and self.sasl_used and not self.sasl_ok:
+            ctx = self.ctx
+            if state is ClientState.UNAVAILABLE and ctx.sasl_used and not ctx.sasl_ok:
                 return _SASL
             return _AMQP
         if state in CLIENT_SASL:
@@ -130,7 +147,9 @@ class ClientSide:
         mode = self._mode()
         if mode == _NONE:
             return
-        self.buf = feed(self.buf, data, mode != _HEADER, self.frame_limit, self.process, now)
+        self.buf = feed(
+            self.buf, data, mode != _HEADER, self.ctx.client_frame_limit, self.process, now
+        )
 
     def process(self, buf: Any, start: int, end: int, now: float) -> int:
         """Consume whole units from ``buf[start:end]``; return the offset reached.
@@ -148,46 +167,57 @@ class ClientSide:
             wire.run_buf, wire.run_start, wire.run_end = saved
 
     def _units(self, buf: Any, pos: int, end: int, now: float) -> int:
+        """Consume whole units (protocol headers, frames) of client bytes from ``buf[pos:end]``.
+
+        Hands the admitted steady state to the fast path and everything else to the per-state
+        handlers; returns the offset of the first byte not consumed (a partial unit, or the
+        first byte after the state stopped reading).
+        """
         sides = self.sides
         while pos < end:
             state = sides.client
             if state is ClientState.OPENED:
                 # The admitted steady state; returns at a partial frame, a frame it leaves to
                 # the general code below, or once the state has changed.
-                pos = relay_client_frames(self.conn, buf, pos, end, now)
+                pos = self.fast.relay(buf, pos, end, now)
                 if pos >= end:
                     break
             mode = self._mode()
             if mode == _NONE:
                 break
             if mode == _HEADER:
-                if end - pos < 8:
+                if end - pos < PROTOCOL_HEADER_SIZE:
                     head = bytes(buf[pos:end])
-                    if not (C.AMQP_HEADER.startswith(head) or C.SASL_HEADER.startswith(head)
-                            or C.TLS_HEADER.startswith(head)):
+                    if not (
+                        C.AMQP_HEADER.startswith(head)
+                        or C.SASL_HEADER.startswith(head)
+                        or C.TLS_HEADER.startswith(head)
+                    ):
                         self._bad_header(now)
                         return end
                     return pos
-                self._header(bytes(buf[pos:pos + 8]), now)
-                pos += 8
+                self._header(bytes(buf[pos : pos + PROTOCOL_HEADER_SIZE]), now)
+                pos += PROTOCOL_HEADER_SIZE
                 continue
-            if end - pos < 8:
+            if end - pos < FRAME_HEADER_SIZE:
                 return pos
-            if buf[pos] == 0x41 and bytes(buf[pos:pos + 4]) == b"AMQP":
+            if buf[pos] == PROTOCOL_HEADER_FIRST_BYTE and bytes(buf[pos : pos + 4]) == b"AMQP":
                 # a protocol header where a frame would be: only the AMQP header after SASL
-                self._header(bytes(buf[pos:pos + 8]), now)
-                pos += 8
+                self._header(bytes(buf[pos : pos + PROTOCOL_HEADER_SIZE]), now)
+                pos += PROTOCOL_HEADER_SIZE
                 continue
             size, doff, ftype, channel = _HDR.unpack_from(buf, pos)
-            check_frame_header(size, doff, ftype, self.frame_limit)
+            check_frame_header(size, doff, ftype, self.ctx.client_frame_limit)
             if end - pos < size:
                 return pos
             fend = pos + size
             if mode == _SASL:
                 self._sasl_frame(buf, pos, doff, ftype, fend, now)
             elif state is ClientState.OPENED or (
-                    state is ClientState.CLOSING and not sides.client_close_received()
-                    and self.conn.opened_at is not None):
+                state is ClientState.CLOSING
+                and not sides.client_close_received()
+                and self.ctx.opened_at is not None
+            ):
                 if self.amqp_frame(buf, pos, doff, ftype, channel, fend, now):
                     self.wire.extend_run(pos, fend)
             else:
@@ -200,10 +230,15 @@ class ClientSide:
     def _bad_header(self, now: float) -> None:
         """Garbage or another protocol: QDR answers with an AMQP header, Open and Close
         ``amqp:connection:framing-error`` ``Unknown protocol detected``."""
-        conn = self.conn
-        self.wire.emit(ProtocolViolation(**conn.ctx(now), side=str(Side.CLIENT),
-                                         condition=str(Condition.CONNECTION_FRAMING_ERROR),
-                                         description=C.UNKNOWN_PROTOCOL))
+        conn = self.ctx
+        self.wire.emit(
+            ProtocolViolation(
+                **conn.event_fields(now),
+                side=str(Side.CLIENT),
+                condition=str(Condition.CONNECTION_FRAMING_ERROR),
+                description=C.UNKNOWN_PROTOCOL,
+            )
+        )
         conn.close_reason = "protocol_error"
         conn.handshake_deadline = None
         conn.send_open_close(error(Condition.CONNECTION_FRAMING_ERROR, C.UNKNOWN_PROTOCOL))
@@ -221,12 +256,12 @@ class ClientSide:
         state = sides.client
         if state is ClientState.AWAIT_HEADER:
             if header == C.SASL_HEADER:
-                self.sasl_used = True
+                self.ctx.sasl_used = True
                 sides.to_client(ClientState.SASL)
             elif header == C.AMQP_HEADER:
                 # no SASL: user anonymous, as in QDR
-                self.sasl_user = ANONYMOUS_USER
-                self.sasl_ok = True
+                self.ctx.sasl_user = ANONYMOUS_USER
+                self.ctx.sasl_ok = True
                 sides.to_client(ClientState.AWAIT_OPEN)
             else:
                 self._bad_header(now)
@@ -241,8 +276,7 @@ class ClientSide:
             return
         raise FramingError(f"unexpected protocol header {header!r}")
 
-    def _sasl_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int,
-                    now: float) -> None:
+    def _sasl_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int, now: float) -> None:
         """A client SASL frame (Part 5 §5.3): the sasl-init or a sasl-response.
 
         The sasl-init names the identity the router will authenticate; a client asking for
@@ -257,7 +291,7 @@ class ClientSide:
         """
         if ftype != FrameType.SASL:
             raise FramingError("AMQP frame during SASL negotiation")
-        body = pos + doff * 4
+        body = pos + doff * DOFF_UNIT
         if body == fend:
             raise FramingError("empty frame during SASL negotiation")
         init = read_sasl_init(buf, body, fend)  # plain encodings, no decode
@@ -269,14 +303,15 @@ class ClientSide:
             elif code != Descriptor.SASL_RESPONSE:
                 raise IllegalStateError(f"client sent {Descriptor(code).name} during SASL")
         if init is not None:
-            if self.sasl_user is not None or self.sasl_init_seen:
+            ctx = self.ctx
+            if ctx.sasl_user is not None or ctx.sasl_init_seen:
                 raise IllegalStateError("second sasl-init")
-            self.sasl_init_seen = True
-            identity = identity_from_sasl_init(*init, tls_identity=self.conn.tls_subject)
+            ctx.sasl_init_seen = True
+            identity = identity_from_sasl_init(*init, tls_identity=ctx.tls_subject)
             if identity.impersonates:
                 self._refuse_impersonation(identity.user, identity.authzid, now)
                 return
-            self.sasl_user = identity.user
+            ctx.sasl_user = identity.user
             if self.sides.client is ClientState.UNAVAILABLE:
                 self.answer_unavailable()
                 return
@@ -296,16 +331,27 @@ class ClientSide:
         nothing of the sasl-init to the router, both transports closed; counted as a
         connection denied for ``authzid``.
         """
-        conn = self.conn
+        conn = self.ctx
         conn.user = user
         conn.close_reason = "denied"
         conn.handshake_deadline = None
-        logger.info("[%s] DENY SASL for user '%s', rhost '%s': authorization identity '%s' "
-                    "differs from the authenticated identity", conn.conn_id, user,
-                    conn.remote_host, authzid)
+        logger.info(
+            "[%s] DENY SASL for user '%s', rhost '%s': authorization identity '%s' "
+            "differs from the authenticated identity",
+            conn.conn_id,
+            user,
+            conn.remote_host,
+            authzid,
+        )
         wire = self.wire
-        wire.emit(ConnectionDenied(**conn.ctx(now), reason=ConnectionDenyReason.AUTHZID,
-                                   condition="", description="sasl-outcome auth"))
+        wire.emit(
+            ConnectionDenied(
+                **conn.event_fields(now),
+                reason=ConnectionDenyReason.AUTHZID,
+                condition="",
+                description="sasl-outcome auth",
+            )
+        )
         self.sides.stop_client()
         self.sides.stop_router()
         wire.pending.clear()
@@ -315,8 +361,9 @@ class ClientSide:
 
     # ------------------------------------------------------------------ before the decision
 
-    def _preopen_frame(self, buf: Any, pos: int, doff: int, ftype: int, channel: int,
-                       fend: int, now: float) -> None:
+    def _preopen_frame(
+        self, buf: Any, pos: int, doff: int, ftype: int, channel: int, fend: int, now: float
+    ) -> None:
         """A client AMQP frame before its admission: the Open (decided at once), frames
         pipelined behind it (held), or frames after a refusal (only its Close matters).
 
@@ -337,7 +384,7 @@ class ClientSide:
             if len(self.held) > PIPELINED_LIMIT:
                 raise ResourceLimitError("too much data pipelined before the Open decision")
             return
-        body = pos + doff * 4
+        body = pos + doff * DOFF_UNIT
         if body == fend:
             return  # heartbeat before Open: nothing to relay yet
         raw = bytes(buf[body:fend])
@@ -353,12 +400,12 @@ class ClientSide:
         self.open = perf
         self.open_body = raw
         self.sides.to_client(ClientState.DECIDING)
-        self.conn.admission.when_ready(now)
+        self.open_received(now)
 
     def _after_close_frame(self, buf: Any, pos: int, doff: int, fend: int) -> None:
         """A frame after the client was refused or sent its Close: consumed; its Close ends
         the exchange (the transports close)."""
-        body = pos + doff * 4
+        body = pos + doff * DOFF_UNIT
         if body == fend:
             return
         code = is_transfer_descriptor(buf, body, fend)
@@ -380,8 +427,9 @@ class ClientSide:
 
     # ------------------------------------------------------------------ admitted frames
 
-    def amqp_frame(self, buf: Any, pos: int, doff: int, ftype: int, channel: int, fend: int,
-                   now: float) -> bool:
+    def amqp_frame(
+        self, buf: Any, pos: int, doff: int, ftype: int, channel: int, fend: int, now: float
+    ) -> bool:
         """Handle one admitted client frame; True means "forward its original bytes".
 
         Raises:
@@ -391,15 +439,14 @@ class ClientSide:
         """
         if ftype != FrameType.AMQP:
             raise FramingError("SASL frame after SASL negotiation")
-        body = pos + doff * 4
+        body = pos + doff * DOFF_UNIT
         if body == fend:
             return True  # heartbeat
-        conn = self.conn
-        sessions = conn.sessions
+        sessions = self.sessions
         code = is_transfer_descriptor(buf, body, fend)
         if code == Descriptor.TRANSFER:
-            conn.figures.transfers_in += 1
-            forward = conn.deliveries.client_transfer(buf, body, channel, fend, now)
+            self.ctx.figures.transfers_in += 1
+            forward = self.deliveries.client_transfer(buf, body, channel, fend, now)
             session = sessions.sessions.get(channel)
             if session is not None and sessions.window_frames is not None:
                 sessions.reopen_window(session)
@@ -450,7 +497,7 @@ class ClientSide:
         """The client's Close (Part 2 §2.7.9): the answer to the proxy's Close ends the
         connection; otherwise it is relayed and the router's answer awaited (bounded by the
         linger time)."""
-        conn = self.conn
+        conn = self.ctx
         sides = self.sides
         wire = self.wire
         sides.close_received(True)

@@ -29,31 +29,27 @@ import logging
 from typing import Any
 
 from ..amqp import constants as C
-from ..amqp.constants import Condition, FrameType
+from ..amqp.constants import Condition
 from ..amqp.errors import AmqpError
-from ..amqp.performatives import Error, SaslMechanisms
 from ..ingress.peer import ClientAddress
 from ..policy.reasons import ConnectionDenyReason
 from .admission import Admission, AdmissionLedger
 from .client_side import ClientSide
 from .commands import Command, Side
+from .context import LINGER_SECONDS, Context
 from .deliveries import Deliveries
 from .events import ConnectionClosed, ConnectionDenied, ProtocolViolation
-from .router_side import (
-    SASL_HEADER_RELAYED,
-    SASL_MECHANISMS_RELAYED,
-    SASL_OUTCOME_RELAYED,
-    RouterSide,
-)
+from .router_side import RouterSide
+from .rules import MessageRules
 from .sessions import Sessions
-from .state import CLIENT_AMQP, ClientState, RouterState, Sides
-from .view import ConnectionView, Figures
-from .wire import Wire, error, frame
+from .state import CLIENT_AMQP, ROUTER_CONNECTED, ClientState, RouterState
+from .view import ConnectionView
+from .wire import error
 
 logger = logging.getLogger(__name__)
 
-#: Seconds to wait for the client's Close after a denial or shutdown Close before closing.
-LINGER_SECONDS = 2.0
+__all__ = ["HANDSHAKE_SECONDS", "LINGER_SECONDS", "ProxyConnection"]
+
 #: Seconds a client of an unreachable upstream has to read its answer before it is closed.
 UNAVAILABLE_LINGER_SECONDS = 10.0
 #: Default seconds from accept to the Open decision.
@@ -62,13 +58,7 @@ UPSTREAM_UNAVAILABLE = "no upstream available"
 UPSTREAM_LOST = "upstream connection lost"
 
 
-def _symbol_array(names: list[str]) -> Any:
-    from ..amqp.codec import symbol_array
-
-    return symbol_array(names)
-
-
-class ProxyConnection:
+class ProxyConnection(Context):
     """One client connection and its upstream leg, as a sans-IO state machine.
 
     Inputs: :meth:`receive_data`, :meth:`router_connected`, :meth:`router_connect_failed`,
@@ -78,13 +68,7 @@ class ProxyConnection:
     :attr:`view` is what the shell may read.
     """
 
-    __slots__ = (
-        "conn_id", "remote_host", "client_address", "listener", "policy", "tls_subject",
-        "wall_offset",
-        "accepted_at", "user", "vhost", "group", "governed", "opened_at", "close_reason",
-        "handshake_deadline", "linger_deadline", "finished", "sides", "wire", "figures",
-        "sessions", "deliveries", "client", "router", "admission", "view",
-    )
+    __slots__ = ("rules", "sessions", "deliveries", "client", "router", "admission", "view")
 
     def __init__(
         self,
@@ -118,62 +102,57 @@ class ProxyConnection:
                 None (SASL EXTERNAL's identity; DDS permission grants match it).
             wall_offset: POSIX seconds minus loop-clock seconds (DDS validity dates).
         """
-        self.conn_id = conn_id
-        self.remote_host = str(remote_host)
-        """The client's normalised IP text (logs, events, per-host counts)."""
-        self.client_address = remote_host
-        """The same, as the shell parsed it (``remoteHosts`` checks)."""
-        self.listener = listener
-        self.policy = policy
-        self.tls_subject = tls_subject
-        self.wall_offset = wall_offset
-        self.accepted_at = now
-        self.user: str | None = None
-        self.vhost: Any = None
-        self.group: Any = None
-        self.governed = False
-        """The connection is admitted under a group whose limits apply."""
-        self.opened_at: float | None = None
-        """Loop-clock seconds of the admission (None: not admitted)."""
-        self.close_reason: str | None = None
-        self.handshake_deadline: float | None = now + handshake_timeout
-        self.linger_deadline: float | None = None
-        self.finished = False
-        """The connection is over and its counts are released."""
-        self.sides = Sides()
-        self.wire = Wire(self.sides, container_id)
-        self.figures = Figures()
-        self.sessions = Sessions(self)
-        self.deliveries = Deliveries(self)
-        self.client = ClientSide(self)
-        self.router = RouterSide(self)
-        self.admission = Admission(self, ledger)
-        self.view = ConnectionView(self)
+        super().__init__(
+            conn_id,
+            remote_host=remote_host,
+            listener=listener,
+            policy=policy,
+            now=now,
+            handshake_timeout=handshake_timeout,
+            container_id=container_id,
+            tls_subject=tls_subject,
+            wall_offset=wall_offset,
+        )
+        self.rules = MessageRules(self)
+        self.sessions = Sessions(self, self.rules)
+        self.deliveries = Deliveries(self, self.sessions, self.rules)
+        self.client = ClientSide(self, self.sessions, self.deliveries, self._open_received)
+        self.router = RouterSide(self, self.sessions, self.deliveries)
+        self.admission = Admission(self, self.sessions, self.rules, ledger)
+        self.view = ConnectionView(self, self.client, self.router)
 
-    # ------------------------------------------------------------------ shared helpers
+    # ------------------------------------------------------------------ the Open decision
 
-    @property
-    def vhost_name(self) -> str | None:
-        """The resolved vhost's name (None before resolution or when none matched)."""
-        return getattr(self.vhost, "hostname", None)
+    def _open_received(self, now: float) -> None:
+        """The client's Open is here (the client leg is DECIDING): decide it when ready."""
+        self._decide_when_ready(now)
 
-    def ctx(self, now: float) -> dict[str, Any]:
-        """The fields every event of this connection carries."""
-        group = self.group
-        return {"conn_id": self.conn_id, "at": now, "vhost": self.vhost_name,
-                "group": None if group is None else group.name, "user": self.user,
-                "remote_host": self.remote_host, "listener": self.listener}
+    def _decide_when_ready(self, now: float) -> None:
+        """Decide the client's Open now, or once the upstream is connected.
 
-    def linger(self, now: float, seconds: float = LINGER_SECONDS) -> None:
-        """Give the other side ``seconds`` to answer a Close before the transports close."""
-        self.linger_deadline = now + seconds
+        Nobody is admitted without an upstream: while the connect is under way the decision
+        waits (the Open could not reach the router before that anyway); if no upstream
+        accepts, the client is told so without an admission. Once admitted, the router's
+        frames held meanwhile (its Open, usually) are relayed, then what the client pipelined
+        behind its Open; once denied, both are dropped.
 
-    def send_open_close(self, err: Error) -> None:
-        """QDR's Open + Close to the client (its AMQP header first when it had none; the
-        router's is then never relayed)."""
-        if not self.wire.amqp_header_sent:
-            self.sides.stop_router()
-        self.wire.send_open_close(err)
+        Raises:
+            AmqpError: a protocol violation in the client's Open or the held frames.
+        """
+        router = self.sides.router
+        client = self.client
+        if router not in ROUTER_CONNECTED or client.open is None:
+            return
+        try:
+            approved = self.admission.decide(client.open, client.open_body, now)
+        finally:
+            client.open_body = None
+        if approved:
+            self.router.release_held(now)
+            client.release_held(now)
+        else:
+            client.held.clear()
+            self.router.held.clear()
 
     # ------------------------------------------------------------------ public inputs
 
@@ -211,7 +190,7 @@ class ProxyConnection:
             self.wire.send(Side.ROUTER, pending)
         if sides.client is ClientState.DECIDING:
             try:
-                self.admission.when_ready(now)
+                self._decide_when_ready(now)
             except AmqpError as exc:
                 self._violation(Side.CLIENT, exc, now)
         return out
@@ -246,24 +225,22 @@ class ProxyConnection:
         self.handshake_deadline = None
         self.linger(now, UNAVAILABLE_LINGER_SECONDS)
         logger.info("[%s] no upstream available for client %s", self.conn_id, self.remote_host)
-        wire.emit(ConnectionDenied(**self.ctx(now),
-                                   reason=ConnectionDenyReason.UPSTREAM_UNAVAILABLE,
-                                   condition=str(Condition.CONNECTION_FORCED),
-                                   description=UPSTREAM_UNAVAILABLE))
+        wire.emit(
+            ConnectionDenied(
+                **self.event_fields(now),
+                reason=ConnectionDenyReason.UPSTREAM_UNAVAILABLE,
+                condition=str(Condition.CONNECTION_FORCED),
+                description=UPSTREAM_UNAVAILABLE,
+            )
+        )
         client = self.client
-        if client.sasl_used and not client.sasl_ok:
+        if self.sasl_used and not self.sasl_ok:
             # SASL not over (the client may have pipelined its AMQP header already)
             sides.to_client(ClientState.UNAVAILABLE)
-            data = b""
-            if self.router.sasl_relayed < SASL_HEADER_RELAYED:
-                data += C.SASL_HEADER
-            if self.router.sasl_relayed < SASL_MECHANISMS_RELAYED:
-                data += frame(0, SaslMechanisms(
-                    sasl_server_mechanisms=_symbol_array(["ANONYMOUS", "PLAIN"])),
-                    ftype=FrameType.SASL)
-            if data:
-                wire.send(Side.CLIENT, data)
-            if client.sasl_init_seen:
+            greeting = self.router.greeting_missing()
+            if greeting:
+                wire.send(Side.CLIENT, greeting)
+            if self.sasl_init_seen:
                 # the client's sasl-init came before: answer it now
                 client.answer_unavailable()
         elif sides.client is ClientState.AWAIT_OPEN or sides.client is ClientState.DECIDING:
@@ -286,9 +263,7 @@ class ProxyConnection:
                 sides.to_router(RouterState.CLOSED)
             if self.finished or failed or sides.client is ClientState.UNAVAILABLE:
                 return out
-            client = self.client
-            if (client.sasl_used and not client.sasl_ok
-                    and self.router.sasl_relayed < SASL_OUTCOME_RELAYED):
+            if self.sasl_used and not self.sasl_ok and self.router.sasl_unfinished():
                 # the router went away before it authenticated the client: nobody can now
                 self._unavailable(now)
                 return out
@@ -297,11 +272,14 @@ class ProxyConnection:
             if sides.client is not ClientState.CLOSED:
                 if wire.open_sent and not sides.client_close_sent():
                     if not sides.router_close_received():
-                        wire.send_close(Side.CLIENT,
-                                        error(Condition.CONNECTION_FORCED, UPSTREAM_LOST))
+                        wire.send_close(
+                            Side.CLIENT, error(Condition.CONNECTION_FORCED, UPSTREAM_LOST)
+                        )
                     wire.close_transport(Side.CLIENT)
-                elif sides.client in (ClientState.AWAIT_OPEN, ClientState.DECIDING) \
-                        and not wire.open_sent:
+                elif (
+                    sides.client in (ClientState.AWAIT_OPEN, ClientState.DECIDING)
+                    and not wire.open_sent
+                ):
                     self.send_open_close(error(Condition.CONNECTION_FORCED, UPSTREAM_LOST))
                     wire.close_transport(Side.CLIENT)
                 else:
@@ -327,9 +305,14 @@ class ProxyConnection:
         if self.handshake_deadline is not None and now >= self.handshake_deadline:
             self.handshake_deadline = None
             self.close_reason = "timeout"
-            wire.emit(ConnectionDenied(**self.ctx(now),
-                                       reason=ConnectionDenyReason.HANDSHAKE_TIMEOUT,
-                                       condition="", description="handshake timeout"))
+            wire.emit(
+                ConnectionDenied(
+                    **self.event_fields(now),
+                    reason=ConnectionDenyReason.HANDSHAKE_TIMEOUT,
+                    condition="",
+                    description="handshake timeout",
+                )
+            )
             self.sides.stop_client()
             self.sides.stop_router()
             wire.close_transport(Side.ROUTER)
@@ -362,8 +345,9 @@ class ProxyConnection:
         self.close_reason = self.close_reason or "shutdown"
         if sides.client is ClientState.OPENED and self.wire.open_sent:
             if not sides.client_close_sent():
-                self.wire.send_close(Side.CLIENT, error(Condition.CONNECTION_FORCED,
-                                                        C.PROXY_SHUTTING_DOWN))
+                self.wire.send_close(
+                    Side.CLIENT, error(Condition.CONNECTION_FORCED, C.PROXY_SHUTTING_DOWN)
+                )
             sides.to_client(ClientState.CLOSING)
             self.linger(now, LINGER_SECONDS if grace is None else grace)
         elif sides.client is not ClientState.CLOSING:
@@ -380,12 +364,14 @@ class ProxyConnection:
     def close_received_from(self, side: Side) -> bool:
         """True once ``side`` has sent its AMQP Close."""
         sides = self.sides
-        return (sides.client_close_received() if side is Side.CLIENT
-                else sides.router_close_received())
+        return (
+            sides.client_close_received() if side is Side.CLIENT else sides.router_close_received()
+        )
 
     # ------------------------------------------------------------------ internals
 
     def _begin(self) -> list[Command]:
+        """Start collecting the commands of one input (bytes, timer, socket event)."""
         out: list[Command] = []
         self.wire.out = out
         return out
@@ -399,8 +385,14 @@ class ProxyConnection:
         logger.info("[%s] %s protocol error %s: %s", self.conn_id, side, condition, description)
         wire = self.wire
         sides = self.sides
-        wire.emit(ProtocolViolation(**self.ctx(now), side=str(side), condition=condition,
-                                    description=description))
+        wire.emit(
+            ProtocolViolation(
+                **self.event_fields(now),
+                side=str(side),
+                condition=condition,
+                description=description,
+            )
+        )
         if self.close_reason is None:
             self.close_reason = "protocol_error"
         err = error(condition, description)
@@ -415,8 +407,9 @@ class ProxyConnection:
                 wire.send_close(Side.ROUTER, error(Condition.CONNECTION_FORCED, "client error"))
         else:
             if wire.open_sent and not sides.client_close_sent():
-                wire.send_close(Side.CLIENT, error(Condition.CONNECTION_FORCED,
-                                                   "upstream protocol error"))
+                wire.send_close(
+                    Side.CLIENT, error(Condition.CONNECTION_FORCED, "upstream protocol error")
+                )
             if sides.router is RouterState.AMQP and not sides.router_close_sent():
                 wire.send_close(Side.ROUTER, err)
         sides.stop_client()
@@ -432,6 +425,8 @@ class ProxyConnection:
         wire.close_transport(Side.CLIENT)
 
     def _finish(self, now: float) -> None:
+        """Finish the connection once: stop the timers, release its admission (the ledger's
+        counts) and emit ``ConnectionClosed`` with its figures if it was ever admitted."""
         if self.finished:
             return
         self.finished = True
@@ -441,9 +436,18 @@ class ProxyConnection:
         if self.opened_at is not None:
             opened = self.opened_at
             f = self.figures
-            self.wire.emit(ConnectionClosed(
-                **self.ctx(now), opened_at=opened, duration_seconds=max(0.0, now - opened),
-                bytes_in=f.bytes_in, bytes_out=f.bytes_out, transfers_in=f.transfers_in,
-                transfers_out=f.transfers_out, max_sessions=f.peak_sessions,
-                max_senders=f.peak_senders, max_receivers=f.peak_receivers,
-                close_reason=self.close_reason or "client_close"))
+            self.wire.emit(
+                ConnectionClosed(
+                    **self.event_fields(now),
+                    opened_at=opened,
+                    duration_seconds=max(0.0, now - opened),
+                    bytes_in=f.bytes_in,
+                    bytes_out=f.bytes_out,
+                    transfers_in=f.transfers_in,
+                    transfers_out=f.transfers_out,
+                    max_sessions=f.peak_sessions,
+                    max_senders=f.peak_senders,
+                    max_receivers=f.peak_receivers,
+                    close_reason=self.close_reason or "client_close",
+                )
+            )

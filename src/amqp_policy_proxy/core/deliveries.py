@@ -17,7 +17,7 @@ subscriber without the persistent authority (decision 0004).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..amqp import constants as C
 from ..amqp.constants import Condition
@@ -25,76 +25,42 @@ from ..amqp.errors import DecodeError, IllegalStateError, NotAllowedError, Unatt
 from ..amqp.message import cleared_durable_byte, durable_flag_offset, read_message_head
 from ..amqp.performatives import Accepted, Detach, Disposition, Rejected, Transfer
 from ..amqp.transfer import delivery_tag_at, read_transfer_fields
-from ..policy import decisions
 from ..policy.reasons import MessageDenyReason
 from .commands import Side
+from .context import Context
 from .events import MessageDenied
 from .records import LinkRecord, SessionRecord
+from .rules import MessageRules
+from .sessions import Sessions
 from .state import ClientState
 from .wire import error, frame
-
-if TYPE_CHECKING:
-    from .connection import ProxyConnection
 
 logger = logging.getLogger(__name__)
 
 
 class Deliveries:
-    """The per-message rules of one connection, both directions."""
+    """The deliveries of one connection, both directions."""
 
-    __slots__ = ("conn", "wire", "max_message_size", "check_user_id", "user_id_bytes",
-                 "relay_allowed", "topics", "principal", "qos_of", "topic_receivers")
+    __slots__ = ("ctx", "wire", "sessions", "rules")
 
-    def __init__(self, conn: ProxyConnection) -> None:
-        """No rule applies until the connection is admitted under a group (:meth:`govern`)."""
-        self.conn = conn
-        self.wire = conn.wire
-        self.max_message_size: int | None = None
-        """Bytes; the group's maxMessageSize (resolved group -> vhost -> global)."""
-        self.check_user_id = False
-        """``allowUserIdProxy`` is false: a message's user-id must be the user's."""
-        self.user_id_bytes = b""
-        self.relay_allowed: str | None = None
-        """The last relay ``to`` the address rules allowed (a relay sender repeats it)."""
-        self.topics: Any = None
-        """The group's topic authorizer, if a topic model applies to it."""
-        self.principal: Any = None
-        self.qos_of: Any = None
-        self.topic_receivers = False
-        """Some receiver link needs per-delivery topic handling (router Transfers are read)."""
-
-    def govern(self, group: Any, user: str, tls_subject: str | None) -> None:
-        """Apply ``group``'s message rules to this connection (at admission)."""
-        self.max_message_size = group.max_message_size
-        self.check_user_id = not group.allow_user_id_proxy
-        self.user_id_bytes = user.encode("utf-8")
-        topics = getattr(group, "topics", None)
-        if topics is not None:
-            from ..policy.topics import Principal, qos_of  # only vhosts with topic models
-
-            self.topics = topics
-            self.qos_of = qos_of
-            self.principal = Principal(user=user, group=group.name, subject=tls_subject)
-
-    def inspects(self, link: LinkRecord) -> bool:
-        """Whether the first frame of each delivery on the sender ``link`` needs a look."""
-        return link.anonymous or self.check_user_id or self.topics is not None
-
-    def check_link(self, is_sender: bool, address: str, qos: int, now: float) -> Any:
-        """The topic models' decision on a link to ``address`` (publish or subscribe)."""
-        conn = self.conn
-        check = self.topics.check_publish if is_sender else self.topics.check_subscribe
-        verdict = check(self.principal, address, qos=qos, wall_now=now + conn.wall_offset)
-        if not verdict.allowed:
-            logger.info("[%s] topic authorization denies %s '%s' for user '%s': %s",
-                        conn.conn_id, "publish" if is_sender else "subscribe", address,
-                        conn.user, verdict.decided_by)
-        return verdict
+    def __init__(self, ctx: Context, sessions: Sessions, rules: MessageRules) -> None:
+        """The deliveries of the connection ``ctx``, on its ``sessions``, under ``rules``."""
+        self.ctx = ctx
+        self.wire = ctx.wire
+        self.sessions = sessions
+        self.rules = rules
 
     # ------------------------------------------------------------------ client Transfers
 
-    def client_transfer(self, buf: Any, body: int, channel: int, fend: int, now: float,
-                        fields: tuple[Any, ...] | None = None) -> bool:
+    def client_transfer(
+        self,
+        buf: Any,
+        body: int,
+        channel: int,
+        fend: int,
+        now: float,
+        fields: tuple[Any, ...] | None = None,
+    ) -> bool:
         """Handle one client Transfer (Part 2 §2.7.5); True means "forward its bytes".
 
         ``fields`` is the :func:`read_transfer_fields` tuple when the caller read it already.
@@ -104,7 +70,7 @@ class Deliveries:
             UnattachedHandleError: a handle not attached. IllegalStateError: after Detach.
             DecodeError: a Transfer or message head that is not canonical.
         """
-        sessions = self.conn.sessions
+        sessions = self.sessions
         session = sessions.sessions.get(channel)
         if session is None:
             if channel in sessions.denied_sessions:
@@ -142,137 +108,157 @@ class Deliveries:
             return False
         link.delivery_bytes += fend - payload_offset
         if first and not aborted and link.inspect:
-            denial = self.message_denial(link, buf, payload_offset, fend, more, now)
+            denial = self.rules.message_denial(link, buf, payload_offset, fend, more, now)
             if denial is not None:
                 self._deny(session, link, delivery_tag_at(buf, tag), denial[0], denial[1], now)
                 return False
-        limit = self.max_message_size
+        limit = self.rules.max_message_size
         if limit is not None and link.delivery_bytes > limit and not aborted:
-            self._oversize(session, link, delivery_tag_at(buf, tag) if first else None, first,
-                           now)
+            self._oversize(session, link, delivery_tag_at(buf, tag) if first else None, first, now)
             return False
         return True
 
-    def message_denial(self, link: LinkRecord, buf: Any, payload: int, fend: int, more: bool,
-                       now: float) -> tuple[MessageDenyReason, str | None] | None:
-        """The per-message checks on the first frame of a delivery on an inspected link:
-        QDR's ``user-id`` check (allowUserIdProxy false) and anonymous-relay ``to`` (address
-        rules, then topics); no router annotations on an anonymous-relay message (qdrouterd
-        would route it by ``x-opt-qd.to``); on a topic publisher's link a ``to`` other than the
-        target must be publishable too. The head is read canonically; one that does not fit in
-        the first frame is refused rather than let pass.
+    def _log_denial(self, reason: MessageDenyReason, address: str | None, detail: str = "") -> None:
+        """One INFO line for a denied message, in QDR's words (``DENY AMQP Transfer ...``)."""
+        conn = self.ctx
+        logger.info(
+            "[%s] DENY AMQP Transfer for user '%s', rhost '%s', vhost '%s', address '%s': %s%s",
+            conn.conn_id,
+            conn.user,
+            conn.remote_host,
+            conn.vhost_name,
+            address,
+            reason,
+            f" ({detail})" if detail else "",
+        )
 
-        Returns:
-            ``(reason, to)`` for a denial, else None.
+    def _deny(
+        self,
+        session: SessionRecord,
+        link: LinkRecord,
+        tag: bytes | None,
+        reason: MessageDenyReason,
+        address: str | None,
+        now: float,
+    ) -> None:
+        """Deny the delivery starting at this frame (a ``user-id`` or ``to`` violation).
 
-        Raises:
-            DecodeError: the message head is not canonical.
+        The router gets an aborted, settled transfer in place of the first frame, so the
+        session's delivery-ids stay contiguous; later frames of the delivery are dropped and
+        counted (docs/decisions/0002-withheld-transfers.md). Emits ``MessageDenied``.
         """
-        head = read_message_head(buf, payload, fend, last=not more)
-        to = head.to
-        if not head.complete:
-            if link.anonymous:
-                return MessageDenyReason.RELAY_TARGET, to
-            return (MessageDenyReason.USER_ID if self.check_user_id
-                    else MessageDenyReason.TOPIC), to
-        if self.check_user_id and head.user_id and head.user_id != self.user_id_bytes:
-            return MessageDenyReason.USER_ID, to
-        conn = self.conn
-        topics = self.topics
-        if link.anonymous:
-            if head.router_annotations:
-                return MessageDenyReason.ROUTER_ANNOTATIONS, to
-            if to is not None:
-                if to != self.relay_allowed:
-                    if not decisions.approve_relay_target(conn.group, user=conn.user or "",
-                                                          to=to):
-                        return MessageDenyReason.RELAY_TARGET, to
-                    self.relay_allowed = to
-                if topics is not None and not topics.check_publish(
-                        self.principal, to, qos=link.qos,
-                        wall_now=now + conn.wall_offset).allowed:
-                    return MessageDenyReason.TOPIC, to
-        elif topics is not None and to is not None and to != link.address:
-            if not topics.check_publish(self.principal, to, qos=link.qos,
-                                        wall_now=now + conn.wall_offset).allowed:
-                return MessageDenyReason.TOPIC, to
-        return None
-
-    def _log_denial(self, reason: MessageDenyReason, address: str | None,
-                    detail: str = "") -> None:
-        conn = self.conn
-        logger.info("[%s] DENY AMQP Transfer for user '%s', rhost '%s', vhost '%s', address "
-                    "'%s': %s%s", conn.conn_id, conn.user, conn.remote_host, conn.vhost_name,
-                    address, reason, f" ({detail})" if detail else "")
-
-    def _deny(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
-              reason: MessageDenyReason, address: str | None, now: float) -> None:
-        # The router gets an aborted, settled transfer in place of the first frame, so the
-        # session's delivery-ids stay contiguous; later frames of the delivery are dropped and
-        # counted (docs/decisions/0002-withheld-transfers.md).
         link.discarding = True
         link.discard_reason = reason
         self._log_denial(reason, address)
         self._send_aborted(session, link, tag, True)
-        self.wire.emit(MessageDenied(**self.conn.ctx(now), address=address, reason=reason,
-                                     size=link.delivery_bytes))
+        self.wire.emit(
+            MessageDenied(
+                **self.ctx.event_fields(now),
+                address=address,
+                reason=reason,
+                size=link.delivery_bytes,
+            )
+        )
         if not link.in_delivery:
             self._finish_denied(session, link, now)
 
-    def _send_aborted(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
-                      first: bool) -> None:
+    def _send_aborted(
+        self, session: SessionRecord, link: LinkRecord, tag: bytes | None, first: bool
+    ) -> None:
+        """Send the router an aborted, settled Transfer (Part 2 §2.6.14 ``aborted``): with the
+        delivery-id and tag when it replaces the delivery's first frame, bare otherwise."""
         if first:
-            t = Transfer(handle=link.handle, delivery_id=link.delivery_id,
-                         delivery_tag=tag or b"", message_format=0, settled=True,
-                         more=False, aborted=True)
+            t = Transfer(
+                handle=link.handle,
+                delivery_id=link.delivery_id,
+                delivery_tag=tag or b"",
+                message_format=0,
+                settled=True,
+                more=False,
+                aborted=True,
+            )
         else:
             t = Transfer(handle=link.handle, more=False, aborted=True, settled=True)
         self.wire.send(Side.ROUTER, frame(session.channel, t))
 
     def _finish_denied(self, session: SessionRecord, link: LinkRecord, now: float) -> None:
+        """The denied delivery's last frame arrived: reject it toward the client, as QDR does
+        (``amqp:unauthorized-access``, "policy violation on target" or "user_id proxy
+        violation"), unless the client sent it settled. A size denial goes on to
+        :meth:`_finish_oversize`."""
         reason = link.discard_reason
         link.discarding = False
         if reason == MessageDenyReason.MESSAGE_SIZE:
             self._finish_oversize(session, link, now)
             return
-        description = (C.USER_ID_VIOLATION if reason == MessageDenyReason.USER_ID
-                       else C.TARGET_VIOLATION)  # relay target, by address rules or topics
+        description = (
+            C.USER_ID_VIOLATION if reason == MessageDenyReason.USER_ID else C.TARGET_VIOLATION
+        )  # relay target, by address rules or topics
         if not link.delivery_settled and link.delivery_id is not None:
-            disp = Disposition(role=True, first=link.delivery_id, settled=True,
-                               state=Rejected(error=error(Condition.UNAUTHORIZED_ACCESS,
-                                                          description)))
-            self.conn.sessions.reply_on_session(session, frame(0, disp))
+            disp = Disposition(
+                role=True,
+                first=link.delivery_id,
+                settled=True,
+                state=Rejected(error=error(Condition.UNAUTHORIZED_ACCESS, description)),
+            )
+            self.sessions.reply_on_session(session, frame(0, disp))
 
-    def _oversize(self, session: SessionRecord, link: LinkRecord, tag: bytes | None,
-                  first: bool, now: float) -> None:
-        self._log_denial(MessageDenyReason.MESSAGE_SIZE, link.address,
-                         f"maxMessageSize {self.max_message_size} exceeded")
+    def _oversize(
+        self, session: SessionRecord, link: LinkRecord, tag: bytes | None, first: bool, now: float
+    ) -> None:
+        """The delivery passed ``maxMessageSize`` (bytes, counted over all its frames): abort it
+        toward the router, emit ``MessageDenied`` and finish as QDR does once its last frame
+        is in."""
+        self._log_denial(
+            MessageDenyReason.MESSAGE_SIZE,
+            link.address,
+            f"maxMessageSize {self.rules.max_message_size} exceeded",
+        )
         link.discarding = True
         link.discard_reason = MessageDenyReason.MESSAGE_SIZE
         self._send_aborted(session, link, tag, first)
-        self.wire.emit(MessageDenied(**self.conn.ctx(now), address=link.address,
-                                     reason=MessageDenyReason.MESSAGE_SIZE,
-                                     size=link.delivery_bytes))
+        self.wire.emit(
+            MessageDenied(
+                **self.ctx.event_fields(now),
+                address=link.address,
+                reason=MessageDenyReason.MESSAGE_SIZE,
+                size=link.delivery_bytes,
+            )
+        )
         if not link.in_delivery:
             self._finish_oversize(session, link, now)
 
     def _finish_oversize(self, session: SessionRecord, link: LinkRecord, now: float) -> None:
-        # QDR: reject the delivery, detach the link (no error), close the connection forced.
+        """QDR's answer to an oversize message: reject the delivery
+        (``amqp:link:message-size-exceeded``), detach the link (no error), then close the
+        connection with ``amqp:connection:forced``."""
         frames = []
         if link.delivery_id is not None:
-            frames.append(frame(0, Disposition(
-                role=True, first=link.delivery_id, settled=True,
-                state=Rejected(error=error(Condition.LINK_MESSAGE_SIZE_EXCEEDED,
-                                           C.MESSAGE_SIZE_EXCEEDED)))))
-        if link.broker_handle is not None:
-            frames.append(frame(0, Detach(handle=link.broker_handle, closed=True)))
-        conn = self.conn
-        conn.sessions.reply_on_session(session, *frames)
+            frames.append(
+                frame(
+                    0,
+                    Disposition(
+                        role=True,
+                        first=link.delivery_id,
+                        settled=True,
+                        state=Rejected(
+                            error=error(
+                                Condition.LINK_MESSAGE_SIZE_EXCEEDED, C.MESSAGE_SIZE_EXCEEDED
+                            )
+                        ),
+                    ),
+                )
+            )
+        if link.router_handle is not None:
+            frames.append(frame(0, Detach(handle=link.router_handle, closed=True)))
+        conn = self.ctx
+        self.sessions.reply_on_session(session, *frames)
         conn.close_reason = "message_size"
         wire = self.wire
         if not conn.sides.client_close_sent():  # a second oversize message, pipelined: one Close
-            wire.send_close(Side.CLIENT, error(Condition.CONNECTION_FORCED,
-                                               C.MESSAGE_SIZE_EXCEEDED))
+            wire.send_close(
+                Side.CLIENT, error(Condition.CONNECTION_FORCED, C.MESSAGE_SIZE_EXCEEDED)
+            )
         if not conn.sides.router_close_sent():
             wire.send_close(Side.ROUTER, None)
         if conn.sides.client is ClientState.OPENED:
@@ -281,8 +267,9 @@ class Deliveries:
 
     # ------------------------------------------------------------------ router Transfers
 
-    def router_transfer(self, buf: Any, pos: int, body: int, fend: int, channel: int,
-                        now: float) -> bytes | None:
+    def router_transfer(
+        self, buf: Any, pos: int, body: int, fend: int, channel: int, now: float
+    ) -> bytes | None:
         """A router Transfer on a connection with topic-filtered receivers.
 
         Returns:
@@ -290,13 +277,13 @@ class Deliveries:
             instead: a copy with ``durable`` cleared, or a payload-less stand-in for a
             withheld delivery (docs/decisions/0004-topic-delivery-filtering.md).
         """
-        conn = self.conn
-        session = conn.sessions.broker_sessions.get(channel)
+        session = self.sessions.router_sessions.get(channel)
         if session is None:
             return None
         handle, delivery_id, settled, more, aborted, payload_offset, tag = read_transfer_fields(
-            buf, body, fend)
-        link = session.broker_links.get(handle)
+            buf, body, fend
+        )
+        link = session.router_links.get(handle)
         if link is None or link.is_sender or not (link.topic_filter or link.strip_durable):
             return None
         first = not link.in_delivery
@@ -317,19 +304,35 @@ class Deliveries:
             # link's delivery-count in step on both sides; the last one aborts the delivery,
             # which settles it for the client (Part 2 §2.7.5).
             if first:
-                t = Transfer(handle=handle, delivery_id=delivery_id,
-                             delivery_tag=link.delivery_tag or b"", message_format=0,
-                             settled=True if last else None, more=not last,
-                             aborted=True if last else None)
+                t = Transfer(
+                    handle=handle,
+                    delivery_id=delivery_id,
+                    delivery_tag=link.delivery_tag or b"",
+                    message_format=0,
+                    settled=True if last else None,
+                    more=not last,
+                    aborted=True if last else None,
+                )
             else:
-                t = Transfer(handle=handle, more=not last, settled=True if last else None,
-                             aborted=True if last else None)
+                t = Transfer(
+                    handle=handle,
+                    more=not last,
+                    settled=True if last else None,
+                    aborted=True if last else None,
+                )
             if last:
                 link.discarding = False
                 if not link.delivery_settled and not aborted and link.delivery_id is not None:
                     # settle it toward the router: the subscriber may not see it
-                    self.wire.send(Side.ROUTER, frame(session.channel, Disposition(
-                        role=True, first=link.delivery_id, settled=True, state=Accepted())))
+                    self.wire.send(
+                        Side.ROUTER,
+                        frame(
+                            session.channel,
+                            Disposition(
+                                role=True, first=link.delivery_id, settled=True, state=Accepted()
+                            ),
+                        ),
+                    )
             return frame(channel, t)
         if first and link.rewrite_durable:
             link.rewrite_durable = False
@@ -340,15 +343,23 @@ class Deliveries:
                 return bytes(data)
         return None
 
-    def _filter(self, link: LinkRecord, buf: Any, payload: int, fend: int, more: bool,
-                delivery_id: int | None, now: float) -> None:
+    def _filter(
+        self,
+        link: LinkRecord,
+        buf: Any,
+        payload: int,
+        fend: int,
+        more: bool,
+        delivery_id: int | None,
+        now: float,
+    ) -> None:
         """Decide whether the subscriber on ``link`` may see the delivery that starts here.
 
         The message comes from a publisher, through the router: its head is read canonically
         and a ``to`` the proxy cannot read proves nothing (visible only if the subscriber may
         see every topic its wildcard matches).
         """
-        conn = self.conn
+        conn = self.ctx
         to: str | None = None
         try:
             head = read_message_head(buf, payload, fend, last=not more)
@@ -359,19 +370,31 @@ class Deliveries:
             visible, decided = False, "properties not in the first frame"
         elif head is not None and head.to is not None:
             to = head.to
-            d = self.topics.check_delivery(self.principal, link.address or "", to,
-                                           wall_now=wall_now)
+            d = self.rules.topics.check_delivery(
+                self.rules.principal, link.address or "", to, wall_now=wall_now
+            )
             visible, decided = d.visible, d.decided_by
             link.rewrite_durable = d.strip_durable
         else:
-            d = self.topics.check_unknown_delivery(self.principal, link.address or "",
-                                                   wall_now=wall_now)
+            d = self.rules.topics.check_unknown_delivery(
+                self.rules.principal, link.address or "", wall_now=wall_now
+            )
             visible, decided = d.visible, d.decided_by
             link.rewrite_durable = d.strip_durable
         if not visible:
             link.discarding = True
-            logger.debug("[%s] delivery %s on '%s' withheld: %s", conn.conn_id, delivery_id,
-                         link.address, decided)
-            self.wire.emit(MessageDenied(**conn.ctx(now), address=to,
-                                         reason=MessageDenyReason.TOPIC_WITHHELD,
-                                         size=fend - payload))
+            logger.debug(
+                "[%s] delivery %s on '%s' withheld: %s",
+                conn.conn_id,
+                delivery_id,
+                link.address,
+                decided,
+            )
+            self.wire.emit(
+                MessageDenied(
+                    **conn.event_fields(now),
+                    address=to,
+                    reason=MessageDenyReason.TOPIC_WITHHELD,
+                    size=fend - payload,
+                )
+            )

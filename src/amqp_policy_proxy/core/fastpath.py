@@ -12,17 +12,24 @@ or without this path, and with or without the C scanner (the property tests run 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from struct import Struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..amqp import accel
-from ..amqp.constants import Descriptor
+from ..amqp.constants import (
+    DESCRIBED,
+    DOFF_UNIT,
+    FRAME_HEADER_SIZE,
+    SMALLULONG,
+    Descriptor,
+)
 from ..amqp.framing import PROTOCOL_HEADER_MIN_SIZE, frame_header_ok
 from ..amqp.transfer import read_transfer_fields
+from .context import Context
+from .deliveries import Deliveries
+from .sessions import Sessions
 from .state import ClientState
-
-if TYPE_CHECKING:
-    from .connection import ProxyConnection
 
 _HDR = Struct(">IBBH")
 _TRANSFER = Descriptor.TRANSFER
@@ -30,94 +37,124 @@ _TRANSFER = Descriptor.TRANSFER
 _RUN_FRAME_LIMIT = PROTOCOL_HEADER_MIN_SIZE - 1
 #: "No maxMessageSize" for the C scanner (which takes a signed 64-bit limit).
 _NO_SIZE_LIMIT = -1
-#: The C scanner of runs of plain Transfers, or None: every frame in Python.
+#: The C scanner of runs of plain Transfers, or None: every frame in Python (chosen at
+#: import; the tests swap it to run both ways).
 _scan = accel.scan
 
+GeneralHandler = Callable[[Any, int, int, int, int, int, float], bool]
+"""``handler(buf, pos, doff, ftype, channel, frame_end, now) -> forward its bytes?``: the
+general handler of an admitted client frame (``ClientSide.amqp_frame``)."""
 
-def relay_client_frames(conn: ProxyConnection, buf: Any, pos: int, end: int,
-                        now: float) -> int:
-    """Relay admitted client frames from ``buf[pos:end]`` while the client is OPENED.
 
-    Returns:
-        The offset of the first unconsumed byte: a partial frame, a frame whose header the
-        general loop must look at (it raises what is wrong with it, or reads a protocol
-        header), or the frame after one that changed the client's state.
-    """
-    client = conn.client
-    sessions = conn.sessions.sessions
-    deliveries = conn.deliveries
-    wire = conn.wire
-    sides = conn.sides
-    limit = min(client.frame_limit, _RUN_FRAME_LIMIT)
-    max_size = deliveries.max_message_size
-    scan_max = _NO_SIZE_LIMIT if max_size is None else max_size
-    window = conn.sessions.window_frames
-    unpack = _HDR.unpack_from
-    read_fields = read_transfer_fields
-    scan = _scan
-    run_start, run_end = wire.run_start, wire.run_end
-    transfers = 0
-    try:
-        while end - pos >= 8:
-            size, doff, ftype, channel = unpack(buf, pos)
-            if not frame_header_ok(size, doff, ftype, limit):
-                break
-            fend = pos + size
-            if fend > end:
-                break
-            body = pos + doff * 4
-            if body == fend:  # heartbeat
-                if run_start < 0:
-                    run_start = pos
-                run_end = pos = fend
-                continue
-            if (fend - body > 3 and buf[body] == 0x00 and buf[body + 1] == 0x53
-                    and buf[body + 2] == _TRANSFER):
-                transfers += 1
-                session = sessions.get(channel)
-                f = None
-                if session is not None:
-                    f = read_fields(buf, body, fend)
-                    link = session.links.get(f[0])
-                    if (link is not None and link.is_sender and not link.in_delivery
-                            and not f[3] and not f[4] and not link.inspect
+class FastPath:
+    """The hot loop of one connection's admitted client frames."""
+
+    __slots__ = ("ctx", "sessions", "deliveries", "general")
+
+    def __init__(
+        self, ctx: Context, sessions: Sessions, deliveries: Deliveries, general: GeneralHandler
+    ) -> None:
+        """The fast path of ``ctx``; ``general`` handles every frame it does not."""
+        self.ctx = ctx
+        self.sessions = sessions
+        self.deliveries = deliveries
+        self.general = general
+
+    def relay(self, buf: Any, pos: int, end: int, now: float) -> int:
+        """Relay admitted client frames from ``buf[pos:end]`` while the client is OPENED.
+
+        Returns:
+            The offset of the first unconsumed byte: a partial frame, a frame whose header the
+            general loop must look at (it raises what is wrong with it, or reads a protocol
+            header), or the frame after one that changed the client's state.
+        """
+        ctx = self.ctx
+        all_sessions = self.sessions
+        sessions = all_sessions.sessions
+        deliveries = self.deliveries
+        general = self.general
+        wire = ctx.wire
+        sides = ctx.sides
+        limit = min(ctx.client_frame_limit, _RUN_FRAME_LIMIT)
+        max_size = deliveries.rules.max_message_size
+        scan_max = _NO_SIZE_LIMIT if max_size is None else max_size
+        window = all_sessions.window_frames
+        unpack = _HDR.unpack_from
+        read_fields = read_transfer_fields
+        scan = _scan
+        run_start, run_end = wire.run_start, wire.run_end
+        transfers = 0
+        try:
+            while end - pos >= FRAME_HEADER_SIZE:
+                size, doff, ftype, channel = unpack(buf, pos)
+                if not frame_header_ok(size, doff, ftype, limit):
+                    break
+                fend = pos + size
+                if fend > end:
+                    break
+                body = pos + doff * DOFF_UNIT
+                if body == fend:  # heartbeat
+                    if run_start < 0:
+                        run_start = pos
+                    run_end = pos = fend
+                    continue
+                if (
+                    fend - body > 3
+                    and buf[body] == DESCRIBED
+                    and buf[body + 1] == SMALLULONG
+                    and buf[body + 2] == _TRANSFER
+                ):
+                    transfers += 1
+                    session = sessions.get(channel)
+                    f = None
+                    if session is not None:
+                        f = read_fields(buf, body, fend)
+                        link = session.links.get(f[0])
+                        if (
+                            link is not None
+                            and link.is_sender
+                            and not link.in_delivery
+                            and not f[3]
+                            and not f[4]
+                            and not link.inspect
                             and not link.client_detached
-                            and (max_size is None or fend - f[5] <= max_size)):
-                        # a whole delivery that needs no decision: forwarded as it came
-                        session.transfers_in += 1
-                        if run_start < 0:
-                            run_start = pos
-                        run_end = pos = fend
-                        if scan is not None:
-                            # the frames after it on the same link are most often more of
-                            # the same: the C scanner passes them (and heartbeats) and stops
-                            # at the first frame that may need a decision
-                            pos, n = scan(buf, pos, end, limit, channel, f[0], scan_max)
-                            transfers += n
-                            session.transfers_in += n
-                            run_end = pos
-                        if window is not None:
-                            wire.run_start, wire.run_end = run_start, run_end
-                            conn.sessions.reopen_window(session)
-                            run_start, run_end = wire.run_start, wire.run_end
-                        continue
-                # a decision, a denial or an error: the general Transfer handler
-                wire.run_start, wire.run_end = run_start, run_end
-                forward = deliveries.client_transfer(buf, body, channel, fend, now, f)
-                if session is not None and window is not None:
-                    conn.sessions.reopen_window(session)
-            else:
-                wire.run_start, wire.run_end = run_start, run_end
-                forward = client.amqp_frame(buf, pos, doff, ftype, channel, fend, now)
-            run_start, run_end = wire.run_start, wire.run_end
-            if forward:
-                if run_start < 0:
-                    run_start = pos
-                run_end = fend
-            pos = fend
-            if sides.client is not ClientState.OPENED:
-                break
-    finally:
-        wire.run_start, wire.run_end = run_start, run_end
-        conn.figures.transfers_in += transfers
-    return pos
+                            and (max_size is None or fend - f[5] <= max_size)
+                        ):
+                            # a whole delivery that needs no decision: forwarded as it came
+                            session.transfers_in += 1
+                            if run_start < 0:
+                                run_start = pos
+                            run_end = pos = fend
+                            if scan is not None:
+                                # the frames after it on the same link are most often more of
+                                # the same: the C scanner passes them (and heartbeats) and stops
+                                # at the first frame that may need a decision
+                                pos, n = scan(buf, pos, end, limit, channel, f[0], scan_max)
+                                transfers += n
+                                session.transfers_in += n
+                                run_end = pos
+                            if window is not None:
+                                wire.run_start, wire.run_end = run_start, run_end
+                                all_sessions.reopen_window(session)
+                                run_start, run_end = wire.run_start, wire.run_end
+                            continue
+                    # a decision, a denial or an error: the general Transfer handler
+                    wire.run_start, wire.run_end = run_start, run_end
+                    forward = deliveries.client_transfer(buf, body, channel, fend, now, f)
+                    if session is not None and window is not None:
+                        all_sessions.reopen_window(session)
+                else:
+                    wire.run_start, wire.run_end = run_start, run_end
+                    forward = general(buf, pos, doff, ftype, channel, fend, now)
+                run_start, run_end = wire.run_start, wire.run_end
+                if forward:
+                    if run_start < 0:
+                        run_start = pos
+                    run_end = fend
+                pos = fend
+                if sides.client is not ClientState.OPENED:
+                    break
+        finally:
+            wire.run_start, wire.run_end = run_start, run_end
+            ctx.figures.transfers_in += transfers
+        return pos

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from struct import Struct
 from typing import Any
 
+from ..amqp.constants import FRAME_HEADER_SIZE, PROTOCOL_HEADER_FIRST_BYTE
+
 _U32 = Struct(">I")
 
 Process = Callable[[Any, int, int, float], int]
@@ -25,10 +27,10 @@ def pending_frame_size(kept: bytearray, framed: bool, limit: int) -> int:
     """Size of the frame whose first bytes are ``kept``, or 0 when it is not known yet, the
     leg is not reading frames, or the size is not plainly valid (the process function then
     reads the header from the buffer and says what is wrong with it)."""
-    if not framed or len(kept) < 8 or kept[0] == 0x41:  # "A": a protocol header
+    if not framed or len(kept) < FRAME_HEADER_SIZE or kept[0] == PROTOCOL_HEADER_FIRST_BYTE:
         return 0
     size = _U32.unpack_from(kept, 0)[0]
-    return size if 8 <= size <= limit else 0
+    return size if FRAME_HEADER_SIZE <= size <= limit else 0
 
 
 def feed(kept: bytearray, data: bytes, framed: bool, limit: int, process: Process,

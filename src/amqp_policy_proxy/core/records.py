@@ -1,4 +1,5 @@
-"""Sans-IO. The records a connection keeps of its sessions and links, and the reserved numbers.
+"""Sans-IO. The records a connection keeps: its sessions and links, the numbers it keeps back
+for denials, and its figures.
 
 Plain slotted objects (tens of thousands of connections: no ``__dict__``); the logic that
 changes them is in :mod:`.sessions` (Begin, Attach, Detach, End, Flow) and :mod:`.deliveries`
@@ -47,8 +48,8 @@ class LinkRecord:
     """A link the client attached and the proxy forwarded (client handle numbering)."""
 
     __slots__ = (
-        "name", "handle", "is_sender", "address", "broker_handle", "client_detached",
-        "broker_detached", "anonymous", "inspect", "delivery_bytes", "delivery_id",
+        "name", "handle", "is_sender", "address", "router_handle", "client_detached",
+        "router_detached", "anonymous", "inspect", "delivery_bytes", "delivery_id",
         "delivery_tag", "delivery_settled", "in_delivery", "discarding", "discard_reason",
         "qos", "topic_filter", "strip_durable", "rewrite_durable",
     )
@@ -61,9 +62,9 @@ class LinkRecord:
         """The client sends messages on it (role sender)."""
         self.address = address
         """Target address (sender) or source address (receiver); None when absent."""
-        self.broker_handle: int | None = None
+        self.router_handle: int | None = None
         self.client_detached = False
-        self.broker_detached = False
+        self.router_detached = False
         self.anonymous = is_sender and not address
         self.inspect = False
         """The first frame of each delivery goes through the per-message checks (user-id,
@@ -89,9 +90,9 @@ class SessionRecord:
     """A session the client began and the proxy forwarded (client channel numbering)."""
 
     __slots__ = (
-        "channel", "broker_channel", "handle_max", "links", "broker_links", "denied_handles",
+        "channel", "router_channel", "handle_max", "links", "router_links", "denied_handles",
         "reserved_handles", "pending_replies", "dropped_transfers", "client_ended",
-        "broker_ended", "senders", "receivers", "transfers_in", "transfers_out",
+        "router_ended", "senders", "receivers", "transfers_in", "transfers_out",
         "client_next_out", "client_window_end", "router_next_out", "router_window_end",
         "router_out_window",
     )
@@ -100,17 +101,17 @@ class SessionRecord:
                  client_next_out: int) -> None:
         """Record a session on the client's ``channel``."""
         self.channel = channel
-        self.broker_channel: int | None = None
+        self.router_channel: int | None = None
         self.handle_max: int | None = None
         self.links: dict[int, LinkRecord] = {}
-        self.broker_links: dict[int, LinkRecord] = {}
+        self.router_links: dict[int, LinkRecord] = {}
         self.denied_handles: dict[int, int] = {}
         self.reserved_handles = reserved_handles
         self.pending_replies: list[bytes] = []
         self.dropped_transfers = 0
         """Client Transfer frames never forwarded (withheld deliveries, denied handles)."""
         self.client_ended = False
-        self.broker_ended = False
+        self.router_ended = False
         self.senders = 0
         self.receivers = 0
         # session flow control under maxSessionWindow (Part 2 §2.5.6), in transfer frames
@@ -130,3 +131,38 @@ class SessionRecord:
         """The first transfer-id (router numbering) the router's own window does not cover."""
         self.router_out_window = 0
         """The router's last outgoing-window."""
+
+
+class Figures:
+    """Counters of one connection (for the event log's ``connection_closed`` and metrics)."""
+
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "transfers_in",
+        "transfers_out",
+        "active_sessions",
+        "active_senders",
+        "active_receivers",
+        "peak_sessions",
+        "peak_senders",
+        "peak_receivers",
+    )
+
+    def __init__(self) -> None:
+        """All zero."""
+        self.bytes_in = 0
+        """Bytes received from the client (client to router), frames included."""
+        self.bytes_out = 0
+        """Bytes received from the router (router to client)."""
+        self.transfers_in = 0
+        """Transfer frames received from the client."""
+        self.transfers_out = 0
+        """Transfer frames received from the router."""
+        self.active_sessions = 0
+        self.active_senders = 0
+        """Client sender links attached now."""
+        self.active_receivers = 0
+        self.peak_sessions = 0
+        self.peak_senders = 0
+        self.peak_receivers = 0

@@ -13,10 +13,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from struct import Struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..amqp import constants as C
-from ..amqp.constants import Descriptor, FrameType
+from ..amqp.codec import symbol_array
+from ..amqp.constants import (
+    DESCRIBED,
+    DOFF_UNIT,
+    FRAME_HEADER_SIZE,
+    PROTOCOL_HEADER_SIZE,
+    SMALLULONG,
+    Descriptor,
+    FrameType,
+)
 from ..amqp.errors import FramingError, IllegalStateError
 from ..amqp.framing import check_frame_header, encode_frame, frame_header_ok
 from ..amqp.handshake import (
@@ -27,6 +36,8 @@ from ..amqp.handshake import (
     sasl_outcome_code,
 )
 from ..amqp.performatives import (
+    EMPTY_CLOSE,
+    EMPTY_CLOSE_BODIES,
     Attach,
     Begin,
     Close,
@@ -39,20 +50,20 @@ from ..amqp.performatives import (
     decode_performative,
 )
 from ..amqp.transfer import is_transfer_descriptor
-from .client_side import EMPTY_CLOSE, EMPTY_CLOSE_BODIES, PRE_OPEN_FRAME_LIMIT
 from .commands import Side
+from .context import PRE_OPEN_FRAME_LIMIT, ROUTER_FRAME_LIMIT, Context
+from .deliveries import Deliveries
 from .framebuf import feed
+from .sessions import Sessions
 from .state import ClientState, RouterState
 from .wire import frame, run_data
-
-if TYPE_CHECKING:
-    from .connection import ProxyConnection
 
 _HDR = Struct(">IBBH")
 _U32 = Struct(">I")
 UINT_MAX = 0xFFFFFFFF
-#: Cap on the frame size buffered from the router (it honours the client's max-frame-size).
-ROUTER_FRAME_LIMIT = 64 * 1024 * 1024
+#: The mechanisms the proxy offers when it must answer a SASL client itself (no upstream):
+#: enough for any client to go on to its sasl-init, which is answered ``sys-temp``.
+FALLBACK_MECHANISMS = ("ANONYMOUS", "PLAIN")
 #: How much of the router's SASL greeting reached the client (``RouterSide.sasl_relayed``).
 SASL_HEADER_RELAYED = 1
 SASL_MECHANISMS_RELAYED = 2
@@ -62,24 +73,33 @@ SASL_OUTCOME_RELAYED = 3
 class RouterSide:
     """The router leg of one connection."""
 
-    __slots__ = ("conn", "wire", "sides", "buf", "frame_limit", "held", "open_seen",
-                 "sasl_relayed", "handlers")
+    __slots__ = (
+        "ctx",
+        "wire",
+        "sides",
+        "sessions",
+        "deliveries",
+        "buf",
+        "held",
+        "open_seen",
+        "sasl_relayed",
+        "handlers",
+    )
 
-    def __init__(self, conn: ProxyConnection) -> None:
+    def __init__(self, ctx: Context, sessions: Sessions, deliveries: Deliveries) -> None:
         """No upstream yet."""
-        self.conn = conn
-        self.wire = conn.wire
-        self.sides = conn.sides
+        self.ctx = ctx
+        self.wire = ctx.wire
+        self.sides = ctx.sides
+        self.sessions = sessions
+        self.deliveries = deliveries
         self.buf = bytearray()
         """The router bytes of a unit that straddles reads (at most one frame)."""
-        self.frame_limit = ROUTER_FRAME_LIMIT
-        """Largest frame accepted from the router (the client's max-frame-size, capped)."""
         self.held: list[bytes] = []
         """Router AMQP frames received before the client's Open was decided."""
         self.open_seen = False
         self.sasl_relayed = 0
         """``SASL_HEADER_RELAYED``, ``SASL_MECHANISMS_RELAYED``, ``SASL_OUTCOME_RELAYED``."""
-        sessions = conn.sessions
         self.handlers: dict[type, Callable[[Any, bytes, int, float], bytes | None]] = {
             Open: self.on_open,
             OpenHead: self.on_open,
@@ -91,6 +111,24 @@ class RouterSide:
             Close: self.on_close,
         }
 
+    def greeting_missing(self) -> bytes:
+        """What the client still lacks of a SASL greeting (header, mechanisms) when the proxy
+        must answer it itself: nothing of what the router already relayed is repeated."""
+        data = b""
+        if self.sasl_relayed < SASL_HEADER_RELAYED:
+            data += C.SASL_HEADER
+        if self.sasl_relayed < SASL_MECHANISMS_RELAYED:
+            data += frame(
+                0,
+                SaslMechanisms(sasl_server_mechanisms=symbol_array(list(FALLBACK_MECHANISMS))),
+                ftype=FrameType.SASL,
+            )
+        return data
+
+    def sasl_unfinished(self) -> bool:
+        """The router has not relayed a sasl-outcome yet."""
+        return self.sasl_relayed < SASL_OUTCOME_RELAYED
+
     # ------------------------------------------------------------------ bytes in
 
     def data(self, data: bytes, now: float) -> None:
@@ -99,10 +137,12 @@ class RouterSide:
         if state in (RouterState.STOPPED, RouterState.CLOSED, RouterState.FAILED):
             return
         framed = state is RouterState.SASL or state is RouterState.AMQP
-        limit = PRE_OPEN_FRAME_LIMIT if state is RouterState.SASL else self.frame_limit
+        limit = PRE_OPEN_FRAME_LIMIT if state is RouterState.SASL else self.ctx.router_frame_limit
         self.buf = feed(self.buf, data, framed, limit, self.process, now)
 
     def _relaying(self) -> bool:
+        """Whether router frames go straight to the client: the client is admitted (``OPENED``)
+        or its Close is under way (``CLOSING``); before that they are held."""
         client = self.sides.client
         return client is ClientState.OPENED or client is ClientState.CLOSING
 
@@ -117,12 +157,12 @@ class RouterSide:
                 pos = self._hold(buf, pos, end)
                 break
             if state is RouterState.AWAIT_HEADER or state is RouterState.AWAIT_AMQP_HEADER:
-                if end - pos < 8:
+                if end - pos < PROTOCOL_HEADER_SIZE:
                     break
-                self._header(bytes(buf[pos:pos + 8]))
-                pos += 8
+                self._header(bytes(buf[pos : pos + PROTOCOL_HEADER_SIZE]))
+                pos += PROTOCOL_HEADER_SIZE
                 continue
-            if state is not RouterState.SASL or end - pos < 8:
+            if state is not RouterState.SASL or end - pos < FRAME_HEADER_SIZE:
                 break
             size, doff, ftype, _channel = _HDR.unpack_from(buf, pos)
             check_frame_header(size, doff, ftype, PRE_OPEN_FRAME_LIMIT)
@@ -159,7 +199,7 @@ class RouterSide:
         """
         if ftype != FrameType.SASL:
             raise FramingError("AMQP frame during SASL negotiation")
-        body = pos + doff * 4
+        body = pos + doff * DOFF_UNIT
         if body < fend:
             code = sasl_outcome_code(buf, body, fend)  # plain encodings, no decode
             if code is None:
@@ -174,7 +214,7 @@ class RouterSide:
             if code is not None:
                 self.sasl_relayed = SASL_OUTCOME_RELAYED
                 if code == 0:
-                    self.conn.client.sasl_ok = True
+                    self.ctx.sasl_ok = True
                     if self.sides.client is ClientState.SASL:
                         self.sides.to_client(ClientState.AWAIT_AMQP_HEADER)
                 self.sides.to_router(RouterState.AWAIT_AMQP_HEADER)
@@ -182,12 +222,12 @@ class RouterSide:
 
     def _hold(self, buf: Any, pos: int, end: int) -> int:
         """Hold whole router frames until the client's Open is decided."""
-        while end - pos >= 8:
+        while end - pos >= FRAME_HEADER_SIZE:
             size, doff, ftype, _channel = _HDR.unpack_from(buf, pos)
             check_frame_header(size, doff, ftype, ROUTER_FRAME_LIMIT, FrameType.AMQP)
             if end - pos < size:
                 break
-            self.held.append(bytes(buf[pos:pos + size]))
+            self.held.append(bytes(buf[pos : pos + size]))
             pos += size
         return pos
 
@@ -211,36 +251,37 @@ class RouterSide:
             IllegalStateError: a second Open.
         """
         run_start = pos
-        limit = self.frame_limit
+        ctx = self.ctx
+        limit = ctx.router_frame_limit
         unpack = _HDR.unpack_from
-        conn = self.conn
         wire = self.wire
         sides = self.sides
-        deliveries = conn.deliveries
-        sessions = conn.sessions
-        figures = conn.figures
-        while end - pos >= 8 and sides.router is RouterState.AMQP:
+        deliveries = self.deliveries
+        rules = deliveries.rules
+        sessions = self.sessions
+        figures = ctx.figures
+        while end - pos >= FRAME_HEADER_SIZE and sides.router is RouterState.AMQP:
             size, doff, ftype, channel = unpack(buf, pos)
             if not frame_header_ok(size, doff, ftype, limit):
                 check_frame_header(size, doff, ftype, limit, FrameType.AMQP)
             if end - pos < size:
                 break
             fend = pos + size
-            body = pos + doff * 4
+            body = pos + doff * DOFF_UNIT
             if body == fend:
                 pos = fend
                 continue
-            if fend - body >= 3 and buf[body] == 0x00 and buf[body + 1] == 0x53:
+            if fend - body >= 3 and buf[body] == DESCRIBED and buf[body + 1] == SMALLULONG:
                 code = buf[body + 2]  # is_transfer_descriptor's common case, inline
             else:
                 code = is_transfer_descriptor(buf, body, fend)
             if code == Descriptor.TRANSFER:
                 figures.transfers_out += 1
                 if sessions.window_frames is not None:
-                    session = sessions.broker_sessions.get(channel)
+                    session = sessions.router_sessions.get(channel)
                     if session is not None:
                         session.transfers_out += 1
-                if deliveries.topic_receivers:
+                if rules.topic_receivers:
                     replacement = deliveries.router_transfer(buf, pos, body, fend, channel, now)
                     if replacement is not None:
                         if pos > run_start:
@@ -253,9 +294,10 @@ class RouterSide:
                 pos = fend
                 continue
             if code == Descriptor.FLOW:
-                session = sessions.broker_sessions.get(channel)
-                if session is None or (not session.dropped_transfers
-                                       and sessions.window_frames is None):
+                session = sessions.router_sessions.get(channel)
+                if session is None or (
+                    not session.dropped_transfers and sessions.window_frames is None
+                ):
                     pos = fend
                     continue
             # a frame the proxy looks at: flush the run before it
@@ -290,12 +332,12 @@ class RouterSide:
         if self.open_seen:
             raise IllegalStateError("second Open from upstream")
         self.open_seen = True
-        conn = self.conn
-        sessions = conn.sessions
+        ctx = self.ctx
+        sessions = self.sessions
         changes: dict[str, Any] = {}
-        group = conn.group
+        group = ctx.group
         mfs = UINT_MAX if perf.max_frame_size is None else int(perf.max_frame_size)
-        cmax = 0xFFFF if perf.channel_max is None else int(perf.channel_max)
+        cmax = C.DEFAULT_CHANNEL_MAX if perf.channel_max is None else int(perf.channel_max)
         if group is not None:
             if group.max_frame_size:
                 new = max(C.MIN_MAX_FRAME_SIZE, min(mfs, group.max_frame_size))
@@ -307,22 +349,22 @@ class RouterSide:
                     changes["channel_max"] = cmax = new
             if group.max_session_window:
                 sessions.window_frames = max(1, group.max_session_window // mfs)
-        conn.client.frame_limit = max(C.MIN_MAX_FRAME_SIZE, mfs)
+        ctx.client_frame_limit = max(C.MIN_MAX_FRAME_SIZE, mfs)
         sessions.advertised_channel_max = cmax
         self.wire.open_sent = True
         if changes:
-            patched = patch_open(raw[raw[4] * 4:], **changes)
+            patched = patch_open(raw[raw[4] * DOFF_UNIT :], **changes)
             if patched is not None:
                 return encode_frame(0, patched)
             if not isinstance(perf, Open):  # read from bytes, yet not patchable
-                perf, _ = decode_performative(raw[raw[4] * 4:])
+                perf, _ = decode_performative(raw[raw[4] * DOFF_UNIT :])
             return frame(0, dataclasses.replace(perf, **changes))
         return raw
 
     def on_close(self, perf: Close, raw: bytes, channel: int, now: float) -> bytes | None:
         """The router's Close: relayed to the client (whose answer is awaited for the linger
         time), or the answer to a Close the proxy sent (then the router transport closes)."""
-        conn = self.conn
+        conn = self.ctx
         sides = self.sides
         sides.close_received(False)
         if sides.client_close_sent():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..amqp import constants as C
 from ..amqp.constants import Condition
@@ -31,17 +31,16 @@ from ..amqp.performatives import (
     Flow,
     Source,
     Target,
-    decode_performative,
+    checked_replace,
 )
 from ..policy import decisions
 from ..policy.reasons import LinkDenyReason
 from .commands import Side
+from .context import Context
 from .events import LinkDenied, SessionDenied
 from .records import LinkRecord, ReservedPool, SessionRecord
+from .rules import MessageRules
 from .wire import error, frame, rechannel
-
-if TYPE_CHECKING:
-    from .connection import ProxyConnection
 
 logger = logging.getLogger(__name__)
 
@@ -54,46 +53,40 @@ RESERVED_HANDLES = 64
 
 
 def _address(terminus: Any) -> str | None:
+    """A Source or Target's address as text, or None (no terminus, or no address)."""
     address = getattr(terminus, "address", None)
     return None if address is None else str(address)
 
 
 def _int_or_none(value: Any) -> int | None:
+    """A decoded uint (or None) as a Python int."""
     return None if value is None else int(value)
-
-
-def _checked_replace(perf: Any, **changes: Any) -> Any:
-    """Return ``perf`` with ``changes``, refusing values that do not survive re-encoding.
-
-    A rewritten client frame (Open, Begin) is re-encoded by proton's codec; a value proton
-    normalises would otherwise reach the router with other fields than the ones the proxy
-    decided on (fuzz finding ``framing-nested-described-reencode``).
-
-    Raises:
-        DecodeError: the re-encoded performative decodes to something else.
-    """
-    new = dataclasses.replace(perf, **changes)
-    back, _ = decode_performative(new.encode())
-    if back != new:
-        raise DecodeError(f"{type(perf).__name__} fields do not survive re-encoding")
-    return new
 
 
 class Sessions:
     """The sessions and links of one connection, both legs."""
 
     __slots__ = (
-        "conn", "wire", "sessions", "broker_sessions", "denied_sessions", "reserved_channels",
-        "advertised_channel_max", "policy_channel_max", "window_frames",
+        "ctx",
+        "wire",
+        "rules",
+        "sessions",
+        "router_sessions",
+        "denied_sessions",
+        "reserved_channels",
+        "advertised_channel_max",
+        "policy_channel_max",
+        "window_frames",
     )
 
-    def __init__(self, conn: ProxyConnection) -> None:
+    def __init__(self, ctx: Context, rules: MessageRules) -> None:
         """No session yet; the channel limits are set at the Opens."""
-        self.conn = conn
-        self.wire = conn.wire
+        self.ctx = ctx
+        self.wire = ctx.wire
+        self.rules = rules
         self.sessions: dict[int, SessionRecord] = {}
         """Client channel -> session."""
-        self.broker_sessions: dict[int, SessionRecord] = {}
+        self.router_sessions: dict[int, SessionRecord] = {}
         """Router channel -> session."""
         self.denied_sessions: dict[int, int] = {}
         """Client channel of a denied Begin -> the reserved channel it was answered on."""
@@ -104,6 +97,13 @@ class Sessions:
         """``maxSessions - 1`` of the group, if set."""
         self.window_frames: int | None = None
         """The group's ``maxSessionWindow`` in transfer frames, if set (at the router's Open)."""
+
+    def reserve_channels(self, channel_max: int) -> int:
+        """Keep the top of the client's ``channel_max`` back for session denials (decision
+        0003); return the channel-max to give the router."""
+        reserve = min(RESERVED_CHANNELS, channel_max // 2)
+        self.reserved_channels = ReservedPool(channel_max, reserve)
+        return channel_max - reserve
 
     # ------------------------------------------------------------------ client frames
 
@@ -137,43 +137,64 @@ class Sessions:
             raise NotAllowedError(f"channel {channel} already in use")
         if perf.remote_channel is not None:
             raise NotAllowedError("client-initiated Begin with remote-channel set")
-        conn = self.conn
+        conn = self.ctx
         pcm = self.policy_channel_max
         group = conn.group
         figures = conn.figures
-        if group is not None and group.max_sessions and (
-            (pcm is not None and channel > pcm) or figures.active_sessions >= group.max_sessions
+        if (
+            group is not None
+            and group.max_sessions
+            and (
+                (pcm is not None and channel > pcm) or figures.active_sessions >= group.max_sessions
+            )
         ):
             self._deny_session(channel, now)
             return
         if channel > self.advertised_channel_max:
-            raise FramingError(f"remote channel {channel} is above negotiated channel_max "
-                               f"{self.advertised_channel_max}.")
+            raise FramingError(
+                f"remote channel {channel} is above negotiated channel_max "
+                f"{self.advertised_channel_max}."
+            )
         hmax = UINT_MAX if perf.handle_max is None else int(perf.handle_max)
         reserve = min(RESERVED_HANDLES, hmax // 2)
-        session = SessionRecord(channel, ReservedPool(hmax, reserve),
-                                _int_or_none(perf.next_outgoing_id) or 0)
+        session = SessionRecord(
+            channel, ReservedPool(hmax, reserve), _int_or_none(perf.next_outgoing_id) or 0
+        )
         self.sessions[channel] = session
         figures.active_sessions += 1
         if figures.active_sessions > figures.peak_sessions:
             figures.peak_sessions = figures.active_sessions
         if reserve:
-            raw = frame(channel, _checked_replace(perf, handle_max=hmax - reserve))
+            raw = frame(channel, checked_replace(perf, handle_max=hmax - reserve))
         self.wire.send(Side.ROUTER, raw)
 
     def _deny_session(self, channel: int, now: float) -> None:
-        conn = self.conn
+        """Deny a Begin over ``maxSessions``, as QDR does: a Begin answering it then an End
+        with ``amqp:resource-limit-exceeded`` "session disallowed by local policy", sent on
+        a channel kept back from the router (so the two legs' channels never collide).
+
+        Raises:
+            ResourceLimitError: no kept-back channel is left (the connection then closes).
+        """
+        conn = self.ctx
         reply = self.reserved_channels.take()
         if reply is None:
             raise ResourceLimitError("session disallowed by local policy (no reply channel)")
         self.denied_sessions[channel] = reply
         err = error(Condition.RESOURCE_LIMIT_EXCEEDED, C.SESSION_DISALLOWED)
-        data = frame(reply, Begin(remote_channel=channel, next_outgoing_id=0, incoming_window=0,
-                                  outgoing_window=0)) + frame(reply, End(error=err))
+        data = frame(
+            reply,
+            Begin(remote_channel=channel, next_outgoing_id=0, incoming_window=0, outgoing_window=0),
+        ) + frame(reply, End(error=err))
         self.wire.send(Side.CLIENT, data)
-        logger.info("[%s] DENY AMQP Begin Session due to session limit. user: %s, rhost: %s, "
-                    "vhost: %s", conn.conn_id, conn.user, conn.remote_host, conn.vhost_name)
-        self.wire.emit(SessionDenied(**conn.ctx(now), channel=channel))
+        logger.info(
+            "[%s] DENY AMQP Begin Session due to session limit. user: %s, rhost: %s, vhost: %s",
+            conn.conn_id,
+            conn.user,
+            conn.remote_host,
+            conn.vhost_name,
+        )
+        self.wire.emit(SessionDenied(**conn.event_fields(now), channel=channel))
 
     def on_client_attach(self, perf: Attach, raw: bytes, channel: int, now: float) -> None:
         """A client Attach (Part 2 §2.7.3), checked as QDR does: sender/receiver counts, the
@@ -200,43 +221,54 @@ class Sessions:
         terminus = perf.target if is_sender else perf.source
         address = _address(terminus)
         dynamic = bool(getattr(terminus, "dynamic", False))
-        conn = self.conn
+        conn = self.ctx
         figures = conn.figures
         group = conn.group
         if group is not None:
             user = conn.user or ""
             if is_sender:
-                reason = decisions.approve_sender(group, user=user,
-                                                  target_address=address or None,
-                                                  open_senders=figures.active_senders)
+                reason = decisions.approve_sender(
+                    group,
+                    user=user,
+                    target_address=address or None,
+                    open_senders=figures.active_senders,
+                )
             else:
-                reason = decisions.approve_receiver(group, user=user,
-                                                    source_address=address or None,
-                                                    dynamic=dynamic,
-                                                    open_receivers=figures.active_receivers)
+                reason = decisions.approve_receiver(
+                    group,
+                    user=user,
+                    source_address=address or None,
+                    dynamic=dynamic,
+                    open_receivers=figures.active_receivers,
+                )
             if reason is not None:
                 self._deny_link(session, perf, handle, is_sender, address, reason, now)
                 return
-        deliveries = conn.deliveries
+        rules = self.rules
         qos = 1
         verdict = None
-        if deliveries.topics is not None:
-            qos = deliveries.qos_of(_int_or_none(perf.snd_settle_mode),
-                                    _int_or_none(perf.rcv_settle_mode))
+        if rules.topics is not None:
+            qos = rules.qos_of(
+                _int_or_none(perf.snd_settle_mode), _int_or_none(perf.rcv_settle_mode)
+            )
             if address and not dynamic:
-                verdict = deliveries.check_link(is_sender, address, qos, now)
+                verdict = rules.check_link(is_sender, address, qos, now)
                 if not verdict.allowed:
-                    self._deny_link(session, perf, handle, is_sender, address,
-                                    LinkDenyReason.TOPIC, now)
+                    self._deny_link(
+                        session, perf, handle, is_sender, address, LinkDenyReason.TOPIC, now
+                    )
                     return
         link = LinkRecord(str(perf.name), handle, is_sender, address)
         link.qos = qos
-        link.inspect = is_sender and group is not None and deliveries.inspects(link)
-        if verdict is not None and not is_sender and (verdict.per_delivery
-                                                      or verdict.strip_durable):
+        link.inspect = is_sender and group is not None and rules.inspects(link)
+        if (
+            verdict is not None
+            and not is_sender
+            and (verdict.per_delivery or verdict.strip_durable)
+        ):
             link.topic_filter = verdict.per_delivery
             link.strip_durable = verdict.strip_durable
-            deliveries.topic_receivers = True
+            rules.topic_receivers = True
         session.links[handle] = link
         if is_sender:
             session.senders += 1
@@ -248,39 +280,62 @@ class Sessions:
             figures.peak_receivers = max(figures.peak_receivers, figures.active_receivers)
         self.wire.send(Side.ROUTER, raw)
 
-    def _deny_link(self, session: SessionRecord, perf: Attach, handle: int, is_sender: bool,
-                   address: str | None, reason: LinkDenyReason, now: float) -> None:
+    def _deny_link(
+        self,
+        session: SessionRecord,
+        perf: Attach,
+        handle: int,
+        is_sender: bool,
+        address: str | None,
+        reason: LinkDenyReason,
+        now: float,
+    ) -> None:
         """QDR's link denial: Attach (terminus present, address absent) then Detach(closed)
         with ``amqp:resource-limit-exceeded`` (counts) or ``amqp:unauthorized-access``."""
         reply_handle = session.reserved_handles.take()
         if reply_handle is None:
             raise ResourceLimitError("link disallowed by local policy (no reply handle)")
         session.denied_handles[handle] = reply_handle
-        condition = (Condition.RESOURCE_LIMIT_EXCEEDED
-                     if reason in (LinkDenyReason.SENDER_LIMIT, LinkDenyReason.RECEIVER_LIMIT)
-                     else Condition.UNAUTHORIZED_ACCESS)
-        reply = Attach(
-            name=perf.name, handle=reply_handle, role=is_sender,
-            snd_settle_mode=perf.snd_settle_mode, rcv_settle_mode=perf.rcv_settle_mode,
-            source=Source(), target=Target(), initial_delivery_count=None if is_sender else 0,
+        condition = (
+            Condition.RESOURCE_LIMIT_EXCEEDED
+            if reason in (LinkDenyReason.SENDER_LIMIT, LinkDenyReason.RECEIVER_LIMIT)
+            else Condition.UNAUTHORIZED_ACCESS
         )
-        detach = Detach(handle=reply_handle, closed=True,
-                        error=error(condition, C.LINK_DISALLOWED))
+        reply = Attach(
+            name=perf.name,
+            handle=reply_handle,
+            role=is_sender,
+            snd_settle_mode=perf.snd_settle_mode,
+            rcv_settle_mode=perf.rcv_settle_mode,
+            source=Source(),
+            target=Target(),
+            initial_delivery_count=None if is_sender else 0,
+        )
+        detach = Detach(handle=reply_handle, closed=True, error=error(condition, C.LINK_DISALLOWED))
         self.reply_on_session(session, frame(0, reply), frame(0, detach))
-        conn = self.conn
+        conn = self.ctx
         role = "sender" if is_sender else "receiver"
-        logger.info("[%s] DENY AMQP Attach %s '%s' for user '%s', rhost '%s', vhost '%s' (%s)",
-                    conn.conn_id, role, address, conn.user, conn.remote_host, conn.vhost_name,
-                    reason)
-        self.wire.emit(LinkDenied(**conn.ctx(now), role=role, address=address, reason=reason))
+        logger.info(
+            "[%s] DENY AMQP Attach %s '%s' for user '%s', rhost '%s', vhost '%s' (%s)",
+            conn.conn_id,
+            role,
+            address,
+            conn.user,
+            conn.remote_host,
+            conn.vhost_name,
+            reason,
+        )
+        self.wire.emit(
+            LinkDenied(**conn.event_fields(now), role=role, address=address, reason=reason)
+        )
 
     def reply_on_session(self, session: SessionRecord, *frames: bytes) -> None:
         """Send synthesized frames (encoded for channel 0) on the router's channel of
         ``session``; they wait for the router's Begin if it has not reached the client yet."""
-        if session.broker_channel is None:
+        if session.router_channel is None:
             session.pending_replies.extend(frames)
             return
-        channel = session.broker_channel
+        channel = session.router_channel
         self.wire.send(Side.CLIENT, b"".join(rechannel(f, channel) for f in frames))
 
     def on_client_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> None:
@@ -322,7 +377,7 @@ class Sessions:
             raise IllegalStateError(f"second detach of handle {handle}")
         link.client_detached = True
         self._link_gone(session, link)
-        if link.broker_detached:
+        if link.router_detached:
             self._drop_link(session, link)
         self.wire.send(Side.ROUTER, raw)
 
@@ -344,7 +399,7 @@ class Sessions:
             raise IllegalStateError(f"second end on channel {channel}")
         session.client_ended = True
         self._session_gone(session)
-        if session.broker_ended:
+        if session.router_ended:
             self._drop_session(session)
         self.wire.send(Side.ROUTER, raw)
 
@@ -357,14 +412,14 @@ class Sessions:
     # ------------------------------------------------------------------ counting
 
     def _link_gone(self, session: SessionRecord, link: LinkRecord) -> None:
-        # Called after setting the detaching side's flag: the link is uncounted when the first
-        # side detaches, never again when the second one does, and not at all once an End
-        # already uncounted the whole session.
-        if link.client_detached and link.broker_detached:
+        """Uncount a link from its session and the connection's figures once: when the first
+        side detaches (called after setting that side's flag), never again for the second,
+        and not at all once an End already uncounted the whole session."""
+        if link.client_detached and link.router_detached:
             return
-        if session.client_ended or session.broker_ended:
+        if session.client_ended or session.router_ended:
             return
-        figures = self.conn.figures
+        figures = self.ctx.figures
         if link.is_sender:
             session.senders -= 1
             figures.active_senders -= 1
@@ -373,27 +428,30 @@ class Sessions:
             figures.active_receivers -= 1
 
     def _drop_link(self, session: SessionRecord, link: LinkRecord) -> None:
+        """Forget the link under both legs' handles (the handles may be reused afterwards)."""
         if session.links.get(link.handle) is link:
             del session.links[link.handle]
-        if link.broker_handle is not None and session.broker_links.get(link.broker_handle) is link:
-            del session.broker_links[link.broker_handle]
+        if link.router_handle is not None and session.router_links.get(link.router_handle) is link:
+            del session.router_links[link.router_handle]
 
     def _session_gone(self, session: SessionRecord) -> None:
-        # Called after setting the ending side's flag (see _link_gone).
-        if session.client_ended and session.broker_ended:
+        """Uncount a session and its links once, when the first side ends it (called after
+        setting that side's flag, as for :meth:`_link_gone`)."""
+        if session.client_ended and session.router_ended:
             return
-        figures = self.conn.figures
+        figures = self.ctx.figures
         figures.active_sessions -= 1
         figures.active_senders -= session.senders
         figures.active_receivers -= session.receivers
         session.senders = session.receivers = 0
 
     def _drop_session(self, session: SessionRecord) -> None:
+        """Forget the session under both legs' channels (the channels may be reused)."""
         if self.sessions.get(session.channel) is session:
             del self.sessions[session.channel]
-        if session.broker_channel is not None:
-            if self.broker_sessions.get(session.broker_channel) is session:
-                del self.broker_sessions[session.broker_channel]
+        if session.router_channel is not None:
+            if self.router_sessions.get(session.router_channel) is session:
+                del self.router_sessions[session.router_channel]
 
     # ------------------------------------------------------------------ router frames
 
@@ -405,11 +463,11 @@ class Sessions:
             session = self.sessions.get(int(perf.remote_channel))
         if session is None:
             return raw  # a router-initiated session: relayed untouched
-        session.broker_channel = channel
+        session.router_channel = channel
         session.handle_max = UINT_MAX if perf.handle_max is None else int(perf.handle_max)
         session.router_next_out = _int_or_none(perf.next_outgoing_id) or 0
         session.router_out_window = _int_or_none(perf.outgoing_window) or 0
-        self.broker_sessions[channel] = session
+        self.router_sessions[channel] = session
         data = raw
         if self.window_frames is not None:
             iw = 0 if perf.incoming_window is None else int(perf.incoming_window)
@@ -426,24 +484,24 @@ class Sessions:
 
     def on_router_attach(self, perf: Attach, raw: bytes, channel: int, now: float) -> bytes:
         """The router's Attach: map its handle to the client's link of the same name."""
-        session = self.broker_sessions.get(channel)
+        session = self.router_sessions.get(channel)
         if session is not None and perf.name is not None and perf.handle is not None:
             for link in session.links.values():
-                if link.name == perf.name and link.broker_handle is None:
-                    link.broker_handle = int(perf.handle)
-                    session.broker_links[int(perf.handle)] = link
+                if link.name == perf.name and link.router_handle is None:
+                    link.router_handle = int(perf.handle)
+                    session.router_links[int(perf.handle)] = link
                     break
         return raw
 
     def on_router_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> bytes:
         """The router's Flow: next-incoming-id renumbered past the Transfer frames the router
         never got, incoming-window lowered to ``maxSessionWindow``."""
-        session = self.broker_sessions.get(channel)
+        session = self.router_sessions.get(channel)
         changes: dict[str, Any] = {}
-        if session is not None and session.dropped_transfers and \
-                perf.next_incoming_id is not None:
-            changes["next_incoming_id"] = (int(perf.next_incoming_id)
-                                           + session.dropped_transfers) & UINT_MAX
+        if session is not None and session.dropped_transfers and perf.next_incoming_id is not None:
+            changes["next_incoming_id"] = (
+                int(perf.next_incoming_id) + session.dropped_transfers
+            ) & UINT_MAX
         if session is not None and self.window_frames is not None:
             if perf.outgoing_window is not None:
                 session.router_out_window = int(perf.outgoing_window)
@@ -464,11 +522,11 @@ class Sessions:
 
     def on_router_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> bytes:
         """The router's Detach: the link is counted down (once)."""
-        session = self.broker_sessions.get(channel)
+        session = self.router_sessions.get(channel)
         if session is not None and perf.handle is not None:
-            link = session.broker_links.get(int(perf.handle))
-            if link is not None and not link.broker_detached:
-                link.broker_detached = True
+            link = session.router_links.get(int(perf.handle))
+            if link is not None and not link.router_detached:
+                link.router_detached = True
                 self._link_gone(session, link)
                 if link.client_detached:
                     self._drop_link(session, link)
@@ -476,9 +534,9 @@ class Sessions:
 
     def on_router_end(self, perf: End, raw: bytes, channel: int, now: float) -> bytes:
         """The router's End: the session is counted down (once)."""
-        session = self.broker_sessions.get(channel)
-        if session is not None and not session.broker_ended:
-            session.broker_ended = True
+        session = self.router_sessions.get(channel)
+        if session is not None and not session.router_ended:
+            session.router_ended = True
             self._session_gone(session)
             if session.client_ended:
                 self._drop_session(session)
@@ -496,7 +554,7 @@ class Sessions:
         to ``maxSessionWindow`` frames, never past the window the router itself gave.
         """
         window = self.window_frames
-        if window is None or session.broker_channel is None or session.broker_ended:
+        if window is None or session.router_channel is None or session.router_ended:
             return
         next_in = session.client_next_out + session.transfers_in
         if (session.client_window_end - next_in) * 2 >= window:
@@ -506,8 +564,10 @@ class Sessions:
         if next_in + given <= session.client_window_end:
             return
         session.client_window_end = next_in + given
-        flow = Flow(next_incoming_id=next_in & UINT_MAX, incoming_window=given,
-                    next_outgoing_id=(session.router_next_out + session.transfers_out)
-                    & UINT_MAX,
-                    outgoing_window=session.router_out_window)
-        self.wire.send(Side.CLIENT, frame(session.broker_channel, flow))
+        flow = Flow(
+            next_incoming_id=next_in & UINT_MAX,
+            incoming_window=given,
+            next_outgoing_id=(session.router_next_out + session.transfers_out) & UINT_MAX,
+            outgoing_window=session.router_out_window,
+        )
+        self.wire.send(Side.CLIENT, frame(session.router_channel, flow))

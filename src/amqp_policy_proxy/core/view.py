@@ -1,4 +1,4 @@
-"""Sans-IO. What the shell may read of a connection: its figures and a read-only view.
+"""Sans-IO. What the shell may read of a connection: a read-only view.
 
 The daemon never reaches into the core's components: it reads :class:`ConnectionView` (for
 metrics, logs, the admin interface) and feeds the connection through its public inputs.
@@ -6,47 +6,30 @@ metrics, logs, the admin interface) and feeds the connection through its public 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .connection import ProxyConnection
-    from .state import ClientState, RouterState
+from .context import Context
+from .records import Figures
+from .state import ClientState, RouterState
 
 
-class Figures:
-    """Counters of one connection (for the event log's ``connection_closed`` and metrics)."""
+class _Leg(Protocol):
+    """A leg's receive buffer and the frames it holds before the Open decision."""
 
-    __slots__ = ("bytes_in", "bytes_out", "transfers_in", "transfers_out", "active_sessions",
-                 "active_senders", "active_receivers", "peak_sessions", "peak_senders",
-                 "peak_receivers")
-
-    def __init__(self) -> None:
-        """All zero."""
-        self.bytes_in = 0
-        """Bytes received from the client (client to router), frames included."""
-        self.bytes_out = 0
-        """Bytes received from the router (router to client)."""
-        self.transfers_in = 0
-        """Transfer frames received from the client."""
-        self.transfers_out = 0
-        """Transfer frames received from the router."""
-        self.active_sessions = 0
-        self.active_senders = 0
-        """Client sender links attached now."""
-        self.active_receivers = 0
-        self.peak_sessions = 0
-        self.peak_senders = 0
-        self.peak_receivers = 0
+    buf: bytearray
+    held: Any
 
 
 class ConnectionView:
     """A read-only view of one connection, for the shell."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "_client", "_router")
 
-    def __init__(self, conn: ProxyConnection) -> None:
-        """View ``conn``."""
+    def __init__(self, conn: Context, client: _Leg, router: _Leg) -> None:
+        """View the connection ``conn`` (its shared context) and its two legs."""
         self._conn = conn
+        self._client = client
+        self._router = router
 
     @property
     def conn_id(self) -> str:
@@ -114,9 +97,14 @@ class ConnectionView:
     def held_bytes(self) -> int:
         """Bytes the connection holds in its buffers (partial frames, pipelined frames,
         bytes waiting for the upstream connection)."""
-        conn = self._conn
-        return (len(conn.client.buf) + len(conn.router.buf) + len(conn.client.held)
-                + sum(map(len, conn.router.held)) + conn.wire.router_backlog)
+        client, router = self._client, self._router
+        return (
+            len(client.buf)
+            + len(router.buf)
+            + len(client.held)
+            + sum(map(len, router.held))
+            + self._conn.wire.router_backlog
+        )
 
     @property
     def router_backlog(self) -> int:

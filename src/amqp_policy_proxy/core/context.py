@@ -1,0 +1,141 @@
+"""Sans-IO. What every room of a connection shares: who the client is, what was decided, the
+legs' states, the output, the figures, and the connection's timers.
+
+:class:`Context` is the base of :class:`~.connection.ProxyConnection`; the rooms
+(:mod:`.client_side`, :mod:`.router_side`, :mod:`.admission`, :mod:`.sessions`,
+:mod:`.deliveries`) are given it (and each other, explicitly) when the connection is built, so
+no room imports the facade and the imports run one way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..amqp.performatives import Error
+from ..ingress.peer import ClientAddress
+from .records import Figures
+from .state import Sides
+from .wire import Wire
+
+#: Largest frame accepted from the client before the proxy has advertised a max-frame-size
+#: (the spec says 512 for SASL frames and an Open; the proxy is lenient but bounded).
+PRE_OPEN_FRAME_LIMIT = 64 * 1024
+#: Cap on the frame size buffered from the router (it honours the client's max-frame-size).
+ROUTER_FRAME_LIMIT = 64 * 1024 * 1024
+#: Seconds to wait for the other side's Close after a denial or shutdown Close.
+LINGER_SECONDS = 2.0
+
+
+class Context:
+    """The shared facts of one proxied connection."""
+
+    __slots__ = (
+        "conn_id",
+        "remote_host",
+        "client_address",
+        "listener",
+        "policy",
+        "tls_subject",
+        "wall_offset",
+        "accepted_at",
+        "user",
+        "vhost",
+        "group",
+        "governed",
+        "opened_at",
+        "close_reason",
+        "handshake_deadline",
+        "linger_deadline",
+        "finished",
+        "sides",
+        "wire",
+        "figures",
+        "sasl_used",
+        "sasl_init_seen",
+        "sasl_user",
+        "sasl_ok",
+        "client_frame_limit",
+        "router_frame_limit",
+    )
+
+    def __init__(
+        self,
+        conn_id: str,
+        *,
+        remote_host: str | ClientAddress,
+        listener: str,
+        policy: Any,
+        now: float,
+        handshake_timeout: float,
+        container_id: str,
+        tls_subject: str | None,
+        wall_offset: float,
+    ) -> None:
+        """A freshly accepted client transport (see ``ProxyConnection`` for the arguments)."""
+        self.conn_id = conn_id
+        self.remote_host = str(remote_host)
+        """The client's normalised IP text (logs, events, per-host counts)."""
+        self.client_address = remote_host
+        """The same, as the shell parsed it (``remoteHosts`` checks)."""
+        self.listener = listener
+        self.policy = policy
+        self.tls_subject = tls_subject
+        """RFC 4514 subject of the client certificate the proxy verified, else None."""
+        self.wall_offset = wall_offset
+        self.accepted_at = now
+        self.user: str | None = None
+        """The authenticated user, once the Open is decided."""
+        self.vhost: Any = None
+        self.group: Any = None
+        self.governed = False
+        """Admitted under a group whose limits apply."""
+        self.opened_at: float | None = None
+        """Loop-clock seconds of the admission (None: not admitted)."""
+        self.close_reason: str | None = None
+        self.handshake_deadline: float | None = now + handshake_timeout
+        self.linger_deadline: float | None = None
+        self.finished = False
+        """The connection is over and its counts are released."""
+        self.sides = Sides()
+        self.wire = Wire(self.sides, container_id)
+        self.figures = Figures()
+        self.sasl_used = False
+        """The client started with the SASL header."""
+        self.sasl_init_seen = False
+        self.sasl_user: str | None = None
+        """The identity the sasl-init names (trusted only once the router said ``ok``)."""
+        self.sasl_ok = False
+        """The router's sasl-outcome ``ok`` was relayed (or the client skipped SASL)."""
+        self.client_frame_limit = PRE_OPEN_FRAME_LIMIT
+        """Largest frame accepted from the client (the max-frame-size it was given)."""
+        self.router_frame_limit = ROUTER_FRAME_LIMIT
+        """Largest frame accepted from the router (the client's max-frame-size, capped)."""
+
+    @property
+    def vhost_name(self) -> str | None:
+        """The resolved vhost's name (None before resolution or when none matched)."""
+        return getattr(self.vhost, "hostname", None)
+
+    def event_fields(self, now: float) -> dict[str, Any]:
+        """The fields every event of this connection carries."""
+        group = self.group
+        return {
+            "conn_id": self.conn_id,
+            "at": now,
+            "vhost": self.vhost_name,
+            "group": None if group is None else group.name,
+            "user": self.user,
+            "remote_host": self.remote_host,
+            "listener": self.listener,
+        }
+
+    def linger(self, now: float, seconds: float = LINGER_SECONDS) -> None:
+        """Give the other side ``seconds`` to answer a Close before the transports close."""
+        self.linger_deadline = now + seconds
+
+    def send_open_close(self, err: Error) -> None:
+        """QDR's Open + Close to the client (its AMQP header first when it had none; the
+        router's is then never relayed)."""
+        if not self.wire.amqp_header_sent:
+            self.sides.stop_router()
+        self.wire.send_open_close(err)

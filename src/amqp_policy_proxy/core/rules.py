@@ -1,0 +1,136 @@
+"""Sans-IO. The per-message rules a connection's group imposes, and their checks.
+
+Set once at admission (:meth:`MessageRules.govern`): ``maxMessageSize``, whether a message's
+``user-id`` must be the user's (QDR's ``allowUserIdProxy`` false), the anonymous-relay address
+rules, and the topic models of the vhost and group. :mod:`.sessions` asks them about a link at
+Attach; :mod:`.deliveries` about each delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..amqp.message import read_message_head
+from ..policy import decisions
+from ..policy.reasons import MessageDenyReason
+from .context import Context
+from .records import LinkRecord
+
+logger = logging.getLogger(__name__)
+
+
+class MessageRules:
+    """The message rules of one connection (none until it is admitted under a group)."""
+
+    __slots__ = (
+        "ctx",
+        "max_message_size",
+        "check_user_id",
+        "user_id_bytes",
+        "relay_allowed",
+        "topics",
+        "principal",
+        "qos_of",
+        "topic_receivers",
+    )
+
+    def __init__(self, ctx: Context) -> None:
+        """No rule yet."""
+        self.ctx = ctx
+        self.max_message_size: int | None = None
+        """Bytes; the group's maxMessageSize (resolved group -> vhost -> global)."""
+        self.check_user_id = False
+        """``allowUserIdProxy`` is false: a message's user-id must be the user's."""
+        self.user_id_bytes = b""
+        self.relay_allowed: str | None = None
+        """The last relay ``to`` the address rules allowed (a relay sender repeats it)."""
+        self.topics: Any = None
+        """The group's topic authorizer, if a topic model applies to it."""
+        self.principal: Any = None
+        self.qos_of: Any = None
+        self.topic_receivers = False
+        """Some receiver link needs per-delivery topic handling (router Transfers are read)."""
+
+    def govern(self, group: Any, user: str, tls_subject: str | None) -> None:
+        """Apply ``group``'s message rules to this connection (at admission)."""
+        self.max_message_size = group.max_message_size
+        self.check_user_id = not group.allow_user_id_proxy
+        self.user_id_bytes = user.encode("utf-8")
+        topics = getattr(group, "topics", None)
+        if topics is not None:
+            from ..policy.topics import Principal, qos_of  # only vhosts with topic models
+
+            self.topics = topics
+            self.qos_of = qos_of
+            self.principal = Principal(user=user, group=group.name, subject=tls_subject)
+
+    def inspects(self, link: LinkRecord) -> bool:
+        """Whether the first frame of each delivery on the sender ``link`` needs a look."""
+        return link.anonymous or self.check_user_id or self.topics is not None
+
+    def check_link(self, is_sender: bool, address: str, qos: int, now: float) -> Any:
+        """The topic models' decision on a link to ``address`` (publish or subscribe)."""
+        conn = self.ctx
+        check = self.topics.check_publish if is_sender else self.topics.check_subscribe
+        verdict = check(self.principal, address, qos=qos, wall_now=now + conn.wall_offset)
+        if not verdict.allowed:
+            logger.info(
+                "[%s] topic authorization denies %s '%s' for user '%s': %s",
+                conn.conn_id,
+                "publish" if is_sender else "subscribe",
+                address,
+                conn.user,
+                verdict.decided_by,
+            )
+        return verdict
+
+    def message_denial(
+        self, link: LinkRecord, buf: Any, payload: int, fend: int, more: bool, now: float
+    ) -> tuple[MessageDenyReason, str | None] | None:
+        """The per-message checks on the first frame of a delivery on an inspected link:
+        QDR's ``user-id`` check (allowUserIdProxy false) and anonymous-relay ``to`` (address
+        rules, then topics); no router annotations on an anonymous-relay message (qdrouterd
+        would route it by ``x-opt-qd.to``); on a topic publisher's link a ``to`` other than the
+        target must be publishable too. The head is read canonically; one that does not fit in
+        the first frame is refused rather than let pass.
+
+        Returns:
+            ``(reason, to)`` for a denial, else None.
+
+        Raises:
+            DecodeError: the message head is not canonical.
+        """
+        head = read_message_head(buf, payload, fend, last=not more)
+        to = head.to
+        if not head.complete:
+            if link.anonymous:
+                return MessageDenyReason.RELAY_TARGET, to
+            return (
+                MessageDenyReason.USER_ID if self.check_user_id else MessageDenyReason.TOPIC
+            ), to
+        if self.check_user_id and head.user_id and head.user_id != self.user_id_bytes:
+            return MessageDenyReason.USER_ID, to
+        conn = self.ctx
+        topics = self.topics
+        if link.anonymous:
+            if head.router_annotations:
+                return MessageDenyReason.ROUTER_ANNOTATIONS, to
+            if to is not None:
+                if to != self.relay_allowed:
+                    if not decisions.approve_relay_target(conn.group, user=conn.user or "", to=to):
+                        return MessageDenyReason.RELAY_TARGET, to
+                    self.relay_allowed = to
+                if (
+                    topics is not None
+                    and not topics.check_publish(
+                        self.principal, to, qos=link.qos, wall_now=now + conn.wall_offset
+                    ).allowed
+                ):
+                    return MessageDenyReason.TOPIC, to
+        elif topics is not None and to is not None and to != link.address:
+            if not topics.check_publish(
+                self.principal, to, qos=link.qos, wall_now=now + conn.wall_offset
+            ).allowed:
+                return MessageDenyReason.TOPIC, to
+        return None
