@@ -182,6 +182,7 @@ class ClientSide:
                 pos = self.fast.relay(buf, pos, end, now)
                 if pos >= end:
                     break
+                state = sides.client  # the fast path stops when a frame changed it
             mode = self._mode()
             if mode == _NONE:
                 break
@@ -214,8 +215,12 @@ class ClientSide:
             if mode == _SASL:
                 self._sasl_frame(buf, pos, doff, ftype, fend, now)
             elif state is ClientState.OPENED or (
+                # a Close under way: the client's frames still count while the router leg is
+                # open (drain: the client may settle deliveries until it answers the Close);
+                # once the proxy closed the router leg itself they have nowhere to go
                 state is ClientState.CLOSING
                 and not sides.client_close_received()
+                and not sides.router_close_sent()
                 and self.ctx.opened_at is not None
             ):
                 if self.amqp_frame(buf, pos, doff, ftype, channel, fend, now):

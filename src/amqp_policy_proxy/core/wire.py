@@ -52,7 +52,7 @@ class Wire:
     """The output of one connection while it handles one input."""
 
     __slots__ = ("sides", "out", "pending", "run_buf", "run_start", "run_end",
-                 "amqp_header_sent", "open_sent", "container_id")
+                 "amqp_header_sent", "open_sent", "container_id", "sealed")
 
     def __init__(self, sides: Sides, container_id: str) -> None:
         """Create the output side of a connection.
@@ -74,6 +74,10 @@ class Wire:
         self.open_sent = False
         """The client was sent an Open (the router's, or the proxy's own)."""
         self.container_id = container_id
+        self.sealed: set[Side] = set()
+        """The legs the proxy wrote its own Close to: nothing more is written to them (Part 2
+        §2.4.3: no frame follows a Close). Relayed Closes do not seal: the peer that sent one
+        writes nothing after it."""
 
     # ------------------------------------------------------------------ bytes
 
@@ -81,10 +85,13 @@ class Wire:
         """Write ``data`` to ``side`` after the run of client bytes accumulated so far.
 
         To the router: queued while it connects, dropped once it failed, stopped or is gone.
-        To the client: dropped once its transport is gone.
+        To the client: dropped once its transport is gone. To either: dropped once the proxy
+        wrote its own Close to that leg (:attr:`sealed`).
         """
         if self.run_start >= 0:
             self.flush_run()  # earlier frames of the client's run go first
+        if side in self.sealed:
+            return
         if side is Side.ROUTER:
             router = self.sides.router
             if router not in ROUTER_WRITABLE:
@@ -127,6 +134,7 @@ class Wire:
         """Send ``side`` a Close (Part 2 §2.7.9) and record it in the Close exchange."""
         self.sides.close_sent(side is Side.CLIENT)
         self.send(side, frame(0, Close(error=err)))
+        self.sealed.add(side)
 
     def send_open_close(self, err: Error) -> None:
         """QDR's connection denial on the wire: an Open (listener defaults) and then Close.
@@ -141,6 +149,7 @@ class Wire:
             self.amqp_header_sent = True
             data = AMQP_HEADER + data
         self.send(Side.CLIENT, data)
+        self.sealed.add(Side.CLIENT)
 
     # ------------------------------------------------------------------ the rest
 

@@ -18,6 +18,8 @@ from amqp_policy_proxy.core.events import (
     ProtocolViolation,
     SessionDenied,
 )
+from amqp_policy_proxy.policy.compile import compile_policy
+from amqp_policy_proxy.policy.model import PolicySettings
 
 from .helpers import (
     Attach,
@@ -187,6 +189,24 @@ class TestAdmission:
         assert {Side.CLIENT, Side.ROUTER} <= s.closed
         assert [str(e.reason) for e in s.events if isinstance(e, ConnectionDenied)] == [
             "handshake_timeout"]
+
+    def test_without_vhost_policy_every_approval_has_its_close(self):
+        # enable_vhost_policy = false: no vhost, no group, no ledger entry; the event log must
+        # still get one connection_closed for the connection_approved (issue found in the
+        # redesign: the close event depended on the ledger admission).
+        policy = compile_policy([(None, [["vhost", {"hostname": "test", "groups": GROUPS}]])],
+                                PolicySettings(enable_vhost_policy=False))
+        s = Script(policy)
+        s.open(user="nobody-in-any-group")
+        assert [type(e).__name__ for e in s.events] == ["ConnectionApproved"]
+        assert s.ledger.snapshot().global_current == 0
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
+        s.client(frame(0, Close()))
+        s.router(frame(0, Close()))
+        s._run(s.conn.connection_lost(Side.CLIENT, 0))
+        closed = [e for e in s.events if isinstance(e, ConnectionClosed)]
+        assert len(closed) == 1
+        assert closed[0].user == "nobody-in-any-group" and closed[0].vhost is None
 
     def test_counts_released_exactly_once(self):
         s = admitted()
@@ -428,6 +448,27 @@ class TestMessages:
         assert frames[0][1].state.error.description == "Message size exceeded"
         assert kinds[1] == ("Detach", None, None) and int(frames[1][1].handle) == 9
         assert kinds[2] == ("Close", "amqp:connection:forced", "Message size exceeded")
+        assert [str(e.reason) for e in s.events if isinstance(e, MessageDenied)] == [
+            "message_size"]
+
+    def test_two_pipelined_oversize_messages_get_one_close(self):
+        # Two whole oversize deliveries in one read: QDR answers the first (reject, detach,
+        # close forced); the second arrives on a closing connection and gets nothing, and
+        # above all not a second Close (AMQP Part 2 §2.4.3: one Close per side).
+        s = admitted()
+        _sender(s, "public.a")
+        body = self._sized(1500)
+        first = _message_frames(body, delivery_id=0, chunk=4000)
+        second = _message_frames(body, delivery_id=1, chunk=4000)
+        assert len(first) == len(second) == 1
+        s.client(first[0] + second[0])
+        kinds = conditions(s.take(Side.CLIENT))
+        assert [k for k in kinds if k[0] == "Close"] == [
+            ("Close", "amqp:connection:forced", "Message size exceeded")]
+        assert [k[0] for k in kinds] == ["Disposition", "Detach", "Close"]
+        aborted = [p for _, p, _ in s.take(Side.ROUTER) if isinstance(p, Transfer)]
+        assert len(aborted) == 1 and aborted[0].aborted is True
+        assert int(aborted[0].delivery_id) == 0
         assert [str(e.reason) for e in s.events if isinstance(e, MessageDenied)] == [
             "message_size"]
 
