@@ -51,7 +51,7 @@ from ..amqp.transfer import is_transfer_descriptor
 from .commands import ConnectRouter, SendData, Side
 from .context import Context
 from .deliveries import Deliveries
-from .events import ConnectionDenied, ConnectionDenyReason, ProtocolViolation
+from .events import ConnectionDenyReason, ProtocolViolation
 from .fastpath import FastPath
 from .framebuf import feed
 from .sessions import Sessions
@@ -348,17 +348,8 @@ class ClientSide:
             conn.remote_host,
             authzid,
         )
+        conn.refuse_unopened(ConnectionDenyReason.AUTHZID, "sasl-outcome auth", now)
         wire = self.wire
-        wire.emit(
-            ConnectionDenied(
-                **conn.event_fields(now),
-                reason=ConnectionDenyReason.AUTHZID,
-                condition="",
-                description="sasl-outcome auth",
-            )
-        )
-        self.sides.stop_client()
-        self.sides.stop_router()
         wire.pending.clear()
         wire.out.append(SendData(Side.CLIENT, sasl_outcome(SaslCode.AUTH)))
         wire.close_transport(Side.ROUTER)

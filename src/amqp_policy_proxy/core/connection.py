@@ -305,16 +305,7 @@ class ProxyConnection(Context):
         if self.handshake_deadline is not None and now >= self.handshake_deadline:
             self.handshake_deadline = None
             self.close_reason = "timeout"
-            wire.emit(
-                ConnectionDenied(
-                    **self.event_fields(now),
-                    reason=ConnectionDenyReason.HANDSHAKE_TIMEOUT,
-                    condition="",
-                    description="handshake timeout",
-                )
-            )
-            self.sides.stop_client()
-            self.sides.stop_router()
+            self.refuse_unopened(ConnectionDenyReason.HANDSHAKE_TIMEOUT, "handshake timeout", now)
             wire.close_transport(Side.ROUTER)
             wire.close_transport(Side.CLIENT)
         if self.linger_deadline is not None and now >= self.linger_deadline:

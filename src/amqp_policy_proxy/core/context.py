@@ -13,6 +13,7 @@ from typing import Any
 
 from ..amqp.performatives import Error
 from ..ingress.peer import ClientAddress
+from .events import ConnectionDenied, ConnectionDenyReason
 from .records import Figures
 from .state import Sides
 from .wire import Wire
@@ -132,6 +133,19 @@ class Context:
     def linger(self, now: float, seconds: float = LINGER_SECONDS) -> None:
         """Give the other side ``seconds`` to answer a Close before the transports close."""
         self.linger_deadline = now + seconds
+
+    def refuse_unopened(self, reason: ConnectionDenyReason, description: str, now: float) -> None:
+        """Refuse a client that never got as far as an Open decision (a handshake timeout, a
+        sasl-init naming someone else): one ``ConnectionDenied`` event with no AMQP condition
+        (none is sent: ``description`` says what the client got instead) and nothing more
+        is read from either leg. The caller writes what the client gets and closes."""
+        self.wire.emit(
+            ConnectionDenied(
+                **self.event_fields(now), reason=reason, condition="", description=description
+            )
+        )
+        self.sides.stop_client()
+        self.sides.stop_router()
 
     def send_open_close(self, err: Error) -> None:
         """QDR's Open + Close to the client (its AMQP header first when it had none; the

@@ -37,6 +37,12 @@ LOW_WATER = 64 * 1024
 #: connect ends (a well-behaved client sends a few hundred bytes and waits: it is never paused,
 #: which saves two epoll changes).
 CONNECT_BACKLOG = 64 * 1024
+#: Why a client is not read (bits; it is read again when none is left): its bytes wait for
+#: the upstream connect (``CONNECT_BACKLOG``), the pre-authentication memory budget is spent,
+#: the router's write buffer is above ``HIGH_WATER``.
+PAUSED_CONNECTING = 1
+PAUSED_BUDGET = 2
+PAUSED_ROUTER_FULL = 4
 
 
 class Upstream(Protocol):
@@ -102,8 +108,8 @@ class ClientProtocol(asyncio.Protocol):
 
     __slots__ = (
         "host", "listener", "transport", "router", "conn", "timer", "counted", "closed",
-        "conn_id", "_connect_task", "client_eof", "router_eof", "_paused",
-        "_connect_timed_out", "_held", "_budget_paused",
+        "conn_id", "_connect_task", "client_eof", "router_eof", "_pauses",
+        "_connect_timed_out", "_held",
     )
 
     def __init__(self, host: RelayHost, listener: str, conn_id: str) -> None:
@@ -120,10 +126,10 @@ class ClientProtocol(asyncio.Protocol):
         self._connect_task: asyncio.Task[None] | None = None
         self.client_eof = False
         self.router_eof = False
-        self._paused = False
+        self._pauses = 0
+        """Why the client is not read: ``PAUSED_*`` bits (it is read again at none)."""
         self._connect_timed_out = False
         self._held = 0  # bytes last reported to the pre-authentication budget
-        self._budget_paused = False
 
     # --- asyncio callbacks --------------------------------------------------------------
 
@@ -161,12 +167,11 @@ class ClientProtocol(asyncio.Protocol):
                 self.host.preauth_held(self, held)
         else:
             self._feed(conn, Side.CLIENT, data)
-        if (self.router is None and self._connect_task is not None and not self._paused
-                and view.held_bytes > CONNECT_BACKLOG and self.transport is not None):
+        if (self.router is None and self._connect_task is not None
+                and view.held_bytes > CONNECT_BACKLOG):
             # the upstream is not there yet and the client keeps sending: stop reading it
             # until the connect ends, so its bytes cannot pile up at line rate
-            self._paused = True
-            self.transport.pause_reading()
+            self.pause(PAUSED_CONNECTING)
 
     def eof_received(self) -> bool | None:
         """Client half-closed.
@@ -206,20 +211,30 @@ class ClientProtocol(asyncio.Protocol):
         if self.router is not None and self.router.transport is not None:
             self.router.transport.close()
 
+    def pause(self, reason: int) -> None:
+        """Stop reading the client for ``reason`` (a ``PAUSED_*`` bit); reasons add up."""
+        if self.transport is None or self.closed:
+            return
+        if not self._pauses:
+            self.transport.pause_reading()
+        self._pauses |= reason
+
+    def resume(self, reason: int) -> None:
+        """``reason`` no longer holds: read the client again once no other reason does."""
+        if not self._pauses & reason:
+            return
+        self._pauses &= ~reason
+        if (not self._pauses and self.transport is not None and not self.closed
+                and not self.transport.is_closing()):
+            self.transport.resume_reading()
+
     def budget_pause(self) -> None:
         """Stop reading this client: the pre-authentication budget is exhausted."""
-        if self.transport is not None and not self.closed and not self._budget_paused:
-            self._budget_paused = True
-            self.transport.pause_reading()
+        self.pause(PAUSED_BUDGET)
 
     def budget_resume(self) -> None:
         """The pre-authentication budget has room again: read this client again."""
-        if not self._budget_paused:
-            return
-        self._budget_paused = False
-        if (self.transport is not None and not self.closed and not self._paused
-                and not self.transport.is_closing()):
-            self.transport.resume_reading()
+        self.resume(PAUSED_BUDGET)
 
     def pause_writing(self) -> None:
         """The client is not reading: stop reading from the router."""
@@ -383,12 +398,12 @@ class ClientProtocol(asyncio.Protocol):
                 if self._held:
                     self._held = 0
                     host.preauth_held(self, 0)
-            self._resume_client()
+            self.resume(PAUSED_CONNECTING)
             return
         conn = self.conn
         if conn is not None and not self.closed:
             self.run(conn.router_connect_failed)
-            self._resume_client()
+            self.resume(PAUSED_CONNECTING)
 
     def _upstream_failed(self, upstream: Any, exc: BaseException) -> None:
         host = self.host
@@ -405,14 +420,6 @@ class ClientProtocol(asyncio.Protocol):
         if task is not None and not task.done():
             self._connect_timed_out = True
             task.cancel()
-
-    def _resume_client(self) -> None:
-        if not self._paused:
-            return
-        self._paused = False
-        if (self.transport is not None and not self.closed and not self._budget_paused
-                and not self.transport.is_closing()):
-            self.transport.resume_reading()
 
 
 class RouterProtocol(asyncio.Protocol):
@@ -465,11 +472,9 @@ class RouterProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         """The router is not reading: stop reading from the client."""
-        if self.client.transport is not None:
-            self.client.transport.pause_reading()
+        self.client.pause(PAUSED_ROUTER_FULL)
 
     def resume_writing(self) -> None:
-        """The router drained: read from the client again."""
-        if self.client.transport is not None and not self.client.closed:
-            self.client.transport.resume_reading()
+        """The router drained: read from the client again (unless paused for another reason)."""
+        self.client.resume(PAUSED_ROUTER_FULL)
 
