@@ -65,3 +65,24 @@ def spark():
 def fixtures() -> Path:
     """The golden event log directory ``tests/fixtures/eventlog``."""
     return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def overlap(spark, fixtures):
+    """``overlap.jsonl`` over [10:00, 10:05), 1-minute grid (see tests/spark/golden.py).
+
+    Yields ``(events, sweep, conc, window)``: the prepared events, the persisted sweep inputs
+    and the concurrency table (persisted), computed once for the whole run.
+    """
+    from amqp_policy_proxy.spark_reports.concurrency import concurrency
+    from amqp_policy_proxy.spark_reports.events import prepare_sweep
+    from tests.spark.golden import load, window
+
+    w = window("10:00", "10:05")
+    events = load(spark, fixtures / "overlap.jsonl", w).persist()
+    sweep = prepare_sweep(events, w).persist(events)
+    conc = concurrency(sweep).persist()
+    yield events, sweep, conc, w
+    conc.unpersist()
+    sweep.unpersist()
+    events.unpersist()

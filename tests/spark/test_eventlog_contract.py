@@ -10,7 +10,7 @@ from amqp_policy_proxy.core import events as ce
 from amqp_policy_proxy.eventlog import schema
 from amqp_policy_proxy.eventlog.records import to_record
 from amqp_policy_proxy.eventlog.sinks import dumps_record
-from amqp_policy_proxy.spark_reports import transforms as tf
+from amqp_policy_proxy.spark_reports.events import prepare_events
 from amqp_policy_proxy.spark_reports.jobs.capacity import read_events
 
 T0 = 1_795_255_200.0  # 2026-11-21T10:00:00Z; the loop clock is offset by this much
@@ -40,7 +40,7 @@ def test_daemon_records_read_back(spark, tmp_path):
 
     raw = read_events(spark, str(tmp_path))
     assert raw.count() == len(evs)  # every record parses with the explicit schema
-    rows = {r.event: r for r in tf.prepare_events(raw).collect()}
+    rows = {r.event: r for r in prepare_events(raw).collect()}
     assert set(rows) == {"connection_opened", "connection_denied", "connection_closed"}
     t0_us = int(T0 * 1_000_000)
     opened, closed = rows["connection_opened"], rows["connection_closed"]

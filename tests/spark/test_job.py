@@ -212,7 +212,10 @@ def _csv(path: Path) -> list[dict[str, str]]:
 
 
 def check_csv_answers(out: Path) -> None:
-    """Assert the CSV summaries of an :func:`end_to_end_argv` run (worked out in test_transforms).
+    """Assert the CSV summaries of an :func:`end_to_end_argv` run.
+
+    The answers are worked out in tests/spark/golden.py, test_concurrency, test_headroom and
+    test_whatif.
 
     Raises:
         AssertionError: on any difference.
@@ -235,8 +238,8 @@ def check_csv_answers(out: Path) -> None:
 def test_end_to_end(spark, fixtures, tmp_path, caplog):
     """The whole job on a partitioned copy of overlap.jsonl, reusing the test session.
 
-    The window and the expected numbers are those of test_transforms; here the point is the
-    wiring: every output of ARCHITECTURE 4.5 with its exact columns, and the HTML report.
+    The window and the expected numbers are those of tests/spark/golden.py; here the point is
+    the wiring: every output of ARCHITECTURE 4.5 with its exact columns, and the HTML report.
     """
     argv, out = end_to_end_argv(tmp_path, fixtures)
     with caplog.at_level(logging.INFO, logger="amqp_policy_proxy.spark_reports.capacity"):

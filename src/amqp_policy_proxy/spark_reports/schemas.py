@@ -6,7 +6,7 @@ from the data: inference reads every file twice and guesses types from whatever 
 to be present (a week with no ``connection_closed`` would lose ``bytes_in``).
 
 Types follow ``eventlog.schema`` literally: ``ts`` and ``opened_ts`` are read as strings and
-converted by ``transforms.prepare_events`` (a ``try_cast``, measured faster than letting the JSON
+converted by ``events.prepare_events`` (a ``try_cast``, measured faster than letting the JSON
 reader parse timestamps; a value that does not parse becomes null and the record is ignored).
 ``dt`` and ``hour`` are the partition columns of the layout ``DIR/dt=YYYY-MM-DD/hour=HH/``; with a
 flat directory of files they are simply null.

@@ -1,7 +1,8 @@
 """Capacity report job: ``amqp-policy-proxy report capacity`` and ``spark-submit`` entry point.
 
 Shell layer: parses argv, loads the policies, builds (or reuses) the SparkSession, reads the
-event log, calls :mod:`..transforms`, writes the tables, CSV files and the HTML report, stops
+event log, calls the report modules (:mod:`..events`, :mod:`..concurrency`, :mod:`..headroom`,
+:mod:`..whatif`, :mod:`..traffic`), writes the tables, CSV files and the HTML report, stops
 the session it built. Never imported by the daemon.
 
 Run on one machine (``--master`` defaults to ``local[*]``)::
@@ -60,7 +61,7 @@ from amqp_policy_proxy.spark_reports.limits import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from amqp_policy_proxy.spark_reports.transforms import ReportWindow
+    from amqp_policy_proxy.spark_reports.common import ReportWindow
 
 logger = logging.getLogger("amqp_policy_proxy.spark_reports.capacity")
 
@@ -502,7 +503,28 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from amqp_policy_proxy.spark_reports import html, schemas
-    from amqp_policy_proxy.spark_reports import transforms as tf
+    from amqp_policy_proxy.spark_reports.common import ReportWindow, local_table
+    from amqp_policy_proxy.spark_reports.concurrency import (
+        DENSE_SCOPES,
+        SPARSE_SCOPES,
+        bucket_samples,
+        concurrency,
+        concurrency_stats,
+        limit_peaks,
+        name_keys,
+        sweep_points,
+        timeline,
+    )
+    from amqp_policy_proxy.spark_reports.events import (
+        event_time_range_columns,
+        key_groups,
+        name_ids,
+        prepare_events,
+        prepare_sweep,
+        proxy_columns,
+    )
+    from amqp_policy_proxy.spark_reports.headroom import limit_tables
+    from amqp_policy_proxy.spark_reports.whatif import whatif, whatif_candidates
 
     for key, value in RUNTIME_CONF.items():
         spark.conf.set(key, value)
@@ -532,11 +554,11 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     # in a 2 GB heap and would spill to disk as slow serialised blocks.
     work = os.path.join(out, "_work")
     shutil.rmtree(work, ignore_errors=True)
-    prepared = tf.prepare_events(raw, drop_unparsed=False)
+    prepared = prepare_events(raw, drop_unparsed=False)
     events_path = os.path.join(work, "events")
     # The time range comes with the write (an observed metric), not from a second scan.
     observed = Observation("event_time_range")
-    prepared = prepared.observe(observed, *tf.event_time_range_columns())
+    prepared = prepared.observe(observed, *event_time_range_columns())
     # One directory per event: a query of one event reads only its records (the denials
     # are 2 % of them) and compares no event names.
     (prepared.write.mode("overwrite").options(**WORK_TABLE_OPTIONS).partitionBy("event")
@@ -566,20 +588,20 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         logger.warning("no connection events in the window: writing an empty report")
         for name, schema in (("concurrency", schemas.CONCURRENCY), ("headroom", schemas.HEADROOM),
                              ("denials", schemas.DENIALS)):
-            _write_parquet(tf.local_table(spark, [], schema), out, name)
-        write_csv(tf.local_table(spark, [], schemas.CONCURRENCY), os.path.join(
+            _write_parquet(local_table(spark, [], schema), out, name)
+        write_csv(local_table(spark, [], schemas.CONCURRENCY), os.path.join(
             out, "concurrency.csv"), ["scope"])
-        write_csv(tf.local_table(spark, [], schemas.RECOMMENDATIONS), os.path.join(
+        write_csv(local_table(spark, [], schemas.RECOMMENDATIONS), os.path.join(
             out, "recommendations.csv"), ["vhost"])
         if opts.whatif is not None:
-            _write_parquet(tf.local_table(spark, [], schemas.WHATIF), out, "whatif")
+            _write_parquet(local_table(spark, [], schemas.WHATIF), out, "whatif")
         report.notes.append("No connection events in the window.")
         html.write_report(out, report)
         shutil.rmtree(work, ignore_errors=True)
         summary["window"] = None
         return summary
 
-    window = tf.ReportWindow(start, end, opts.grid_us)
+    window = ReportWindow(start, end, opts.grid_us)
     if window.buckets > MAX_BUCKETS:
         raise UsageError(f"--grid {opts.grid_label} makes {window.buckets} buckets over the "
                          f"window (more than {MAX_BUCKETS}): use a coarser grid")
@@ -599,22 +621,21 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
                        window, out, report, summary)
 
         # Without --from the window starts at the first event: nothing can precede it.
-        sweep = tf.prepare_sweep(events, window, carried=opts.start_us is not None) \
+        sweep = prepare_sweep(events, window, carried=opts.start_us is not None) \
             .persist(events)
         sweep.keyed.count()
         lap("sweep_inputs")
 
         # Dense scopes: keep the per-bucket samples for the timeline.
-        dense = tf.bucket_samples(
-            tf.sweep_points(sweep.keyed, sweep.keys, window, tf.DENSE_SCOPES, by_bucket=True),
-            window, dense=True, nprox=tf.proxy_columns(sweep.keys, tf.DENSE_SCOPES)).persist()
+        dense = bucket_samples(
+            sweep_points(sweep.keyed, sweep.keys, window, DENSE_SCOPES, by_bucket=True),
+            window, dense=True, nprox=proxy_columns(sweep.keys, DENSE_SCOPES)).persist()
         cached.append(dense)
-        tl = _write_parquet(tf.name_ids(tf.timeline(dense, window), sweep.keys,
-                                        tf.DENSE_SCOPES), out, "timeline")
-        conc_dense = tf.name_keys(tf.concurrency_stats(dense, window), sweep.keys,
-                                  tf.DENSE_SCOPES)
+        tl = _write_parquet(name_ids(timeline(dense, window), sweep.keys, DENSE_SCOPES), out,
+                            "timeline")
+        conc_dense = name_keys(concurrency_stats(dense, window), sweep.keys, DENSE_SCOPES)
         lap("dense_timeline")
-        conc_sparse = tf.concurrency(sweep, tf.SPARSE_SCOPES)
+        conc_sparse = concurrency(sweep, SPARSE_SCOPES)
         saved = {k: spark.conf.get(k, None) for k in SWEEP_CONF}
         for key, value in SWEEP_CONF.items():
             spark.conf.set(key, value)
@@ -638,8 +659,8 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         notes_bad = [] if not bad else [
             f"{bad} keys have connection_closed records without their connection_opened "
             "(dropped by the writer?): their concurrency is undercounted after those closes."]
-        peaks = tf.limit_peaks(full).persist()
-        pairs = tf.key_groups(sweep.keys).persist()
+        peaks = limit_peaks(full).persist()
+        pairs = key_groups(sweep.keys).persist()
         cached += [peaks, pairs]
         lap("concurrency")
 
@@ -647,11 +668,11 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
                                   summary, conc, peaks, pairs)
         notes_whatif: list[str] = []
         if opts.whatif is not None:
-            alt = tf.limit_tables(spark, opts.whatif)
-            binding = _write_parquet(tf.whatif_candidates(peaks, pairs, alt), out,
+            alt = limit_tables(spark, opts.whatif)
+            binding = _write_parquet(whatif_candidates(peaks, pairs, alt), out,
                                      "_work/whatif_binding")
             vh = sorted(r[0] for r in binding.select("vhost").distinct().collect())
-            wi = _write_parquet(tf.whatif(sweep, alt, binding), out, "whatif")
+            wi = _write_parquet(whatif(sweep, alt, binding), out, "whatif")
             branches.start("html_whatif", _whatif_extracts, out, report, wi)
             summary["rows"]["whatif"] = write_csv(
                 wi, os.path.join(out, "whatif.csv"),
@@ -698,19 +719,25 @@ def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
     from pyspark.sql import functions as F
 
     from amqp_policy_proxy.spark_reports import html
-    from amqp_policy_proxy.spark_reports import transforms as tf
+    from amqp_policy_proxy.spark_reports.traffic import (
+        churn,
+        denials,
+        durations,
+        top_denied,
+        traffic,
+    )
 
     events = _work_events(spark, events_path, events_schema)
     # Denials are a few % of the records, in their own partition of the work table.
-    den = _write_parquet(tf.denials(events, window), out, "denials")
-    td = _write_parquet(tf.top_denied(events, window), out, "top_denied")
+    den = _write_parquet(denials(events, window), out, "denials")
+    td = _write_parquet(top_denied(events, window), out, "top_denied")
     summary["rows"]["top_denied"] = write_csv(
         td, os.path.join(out, "top_denied.csv"), [F.col("count").desc(), "scope", "key"])
-    trf = _write_parquet(tf.traffic(events, window), out, "traffic")
+    trf = _write_parquet(traffic(events, window), out, "traffic")
     summary["rows"]["traffic"] = write_csv(trf, os.path.join(out, "traffic.csv"),
                                            ["vhost", "group"])
-    dur = _write_parquet(tf.durations(events, window), out, "durations")
-    ch = _write_parquet(tf.churn(events, window), out, "churn")
+    dur = _write_parquet(durations(events, window), out, "durations")
+    ch = _write_parquet(churn(events, window), out, "churn")
 
     bin_us = _series_bin_us(window)
     dser = (den.groupBy("reason", _binned("window_start", bin_us))
@@ -738,12 +765,13 @@ def _headroom_tables(spark: SparkSession, opts: Options, out: str, report: Any,
     from pyspark.sql import functions as F
 
     from amqp_policy_proxy.spark_reports import html, schemas
-    from amqp_policy_proxy.spark_reports import transforms as tf
+    from amqp_policy_proxy.spark_reports.common import local_table
+    from amqp_policy_proxy.spark_reports.headroom import headroom, limit_tables, recommendations
 
     notes = []
-    lt = tf.limit_tables(spark, opts.policy) if opts.policy is not None else None
+    lt = limit_tables(spark, opts.policy) if opts.policy is not None else None
     if lt is not None:
-        hr = _write_parquet(tf.headroom(peaks, pairs, lt), out, "headroom")
+        hr = _write_parquet(headroom(peaks, pairs, lt), out, "headroom")
         summary["rows"]["headroom"] = write_csv(
             hr, os.path.join(out, "headroom.csv"),
             [F.col("utilisation").desc_nulls_last(), "scope", "vhost", "key"])
@@ -752,9 +780,9 @@ def _headroom_tables(spark: SparkSession, opts: Options, out: str, report: Any,
             notes.append("Vhosts in the log but not in the policy (no headroom): "
                          + ", ".join(missing))
     else:
-        hr = _write_parquet(tf.local_table(spark, [], schemas.HEADROOM), out, "headroom")
+        hr = _write_parquet(local_table(spark, [], schemas.HEADROOM), out, "headroom")
         notes.append("No --policy: no headroom; recommendations have no current value.")
-    rec = tf.recommendations(peaks, pairs, lt)
+    rec = recommendations(peaks, pairs, lt)
     rec_rows: list[dict[str, Any]] = []
     summary["rows"]["recommendations"] = write_csv(
         rec, os.path.join(out, "recommendations.csv"), ["vhost", "group", "setting"], rec_rows)
