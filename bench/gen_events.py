@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a realistic synthetic connection event log for a fleet of proxies.
 
-Bench tooling, not part of the package. Writes the partitioned layout of ARCHITECTURE 4.4,
+Bench tooling, not part of the package. Writes the partitioned layout of the event log (docs/observability.md),
 ``DIR/dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl``, one file per proxy and hour, each
 file in ``ts`` order, and streams hour by hour (memory holds only the connections still open
 and the current hour's lines).

@@ -116,8 +116,8 @@ def policy(index: int) -> Any:
         settings = PolicySettings()
     attrs: dict[str, Any] = {"hostname": "test", "groups": groups, "allowUnknownUser": False}
     if name == "nolimits":
-        # topic authorization with per-delivery filtering and durable rewrites (ARCHITECTURE
-        # 4.6): the router->client transfer path the other policies never take
+        # topic authorization with per-delivery filtering and durable rewrites
+        # (docs/topic-authorization.md): the router->client transfer path the other policies never take
         attrs["topicTree"] = _TOPICS
     return compile_policy([(None, [["vhost", attrs]])], settings)
 

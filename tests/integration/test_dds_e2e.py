@@ -1,4 +1,4 @@
-"""End to end: DDS Security permissions documents (ARCHITECTURE 4.6, model 4) through a proxy.
+"""End to end: DDS Security permissions documents (docs/dds-permissions.md, model 4) through a proxy.
 
 A signed document (S/MIME, signed by a test permissions CA) governs the vhost ``dds``: grants
 matched by user name over SASL PLAIN and by the TLS client certificate's subject on an amqps

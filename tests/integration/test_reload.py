@@ -1,4 +1,4 @@
-"""Hot reload under live traffic (ARCHITECTURE decision 7).
+"""Hot reload under live traffic (SIGHUP, docs/deploy.md).
 
 50 proxied connections (25 senders, 25 receivers, one queue per pair on the in-tree broker)
 keep messages flowing while the policy directory is reloaded twice: once with a valid policy

@@ -1,4 +1,4 @@
-"""TLS at the proxy (ARCHITECTURE decision 2): amqps listeners, client certificates, TLS to the
+"""TLS at the proxy (docs/configuration.md, listener and upstream TLS keys): amqps listeners, client certificates, TLS to the
 upstream, and certificate rotation on SIGHUP.
 
 Certificates are generated per module with ``cryptography`` (EC P-256, one-day validity).

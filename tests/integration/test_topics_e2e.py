@@ -1,4 +1,4 @@
-"""End to end: topic authorization (ARCHITECTURE 4.6) with real proton clients through a proxy.
+"""End to end: topic authorization (docs/topic-authorization.md) with real proton clients through a proxy.
 
 One vhost per model (tests/integration/policies/topics.json): ``mq`` (IBM MQ topic tree,
 ``anyAncestor``), ``wmb`` (WebSphere Message Broker topic ACLs, ``nearestAcl``: per-delivery
@@ -26,7 +26,7 @@ LINK_DENIED = ("amqp:unauthorized-access", "link disallowed by local policy")
 
 
 class ExactlyOnce(LinkOption):
-    """snd-settle-mode unsettled, rcv-settle-mode second: QoS 2 (ARCHITECTURE 4.6)."""
+    """snd-settle-mode unsettled, rcv-settle-mode second: QoS 2 (docs/topic-authorization.md)."""
 
     def apply(self, link: Link) -> None:
         link.snd_settle_mode = Link.SND_UNSETTLED

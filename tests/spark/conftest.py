@@ -1,4 +1,4 @@
-"""One shared local SparkSession for the capacity report tests (STYLE 6.2).
+"""One shared local SparkSession for the capacity report tests (one JVM for the whole session: starting one costs seconds).
 
 The whole directory is skipped when pyspark is not installed. Tests that use Spark take the
 ``spark`` fixture and carry the ``spark`` marker (added here to every test of this directory

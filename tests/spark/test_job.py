@@ -239,7 +239,7 @@ def test_end_to_end(spark, fixtures, tmp_path, caplog):
     """The whole job on a partitioned copy of overlap.jsonl, reusing the test session.
 
     The window and the expected numbers are those of tests/spark/golden.py; here the point is
-    the wiring: every output of ARCHITECTURE 4.5 with its exact columns, and the HTML report.
+    the wiring: every output listed in docs/spark-reports.md with its exact columns, and the HTML report.
     """
     argv, out = end_to_end_argv(tmp_path, fixtures)
     with caplog.at_level(logging.INFO, logger="amqp_policy_proxy.spark_reports.capacity"):

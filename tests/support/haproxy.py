@@ -2,7 +2,7 @@
 
 One foreground ``haproxy -db`` process per :class:`HAProxy`, listening on 127.0.0.1 (a free port by
 default) and forwarding every connection to one backend: ``mode tcp``, ``timeout client/server
-1h``, ``maxconn 20000``, no logging (as in /work/shared/reference/real-peers-notes.md). The backend
+1h``, ``maxconn 20000``, no logging (HAProxy 2.6 from Debian in its plain TCP-proxy form). The backend
 sees HAProxy's address as the client's (no PROXY protocol).
 
 Typical use::

@@ -1,6 +1,6 @@
 """A private RabbitMQ 3.10 (Debian package) with AMQP 1.0, for integration tests.
 
-The node follows /work/shared/reference/real-peers-notes.md: it runs as user ``rabbitmq``
+The node runs as user ``rabbitmq``
 (``su rabbitmq -s /bin/sh -c ...``, ``HOME=/var/lib/rabbitmq``), is configured only through an
 env file of its own (``RABBITMQ_CONF_ENV_FILE``) with ``NODENAME=rabbit@localhost``, binds
 127.0.0.1 only (AMQP listener, Erlang distribution, epmd), and keeps its Mnesia database, logs,

@@ -1,4 +1,4 @@
-"""cli.py ``check`` and ``explain`` with the topic keys (ARCHITECTURE 4.6)."""
+"""cli.py ``check`` and ``explain`` with the topic keys (docs/topic-authorization.md)."""
 
 from __future__ import annotations
 

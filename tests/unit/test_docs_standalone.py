@@ -49,6 +49,19 @@ def test_docs_readmes_unit_dashboards_examples_and_sources_stand_alone():
     assert offending_lines(paths) == []
 
 
+#: What the code around the package (tests, fuzz targets, bench, scripts) must not cite: the
+#: design notes outside the repository. Issue numbers are fine there (they name the work).
+DESIGN_NOTE = re.compile(OUTSIDE_REFERENCE.pattern.replace(r"|\bissue #?[0-9]+\b", ""))
+
+
+def test_tests_fuzz_bench_and_scripts_cite_no_design_note_outside_the_repository():
+    paths = [p for p in files("tests", "fuzz", "bench", "scripts", "debian")
+             if p.name != "test_docs_standalone.py"]
+    assert len(paths) > 100
+    found = [line for line in offending_lines(paths) if DESIGN_NOTE.search(line.split(": ", 1)[1])]
+    assert found == []
+
+
 def test_the_pattern_catches_what_it_should():
     for bad in ("(ARCHITECTURE 4.6)", "QDR-POLICY 2.5", "STYLE §2.F", "(decision 7)",
                 "decisions 1-6", "../shared/design", "issue 8"):
@@ -56,3 +69,4 @@ def test_the_pattern_catches_what_it_should():
     for good in ("[decision 0004](decisions/0004-topic-delivery-filtering.md)",
                  "AMQP 1.0 Part 2 §2.7.1", "the spec's section 9.4.1.3", "--out /shared/capacity"):
         assert not OUTSIDE_REFERENCE.search(good), good
+    assert DESIGN_NOTE.search("(ARCHITECTURE 4.6)") and not DESIGN_NOTE.search("issue 14")

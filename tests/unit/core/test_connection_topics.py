@@ -1,4 +1,4 @@
-"""Transcript tests of topic authorization in ProxyConnection (ARCHITECTURE 4.6, decision 0004).
+"""Transcript tests of topic authorization in ProxyConnection (docs/topic-authorization.md, decision 0004).
 
 Bytes in, exact frames out: link denials by the topic models, relay messages checked per
 ``to``, deliveries withheld from a wildcard subscriber (payload-less frames, the last one

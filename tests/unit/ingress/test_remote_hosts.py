@@ -29,7 +29,7 @@ def _problems(spec: object, resolver: object = None) -> tuple[tuple[int, str], .
         ("10.18.0.0-10.18.255.255", "10.18.0.0", True),
         ("10.18.0.0-10.18.255.255", "10.18.255.255", True),
         ("10.18.0.0-10.18.255.255", "10.19.0.0", False),
-        ("10.18.0.0-10.18.255.255", "::ffff:10.18.7.7", True),  # decision 6
+        ("10.18.0.0-10.18.255.255", "::ffff:10.18.7.7", True),  # an IPv4-mapped IPv6 address matches the IPv4 range
         ("2001:db8::-2001:db8::ffff", "2001:db8::abcd", True),
         ("2001:db8::-2001:db8::ffff", "2001:db8::1:0", False),
         ("10.0.0.0/8", "10.255.255.255", True),

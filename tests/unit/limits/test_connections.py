@@ -1,4 +1,4 @@
-"""limits/connections.py: ledger arithmetic (QDR-POLICY 2.1 and 2.7)."""
+"""limits/connections.py: ledger arithmetic (QDR's global, per-vhost, per-user and per-host counts)."""
 
 from __future__ import annotations
 

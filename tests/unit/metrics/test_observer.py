@@ -31,7 +31,7 @@ from amqp_policy_proxy.metrics.observer import (
 )
 from amqp_policy_proxy.metrics.registry import build_registry
 
-# Label names the contract allows (ARCHITECTURE §4.3), plus the histogram's own ``le``.
+# Label names the contract allows (docs/observability.md: bounded label sets only), plus the histogram's own ``le``.
 ALLOWED_LABELS = {
     "vhost", "group", "reason", "role", "side", "condition", "result", "upstream", "direction",
     "limit", "digest", "le",

@@ -229,7 +229,7 @@ def test_max_message_size_resolution(
     global_size: int, vhost_attrs: dict[str, Any], group_attrs: dict[str, Any],
     expected: int | None,
 ) -> None:
-    # QDR-POLICY 3.6.3 [verified-py] example.
+    # QDR's own maxMessageSize precedence example (checked against qdrouterd's policy code).
     policy = _compile(
         {"hostname": "v", **vhost_attrs, "groups": {"g": {"users": "u", **group_attrs}}},
         settings=PolicySettings(max_message_size=global_size),

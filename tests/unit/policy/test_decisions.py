@@ -128,5 +128,5 @@ def test_approve_relay_target() -> None:
     assert approve_relay_target(group, user="alice", to="public") is True
     assert approve_relay_target(group, user="alice", to="bob.x") is False
     assert approve_relay_target(group, user="alice", to="") is False
-    # nothing configured: every relay message is denied (QDR-POLICY 3.6.1)
+    # nothing configured: every relay message is denied (QDR: no targets and no targetPattern means no relay target)
     assert approve_relay_target(_group(allow_anonymous_sender=True), user="a", to="q") is False
