@@ -190,18 +190,22 @@ def find_qdr(env_file: Path | None) -> QdrEnv:
 
 def proton_flags(qenv: QdrEnv | None) -> list[str]:
     """Compiler and linker flags for Proton C: ``$PROTON_HOME`` (the router's own proton),
-    else pkg-config (Debian's ``libqpid-proton11-dev``); Unavailable when neither works."""
+    else pkg-config: the split core/proactor libraries, or Debian's ``libqpid-proton11-dev``
+    (one ``libqpid-proton``, the proactor included); Unavailable when none works."""
     if qenv and qenv.proton_home and (qenv.proton_home / "include/proton/proactor.h").exists():
         lib = qenv.proton_home / "lib"
         return [f"-I{qenv.proton_home / 'include'}", f"-L{lib}", f"-Wl,-rpath,{lib}",
                 "-lqpid-proton-proactor", "-lqpid-proton-core"]
-    try:
-        out = subprocess.run(["pkg-config", "--cflags", "--libs", "libqpid-proton-proactor",
-                              "libqpid-proton-core"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise Unavailable("Proton C headers not found: set PROTON_HOME or install "
-                          f"libqpid-proton11-dev ({exc})") from None
-    return out.stdout.split()
+    errors = []
+    for pkgs in (["libqpid-proton-proactor", "libqpid-proton-core"], ["libqpid-proton"]):
+        try:
+            out = subprocess.run(["pkg-config", "--cflags", "--libs", *pkgs],
+                                 capture_output=True, text=True, check=True)
+            return out.stdout.split()
+        except (OSError, subprocess.CalledProcessError) as exc:
+            errors.append(f"{' '.join(pkgs)}: {getattr(exc, 'stderr', '') or exc}".strip())
+    raise Unavailable("Proton C headers not found: set PROTON_HOME or install "
+                      f"libqpid-proton11-dev ({'; '.join(errors)})")
 
 
 def loadgen_binary(qenv: QdrEnv | None) -> Path:
@@ -549,7 +553,11 @@ class Proxy:
         """Start it in front of ``upstream`` and wait until it listens."""
         self.port, self.metrics_port = free_port(), free_port()
         self.event_dir.mkdir(parents=True, exist_ok=True)
-        self.argv = [str(self.proxy_bin), "run", "--listen", f"127.0.0.1:{self.port}",
+        # with a PYTHONPATH onto another checkout, the venv's entry-point script may belong to
+        # another version (it imports its own module path): run the package as a module then
+        launcher = ([str(self.proxy_bin.parent / "python"), "-m", "amqp_policy_proxy"]
+                    if self.pythonpath else [str(self.proxy_bin)])
+        self.argv = [*launcher, "run", "--listen", f"127.0.0.1:{self.port}",
                      "--upstream", upstream, "--policy", str(self.policy),
                      "--metrics", f"127.0.0.1:{self.metrics_port}",
                      "--event-log", str(self.event_dir)]
@@ -634,7 +642,8 @@ class Stack:
     """Router, HAProxy (``nbthread 1``) and proxy, started and stopped together."""
 
     def __init__(self, qenv: QdrEnv, proxy_bin: Path, rundir: Path,
-                 targets: Iterable[str] = TARGETS, proxy_pythonpath: str | None = None) -> None:
+                 targets: Iterable[str] = TARGETS, proxy_pythonpath: str | None = None,
+                 policy: Path = POLICY_FILE) -> None:
         """Create (not start)."""
         from run_all import BenchHAProxy
 
@@ -642,7 +651,7 @@ class Stack:
         self.router = Router(qenv, rundir)
         self._haproxy_cls = BenchHAProxy
         self.haproxy: Any = None
-        self.proxy = (Proxy(proxy_bin, rundir, pythonpath=proxy_pythonpath)
+        self.proxy = (Proxy(proxy_bin, rundir, policy, pythonpath=proxy_pythonpath)
                       if "proxy" in self.targets_wanted else None)
 
     def start(self) -> Stack:
@@ -825,6 +834,7 @@ def bench_connect(ctx: Ctx, target: str, workers: int = 8, seconds: float = 5.0
         res["cpu"] = sampler.between()
         return res
     res.update({"ok": finished and r["failed"] == 0, "completed": r["completed"],
+                "completed_after_window": r["completed_after_window"],
                 "failed": r["failed"], "conn_per_s": r["conn_per_s"], "open_ms": r["open_ms"],
                 "cpu": sampler.between(r["t_begin"], r["t_stop"] or None),
                 "errors": r["errors"], "first_error": r["first_error"]})
@@ -1055,8 +1065,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 f"{c.get('steal', 0.0):.2f} | {_fmt(uo.get('router'))} | "
                 f"{'-' if t == 'direct' else _fmt(uo.get(front))} |")
     disturbed = doc.get("disturbed") or []
-    lines += ["", f"Samples with other load above {meta['disturbed_threshold']} cores: "
-              + (", ".join(disturbed) if disturbed else "none") + "."]
+    per_bench: dict[str, int] = {}
+    for d in disturbed:
+        per_bench[d.split()[0]] = per_bench.get(d.split()[0], 0) + 1
+    n_per_bench = meta["rounds"] * len(targets)
+    lines += ["", f"Samples with other load above {meta['disturbed_threshold']} cores "
+              "(disturbed): " + (", ".join(f"{b} {n} of {n_per_bench}"
+                                           for b, n in per_bench.items())
+                                 if disturbed else "none") + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -1108,6 +1124,87 @@ def profile_proxy(ctx: Ctx, bench: str, out_dir: Path, seconds: float = 6.0) -> 
     return summarize_collapsed(raw)
 
 
+def syscall_counts(ctx: Ctx, bench: str, target: str, out_dir: Path) -> dict[str, Any]:
+    """System calls per message or per connection of the front process (HAProxy or the
+    proxy) during one extra, unmeasured sample of ``bench`` (``perf stat`` on the
+    ``syscalls:sys_enter_*`` tracepoints of that process; a few % slower, counts exact)."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return {"error": "perf not installed"}
+    pid = ctx.stack.pids()[Stack.front(target)]
+    out = out_dir / f"perf-syscalls-{bench}-{target}.csv"
+    proc = subprocess.Popen([perf, "stat", "-x,", "-e", "syscalls:sys_enter_*", "-p", str(pid),
+                             "-o", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _LIVE.add(proc)
+    time.sleep(1.0)
+    r = BENCHES[bench](ctx, target)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(30)
+    _LIVE.discard(proc)
+    ops = (r.get("received") if bench.startswith("tput") else
+           (r.get("completed") or 0) + (r.get("completed_after_window") or 0))
+    if not r.get("ok") or not ops or not out.exists():
+        return {"error": f"sample failed or no perf output: {r.get('error') or r.get('ok')}"}
+    counts: dict[str, int] = {}
+    for line in out.read_text().splitlines():
+        parts = line.split(",")
+        if len(parts) > 2 and parts[0].isdigit() and int(parts[0]) > 0:
+            counts[parts[2].removeprefix("syscalls:sys_enter_")] = int(parts[0])
+    per_op = {k: round(v / ops, 2) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+    return {"ops": ops, "total_per_op": round(sum(counts.values()) / ops, 2), "per_op": per_op}
+
+
+def perf_profile(ctx: Ctx, bench: str, out_dir: Path) -> dict[str, Any]:
+    """On-CPU profile of the proxy during one extra, unmeasured sample of ``bench``:
+    ``perf record`` (cpu-clock, 999 Hz, only while the proxy runs), then the share of
+    samples per shared object (kernel, libpython, uvloop, ...) and the top symbols.
+
+    py-spy samples at wall-clock rate, so a thread descheduled inside a system call (on
+    loopback a write wakes the reader, which may then preempt the writer) shows as that
+    call; perf counts only CPU time, the figure that matters on a shared 2-core machine."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return {"error": "perf not installed"}
+    assert ctx.stack.proxy is not None
+    data = out_dir / f"perf-{bench}.data"
+    proc = subprocess.Popen([perf, "record", "-e", "cpu-clock", "-F", "999", "-p",
+                             str(ctx.stack.proxy.pid), "-o", str(data)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _LIVE.add(proc)
+    time.sleep(1.0)
+    r = BENCHES[bench](ctx, "proxy")
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+    _LIVE.discard(proc)
+    if not data.exists():
+        return {"error": f"no perf data ({r.get('error') or 'perf failed'})"}
+
+    def report(sort: str, n: int) -> list[tuple[str, float]]:
+        out = subprocess.run([perf, "report", "-i", str(data), "--stdio", "--sort", sort,
+                              "--percent-limit", "0.5"], capture_output=True, text=True,
+                             timeout=120).stdout
+        rows = []
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0].endswith("%") and not line.startswith("#"):
+                rows.append((" ".join(parts[1:]), float(parts[0].rstrip("%"))))
+        return rows[:n]
+
+    return {"by_dso": report("dso", 8), "top_symbols": report("dso,sym", 15)}
+
+
+# Frames that mean "this thread is waiting, not running": the event loop's epoll, the metrics
+# server's poll, lock and condition waits of the event-log writer and the thread pool, sleeps.
+# py-spy samples every thread at wall-clock rate; these samples are not CPU and are dropped.
+IDLE_FRAMES = ("epoll_pwait", "epoll_wait", "select_poll_poll_impl", "PyThread_acquire_lock_timed",
+               "pthread_cond_timedwait", "pthread_cond_wait", "clock_nanosleep", "time_sleep",
+               "select (libc")
+SYSCALLS = ("write", "writev", "read", "readv", "send", "sendmsg", "sendto", "recv", "recvmsg",
+            "recvfrom", "connect", "accept", "accept4", "close", "shutdown", "getsockname",
+            "getpeername", "setsockopt", "getsockopt", "socket", "epoll_ctl", "ioctl", "fcntl")
+
+
 def _area(frame: str) -> str:
     """A frame of py-spy's collapsed output -> the area of the code it belongs to."""
     name, _, where = frame.partition(" (")
@@ -1121,20 +1218,26 @@ def _area(frame: str) -> str:
                       ("amqp_policy_proxy/ingress/", "policy / ingress / limits"),
                       ("amqp_policy_proxy/limits/", "policy / ingress / limits"),
                       ("prometheus_client", "metrics"),
-                      ("uvloop", "uvloop / asyncio"), ("asyncio/", "uvloop / asyncio"),
-                      ("proton", "proton codec")):
+                      ("uvloop", "uvloop / asyncio"), ("loop.c", "uvloop / asyncio"),
+                      ("asyncio/", "uvloop / asyncio"), ("proton", "proton codec")):
         if key in where or key in name:
             return area
-    if where.endswith((".so", ".so.1", ".so.6")) or "libc" in where or "python3" in where:
-        return "native (libc, interpreter)"
     return "other"
 
 
 def summarize_collapsed(path: Path, top: int = 15) -> dict[str, Any]:
-    """Own-time top functions and inclusive share per area from a py-spy ``raw`` file."""
+    """Where the proxy's CPU goes, from a py-spy ``raw`` (collapsed stacks) file.
+
+    Samples of waiting threads (:data:`IDLE_FRAMES`) are dropped; the rest are "busy".
+    ``by_area``: each busy sample goes to "system calls" when its innermost frame is a
+    system call wrapper (:data:`SYSCALLS`; on loopback a send also runs the receiver's TCP
+    input), else to the innermost frame of ours or of a library we know; ``own_top``: the
+    innermost frames; ``by_function``: the innermost project function on the stack.
+    """
     own: dict[str, int] = {}
     area_incl: dict[str, int] = {}
-    total = 0
+    func_incl: dict[str, int] = {}
+    total = idle = 0
     if not path.exists():
         return {"error": f"no profile written ({path}; see pyspy-*.log next to it)"}
     for line in path.read_text(errors="replace").splitlines():
@@ -1142,27 +1245,36 @@ def summarize_collapsed(path: Path, top: int = 15) -> dict[str, Any]:
         if not count_s.isdigit():
             continue
         count = int(count_s)
+        if any(marker in stack for marker in IDLE_FRAMES):
+            idle += count
+            continue
         frames = stack.split(";")
         total += count
-        own[frames[-1]] = own.get(frames[-1], 0) + count
-        # innermost project/library area on the stack, native frames attributed to their caller
+        leaf = frames[-1]
+        own[leaf] = own.get(leaf, 0) + count
         area = "other"
-        for frame in reversed(frames):
-            a = _area(frame)
-            if a not in ("other", "native (libc, interpreter)"):
-                area = a
-                break
-            if area == "other":
-                area = a
+        if leaf.partition(" (")[0] in SYSCALLS:
+            area = "system calls"
+        else:
+            for frame in reversed(frames):
+                area = _area(frame)
+                if area != "other":
+                    break
         area_incl[area] = area_incl.get(area, 0) + count
-    return {
-        "samples": total,
-        "own_top": [(f, round(100.0 * c / total, 1)) for f, c in
-                    sorted(own.items(), key=lambda kv: -kv[1])[:top]] if total else [],
-        "by_area": {a: round(100.0 * c / total, 1) for a, c in
-                    sorted(area_incl.items(), key=lambda kv: -kv[1])} if total else {},
-        "raw": str(path),
-    }
+        for frame in reversed(frames):
+            if "amqp_policy_proxy/" in frame:
+                fn = frame.split(" (")[0] + " (" + frame.split("amqp_policy_proxy/")[1]
+                fn = fn.rsplit(":", 1)[0] + ")"
+                func_incl[fn] = func_incl.get(fn, 0) + count
+                break
+
+    def pct(d: dict[str, int], n: int | None = None) -> list[tuple[str, float]]:
+        items = sorted(d.items(), key=lambda kv: -kv[1])
+        return [(k, round(100.0 * c / total, 1)) for k, c in items[:n]] if total else []
+
+    return {"samples": total, "idle_samples": idle, "own_top": pct(own, top),
+            "by_area": dict(pct(area_incl)), "by_function": pct(func_incl, top),
+            "raw": str(path)}
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -1188,7 +1300,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the amqp-policy-proxy to measure (default: next to this Python)")
     ap.add_argument("--proxy-pythonpath", default=None,
                     help="PYTHONPATH for the proxy only, e.g. CHECKOUT/src to measure a clean "
-                         "checkout with this venv (default: none, the venv's own install)")
+                         "checkout with this venv; the proxy then runs as `python -m "
+                         "amqp_policy_proxy run ...` (default: none, the venv's own install "
+                         "through its amqp-policy-proxy script)")
+    ap.add_argument("--policy", type=Path, default=POLICY_FILE,
+                    help="the proxy's policy (default bench/policies/realrouter.json: the "
+                         "router's permissive vhost, allowUserIdProxy left at QDR's false)")
     ap.add_argument("--qdr-env", type=Path, default=DEFAULT_QDR_ENV,
                     help="shell file with QDR_HOME etc., read when QDR_HOME is not set")
     ap.add_argument("--quiet-wait", type=float, default=15.0,
@@ -1229,13 +1346,14 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    stack = Stack(qenv, a.proxy_bin, rundir, targets, a.proxy_pythonpath)
+    stack = Stack(qenv, a.proxy_bin, rundir, targets, a.proxy_pythonpath, a.policy)
     ctx = Ctx(exe=exe, stack=stack, quick=a.quick)
     meta: dict[str, Any] = {
         **machine_info(), "started": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "loadavg_start": loadavg(), "rounds": a.rounds, "targets": targets, "quick": a.quick,
         "proxy": proxy_source(a.proxy_bin, a.proxy_pythonpath) if "proxy" in targets else {},
         "qdrouterd": str(qenv.qdrouterd), "loadgen": str(exe), "label": a.label,
+        "policy": str(a.policy),
         "disturbed_threshold": a.quiet_threshold, "argv": sys.argv,
     }
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -1268,14 +1386,25 @@ def main(argv: list[str] | None = None) -> int:
                         brief["open_p50_ms"] = r["open_ms"]["p50"]
                     print(f"{bench:<11} round {rnd + 1} {target:<8} ok={r.get('ok')} "
                           f"other={other:.2f} {json.dumps(brief)}", flush=True)
-        if stack.proxy is not None and stack.proxy.proc is not None:
-            meta["proxy_metrics"] = stack.proxy.scrape()
-            meta["proxy_event_log_bytes"] = stack.proxy.event_log_bytes()
+            if bench != "idle" and stack.proxy is not None and stack.proxy.proc is not None:
+                # the metrics listener and the event log were on (idle restarts the proxy)
+                meta["proxy_metrics"] = stack.proxy.scrape()
+                meta["proxy_event_log_bytes"] = stack.proxy.event_log_bytes()
         if a.profile and stack.proxy is not None:
             for bench in ("tput-100B", "connect"):
                 profiles[bench] = profile_proxy(ctx, bench, rundir)
                 print(f"profile {bench}: {json.dumps(profiles[bench].get('by_area'))}",
                       flush=True)
+            for bench in ("tput-100B", "connect"):
+                profiles.setdefault("perf", {})[bench] = perf_profile(ctx, bench, rundir)
+                print(f"perf {bench}: {profiles['perf'][bench].get('by_dso')}", flush=True)
+            for bench in ("tput-100B", "connect"):
+                for target in ("haproxy", "proxy"):
+                    if target in targets:
+                        sc = syscall_counts(ctx, bench, target, rundir)
+                        profiles.setdefault("syscalls", {})[f"{bench} {target}"] = sc
+                        print(f"syscalls {bench} {target}: {sc.get('total_per_op')} per op",
+                              flush=True)
     except KeyboardInterrupt:
         interrupted = True
         print("interrupted: stopping services", file=sys.stderr)
@@ -1303,15 +1432,41 @@ def main(argv: list[str] | None = None) -> int:
 
 def render_profiles(profiles: dict[str, Any]) -> str:
     """The py-spy summaries as Markdown."""
-    lines = ["", "py-spy of the proxy (`--native`, 200 Hz, one extra unmeasured sample):", ""]
+    lines = ["", "py-spy of the proxy (`--native`, 200 Hz, one extra unmeasured sample; samples "
+             "of waiting threads dropped; shares of the busy samples):", ""]
     for bench, p in profiles.items():
+        if bench in ("syscalls", "perf"):
+            continue
         if "error" in p:
             lines.append(f"- {bench}: {p['error']}")
             continue
         areas = ", ".join(f"{a} {v:.0f} %" for a, v in p["by_area"].items())
-        lines.append(f"- **{bench}** ({p['samples']} samples), by area: {areas}")
-        for frame, pct in p["own_top"][:10]:
-            lines.append(f"  - {pct:.1f} % own: `{frame}`")
+        lines.append(f"- **{bench}** ({p['samples']} busy samples, {p['idle_samples']} "
+                     f"waiting), by area: {areas}")
+        lines.append("  - innermost frames: " + ", ".join(
+            f"`{f}` {v:.1f} %" for f, v in p["own_top"][:8]))
+        lines.append("  - innermost function of ours: " + ", ".join(
+            f"`{f}` {v:.1f} %" for f, v in p["by_function"][:8]))
+    for bench, p in (profiles.get("perf") or {}).items():
+        if "error" in p:
+            lines.append(f"- perf {bench}: {p['error']}")
+            continue
+        lines.append(f"- **{bench}**, on-CPU (`perf record -e cpu-clock`), by shared object: "
+                     + ", ".join(f"{d} {v:.0f} %" for d, v in p["by_dso"]))
+        lines.append("  - top symbols: " + ", ".join(f"`{d}` {v:.1f} %"
+                                                      for d, v in p["top_symbols"][:10]))
+    sc = profiles.get("syscalls")
+    if sc:
+        lines += ["", "System calls of the front process per message (tput-100B) or per "
+                  "connection (connect), one extra sample each (`perf stat` on the "
+                  "`syscalls:sys_enter_*` tracepoints):", "",
+                  "| sample | total | largest |", "|---|---:|---|"]
+        for name, c in sc.items():
+            if "error" in c:
+                lines.append(f"| {name} | - | {c['error']} |")
+                continue
+            top = ", ".join(f"{k} {v:g}" for k, v in list(c["per_op"].items())[:8])
+            lines.append(f"| {name} | {c['total_per_op']:g} | {top} |")
     return "\n".join(lines) + "\n"
 
 

@@ -95,6 +95,7 @@ def test_summary_ratios_goals_and_cpu_table(rr):
     assert "| 100 B unsettled, msgs/s | 200 (190–210) | 110 (100–120) | 95 (90–100) |" in md
     assert ">= 0.95: missed" in md and ">= 0.90: met" in md
     assert "abc1234" in md and "| tput-100B | proxy |" in md
+    assert "(disturbed): x 1 of 9." in md
 
 
 def test_cpu_sampler_interpolates_and_computes_other(rr):
@@ -112,12 +113,15 @@ def test_collapsed_profile_summary(rr, tmp_path):
         "run (uvloop/loop.pyx:1);data_received (amqp_policy_proxy/daemon/relay.py:10);"
         "receive_data (amqp_policy_proxy/core/connection.py:5) 6\n"
         "run (uvloop/loop.pyx:1);send (libc.so.6) 3\n"
-        "run (uvloop/loop.pyx:1);inc (prometheus_client/metrics.py:3) 1\n")
+        "run (uvloop/loop.pyx:1);inc (prometheus_client/metrics.py:3) 1\n"
+        "run (uvloop/loop.pyx:1);uv__io_poll (linux.c:1);epoll_pwait (libc.so.6) 50\n")
     summ = rr.summarize_collapsed(raw)
-    assert summ["samples"] == 10
+    assert summ["samples"] == 10 and summ["idle_samples"] == 50
     assert summ["by_area"]["core (sans-IO state machine)"] == 60.0
-    assert summ["by_area"]["uvloop / asyncio"] == 30.0
+    assert summ["by_area"]["system calls"] == 30.0
+    assert summ["by_area"]["metrics"] == 10.0
     assert summ["own_top"][0][1] == 60.0
+    assert summ["by_function"][0] == ("receive_data (core/connection.py)", 60.0)
 
 
 def test_scaling_summary_table():
