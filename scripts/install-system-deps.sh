@@ -14,6 +14,8 @@ command -v openssl >/dev/null || need+=(openssl)
 # `make deb` (and the packaging test): dh-virtualenv with debhelper builds the package from
 # the sdist; python-qpid-proton is compiled in it against Cyrus SASL and OpenSSL
 # (libsasl2-dev above, libssl-dev); adduser runs in its postinst.
+# bench/realrouter.py builds its C load client (bench/loadgen/amqpload.c) against proton-c.
+installed libqpid-proton11-dev || need+=(libqpid-proton11-dev)
 for pkg in dh-virtualenv debhelper dpkg-dev build-essential python3-dev python3-venv \
            libssl-dev pkg-config adduser; do
     installed "$pkg" || need+=("$pkg")
