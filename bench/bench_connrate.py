@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 import loadgen
-import run_all
+import pinned
 
 
 def run(stack: Any, *, rounds: int, seconds: float, warmup: float, concurrency: int = 16,
@@ -37,10 +37,10 @@ def run(stack: Any, *, rounds: int, seconds: float, warmup: float, concurrency: 
                                  warmup=warmup, no_close_wait=not wait)
 
         print(f"connrate {variant} (concurrency {concurrency}, {procs} process(es))", flush=True)
-        samples = run_all.alternate(rounds, stack.targets(), one, label=f"connrate {variant}")
+        samples = pinned.alternate(rounds, stack.targets(), one, label=f"connrate {variant}")
         rows.append({
             "name": f"connections/s ({variant})", "unit": "conn/s", "key": "conns_per_s",
-            "summary": run_all.summarize(samples, "conns_per_s"), "goal": ">= 0.9x",
+            "summary": pinned.summarize(samples, "conns_per_s"), "goal": ">= 0.9x",
             "goal_ratio": 0.9, "samples": samples,
             "errors": {t: sum(s.get("errors", 0) for s in v) for t, v in samples.items()},
         })
@@ -57,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--no-pin", action="store_true")
     args = ap.parse_args(argv)
-    with run_all.Stack(pin=not args.no_pin) as stack:
+    with pinned.Stack(pin=not args.no_pin) as stack:
         rows = run(stack, rounds=args.rounds, seconds=args.seconds, warmup=args.warmup,
                    concurrency=args.concurrency, procs=args.procs)
-    print(run_all.render_table(rows))
-    print(run_all.render_cpu_table(rows))
+    print(pinned.render_table(rows))
+    print(pinned.render_cpu_table(rows))
     return 0
 
 

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 import loadgen
-import run_all
+import pinned
 
 
 def run(stack: Any, *, rounds: int, seconds: float, warmup: float,
@@ -28,13 +28,13 @@ def run(stack: Any, *, rounds: int, seconds: float, warmup: float,
                              size=size, seconds=seconds, warmup=warmup)
 
     print(f"latency ({size} B request, echoed)", flush=True)
-    samples = run_all.alternate(rounds, stack.targets(), one, label="latency")
+    samples = pinned.alternate(rounds, stack.targets(), one, label="latency")
     return [
         {"name": f"round trip p50, {size} B", "unit": "µs", "key": "p50_us",
-         "summary": run_all.summarize(samples, "p50_us"), "goal": "(lower is better)",
+         "summary": pinned.summarize(samples, "p50_us"), "goal": "(lower is better)",
          "samples": samples},
         {"name": f"round trip p99, {size} B", "unit": "µs", "key": "p99_us",
-         "summary": run_all.summarize(samples, "p99_us"), "goal": "(lower is better)"},
+         "summary": pinned.summarize(samples, "p99_us"), "goal": "(lower is better)"},
     ]
 
 
@@ -46,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--no-pin", action="store_true")
     args = ap.parse_args(argv)
-    with run_all.Stack(pin=not args.no_pin) as stack:
+    with pinned.Stack(pin=not args.no_pin) as stack:
         rows = run(stack, rounds=args.rounds, seconds=args.seconds, warmup=args.warmup)
-    print(run_all.render_table(rows))
-    print(run_all.render_cpu_table(rows))
+    print(pinned.render_table(rows))
+    print(pinned.render_cpu_table(rows))
     return 0
 
 

@@ -27,12 +27,12 @@ import sys
 from typing import Any
 
 import loadgen
-import run_all
+import pinned
 
 POLICIES = {
-    "allow-all": run_all.POLICY_DIR / "allow-all.json",
-    "limits-pattern": run_all.POLICY_DIR / "limits.json",
-    "limits-list": run_all.POLICY_DIR / "limits-list.json",
+    "allow-all": pinned.POLICY_DIR / "allow-all.json",
+    "limits-pattern": pinned.POLICY_DIR / "limits.json",
+    "limits-list": pinned.POLICY_DIR / "limits-list.json",
 }
 CASES = (
     ("named link, 100 B", {"size": 100}),
@@ -46,7 +46,7 @@ def run(*, pin: bool, rounds: int, seconds: float, warmup: float, conns: int = 4
         ) -> list[dict[str, Any]]:
     """Run every traffic case against every policy, alternating; return one row per case."""
     rows = []
-    with run_all.Stack(pin=pin, haproxy=False, policies=POLICIES) as stack:
+    with pinned.Stack(pin=pin, haproxy=False, policies=POLICIES) as stack:
         targets = {k: v for k, v in stack.targets().items() if k in POLICIES}
         for case, options in CASES:
             def one(name: str, address: str, watch: dict[str, int],
@@ -57,8 +57,8 @@ def run(*, pin: bool, rounds: int, seconds: float, warmup: float, conns: int = 4
                                      **options)
 
             print(f"limits: {case}", flush=True)
-            samples = run_all.alternate(rounds, targets, one, label=f"limits {case}")
-            summary = run_all.summarize(samples, "msgs_per_s")
+            samples = pinned.alternate(rounds, targets, one, label=f"limits {case}")
+            summary = pinned.summarize(samples, "msgs_per_s")
             base = summary["allow-all"]["median"]
             costs = {}
             for name in POLICIES:
@@ -71,7 +71,7 @@ def run(*, pin: bool, rounds: int, seconds: float, warmup: float, conns: int = 4
                     for lim, ref in zip(samples[name], samples["allow-all"], strict=True))
                 for name in POLICIES if name != "allow-all"
             }
-            cpu = run_all.summarize(samples, "target_us_per_op")
+            cpu = pinned.summarize(samples, "target_us_per_op")
             cpu_costs = {}
             for name in POLICIES:
                 ref, lim = cpu["allow-all"]["median"], cpu[name]["median"]

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import loadgen
-import run_all
+import pinned
 
 
 def measure(stack: Any, target: str, conns: int, settle: float = 1.0) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def measure(stack: Any, target: str, conns: int, settle: float = 1.0) -> dict[st
     address, watch = stack.targets()[target]
     pid = watch.get("target", watch["peer"])
     time.sleep(settle)
-    before = run_all.rss_kib(pid)
+    before = pinned.rss_kib(pid)
     cmd = [sys.executable, str(loadgen.BENCH_DIR / "loadgen.py"), "hold", "--target", address,
            "--conns", str(conns), "--concurrency", "64"]
     if stack.loadgen_cpus:
@@ -39,7 +39,7 @@ def measure(stack: Any, target: str, conns: int, settle: float = 1.0) -> dict[st
         assert proc.stdout is not None and proc.stdin is not None
         ready = json.loads(proc.stdout.readline())
         time.sleep(settle)
-        after = run_all.rss_kib(pid)
+        after = pinned.rss_kib(pid)
         proc.stdin.write("\n")
         proc.stdin.flush()
         out, _ = proc.communicate(timeout=60)
@@ -67,7 +67,7 @@ def run(*, pin: bool, rounds: int, conns: int = 2000) -> list[dict[str, Any]]:
           flush=True)
     for r in range(rounds):
         for target, layout in layouts.items():
-            with run_all.Stack(pin=pin, **layout) as stack:
+            with pinned.Stack(pin=pin, **layout) as stack:
                 result = measure(stack, target, conns)
             samples[target].append(result)
             print(f"  memory round {r + 1}/{rounds} {target:8s} "
@@ -75,7 +75,7 @@ def run(*, pin: bool, rounds: int, conns: int = 2000) -> list[dict[str, Any]]:
                   f"{result['rss_after_kib']} KiB)", flush=True)
     return [{
         "name": f"memory per idle connection ({conns} held)", "unit": "KiB",
-        "key": "per_conn_kib", "summary": run_all.summarize(samples, "per_conn_kib"),
+        "key": "per_conn_kib", "summary": pinned.summarize(samples, "per_conn_kib"),
         "goal": "(lower is better)", "samples": samples,
     }]
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pin", action="store_true")
     args = ap.parse_args(argv)
     rows = run(pin=not args.no_pin, rounds=args.rounds, conns=args.conns)
-    print(run_all.render_table(rows))
+    print(pinned.render_table(rows))
     return 0
 
 

@@ -7,7 +7,7 @@ rate is what the peer acknowledged (its Flow delivery-count) over the measured w
 alternate direct, haproxy, proxy, round after round.
 
 Usage: ``.venv/bin/python bench/bench_throughput.py [--rounds 3] [--seconds 3]`` (or via
-``run_all.py``).
+``pinned.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 import loadgen
-import run_all
+import pinned
 
 SIZES = (100, 16384)
 
@@ -35,10 +35,10 @@ def run(stack: Any, *, rounds: int, seconds: float, warmup: float, sizes: tuple[
 
         label = f"throughput {size} B"
         print(f"{label} ({conns} connections, {procs} loadgen process(es))", flush=True)
-        samples = run_all.alternate(rounds, stack.targets(), one, label=label)
+        samples = pinned.alternate(rounds, stack.targets(), one, label=label)
         rows.append({
             "name": f"throughput, {size} B messages", "unit": "msg/s", "key": "msgs_per_s",
-            "summary": run_all.summarize(samples, "msgs_per_s"), "goal": ">= 0.95x",
+            "summary": pinned.summarize(samples, "msgs_per_s"), "goal": ">= 0.95x",
             "goal_ratio": 0.95, "samples": samples,
         })
     return rows
@@ -56,11 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pin", action="store_true")
     args = ap.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(","))
-    with run_all.Stack(pin=not args.no_pin) as stack:
+    with pinned.Stack(pin=not args.no_pin) as stack:
         rows = run(stack, rounds=args.rounds, seconds=args.seconds, warmup=args.warmup,
                    sizes=sizes, conns=args.conns, procs=args.procs)
-    print(run_all.render_table(rows))
-    print(run_all.render_cpu_table(rows))
+    print(pinned.render_table(rows))
+    print(pinned.render_cpu_table(rows))
     return 0
 
 
