@@ -28,6 +28,7 @@ Usage::
 
     .venv/bin/python bench/bench_core.py                  # every case, allow-all, 5 rounds
     .venv/bin/python bench/bench_core.py --cases named-100,relay-100 --policy limits
+    .venv/bin/python bench/bench_core.py --policy qdr-default  # user-id checked per message
     .venv/bin/python bench/bench_core.py --profile named-100   # cProfile of one case
     AMQP_PROXY_NO_ACCEL=1 .venv/bin/python bench/bench_core.py  # without the C relay scanner
 
@@ -74,7 +75,9 @@ from amqp_policy_proxy.policy.model import PolicySettings  # noqa: E402
 
 POLICY_DIR = Path(__file__).resolve().parent / "policies"
 POLICIES = {"allow-all": "allow-all.json", "limits": "limits.json",
-            "limits-list": "limits-list.json"}
+            "limits-list": "limits-list.json", "qdr-default": "realrouter.json"}
+"""``qdr-default`` is the real-router bench's policy: QDR's defaults, so ``allowUserIdProxy``
+is false and every message's ``user-id`` is checked (the others allow user-id proxying)."""
 CASES = ("named-100", "named-16k", "multi-16k", "relay-100", "router-100", "connection")
 READ_SIZE = 65536
 """Bytes per ``receive_data`` call (uvloop reads up to 256 KiB; 64 KiB is a typical read)."""

@@ -1,7 +1,7 @@
 /* Sans-IO. Optional C accelerator for the proxy's client relay loop
  * (amqp_policy_proxy.core.connection.ProxyConnection._client_relay).
  *
- * scan(buf, pos, end, limit, channel, handle, max_size) -> (pos, transfers)
+ * scan(buf, pos, end, limit, channel, handle, max_size, user_id) -> (pos, transfers)
  *
  * Walks the consecutive frames of buf[pos:end] while each one is either
  *   - an empty AMQP frame (heartbeat, any channel), or
@@ -13,6 +13,11 @@
  *     delivery-tag as binary8 or null, booleans as 0x41/0x42/null, and whose fields exactly
  *     fill the list's size (canonical: a field hidden inside the size past the count would
  *     be read by the router, which reads lists by their size).
+ * With `user_id` (bytes, not None) the link carries QDR's per-message user-id check
+ * (allowUserIdProxy false): a Transfer is passed only when its message head is one
+ * head_ok() reads whole (see there) and its properties.user-id is absent, null or exactly
+ * `user_id`. Every other head (a denial, or an encoding only the Python reader judges) stops
+ * the run, and amqp_policy_proxy.amqp.message.read_message_head decides in Python.
  * It stops at the first frame that is anything else, including every frame header the
  * Python loop would look at twice (size above `limit`, below 8, doff < 2, doff*4 > size,
  * a non-AMQP frame type) and a frame not wholly inside buf[:end]. The Python loop then
@@ -31,6 +36,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 static inline uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
@@ -83,7 +89,7 @@ static inline Py_ssize_t read_bool(const unsigned char *b, Py_ssize_t p, Py_ssiz
  * fend is checked by the caller). Returns 1 when it is a single-frame Transfer on `want`
  * within max_size, else 0. */
 static int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fend,
-                          int64_t want, long long max_size) {
+                          int64_t want, long long max_size, Py_ssize_t *payload) {
     Py_ssize_t p = body + 3, lend;
     uint32_t count;
     if (b[p] == 0xC0) {                                   /* list8: size, count */
@@ -140,15 +146,167 @@ static int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fe
     if (p != lend) return 0;                              /* count and size disagree */
     if (more) return 0;                                   /* multi-frame delivery: Python */
     if (max_size >= 0 && (long long)(fend - lend) > max_size) return 0;
+    *payload = lend;
+    return 1;
+}
+
+/* Field kinds of the header (Part 3 §3.2.1) and properties (§3.2.4) lists, in order. */
+enum { K_BOOL, K_UBYTE, K_UINT, K_MSGID, K_BINARY, K_STRING, K_SYMBOL, K_TIMESTAMP };
+static const unsigned char HEADER_KINDS[] = {K_BOOL, K_UBYTE, K_UINT, K_BOOL, K_UINT};
+static const unsigned char PROPERTIES_KINDS[] = {
+    K_MSGID, K_BINARY, K_STRING, K_STRING, K_STRING, K_MSGID, K_SYMBOL, K_SYMBOL,
+    K_TIMESTAMP, K_TIMESTAMP, K_STRING, K_UINT, K_STRING};
+
+/* The field at b[q] (q < lend checked by the caller) of kind `kind`, in one of the plain
+ * canonical forms below; anything else (32-bit lengths, non-ASCII text, another constructor)
+ * returns -1 and the Python reader judges the message. Sets *text/*len to the bytes of a
+ * binary/string/symbol. Returns the offset past the field. */
+static Py_ssize_t plain_field(const unsigned char *b, Py_ssize_t q, Py_ssize_t lend, int kind,
+                              const unsigned char **text, Py_ssize_t *len) {
+    unsigned char c = b[q];
+    Py_ssize_t width;
+    *text = NULL;
+    *len = 0;
+    if (c == 0x40) return q + 1;                          /* null: any field */
+    switch (kind) {
+    case K_BOOL:
+        if (c == 0x41 || c == 0x42) return q + 1;
+        if (c == 0x56) {
+            if (lend - q < 2 || b[q + 1] > 1) return -1;
+            return q + 2;
+        }
+        return -1;
+    case K_UBYTE:
+        width = c == 0x50 ? 1 : -1;
+        break;
+    case K_UINT:
+        width = c == 0x43 ? 0 : c == 0x52 ? 1 : c == 0x70 ? 4 : -1;
+        break;
+    case K_TIMESTAMP:
+        width = c == 0x83 ? 8 : -1;
+        break;
+    case K_MSGID:
+        width = c == 0x44 ? 0 : c == 0x53 ? 1 : c == 0x80 ? 8 : c == 0x98 ? 16 : -1;
+        if (width < 0 && (c == 0xA0 || c == 0xA1)) break;  /* binary8 / string8 below */
+        if (width < 0) return -1;
+        break;
+    case K_BINARY:
+        if (c != 0xA0) return -1;
+        width = -1;
+        break;
+    case K_STRING:
+        if (c != 0xA1) return -1;
+        width = -1;
+        break;
+    case K_SYMBOL:
+        if (c != 0xA3) return -1;
+        width = -1;
+        break;
+    default:
+        return -1;
+    }
+    if (width >= 0) {
+        if (lend - (q + 1) < width) return -1;
+        return q + 1 + width;
+    }
+    /* binary8 (0xA0), string8 (0xA1), symbol8 (0xA3): one length byte */
+    if (c != 0xA0 && c != 0xA1 && c != 0xA3) return -1;
+    if (lend - q < 2) return -1;
+    Py_ssize_t n = b[q + 1];
+    if (n > lend - (q + 2)) return -1;
+    if (c != 0xA0) {                                      /* text: plain ASCII only here */
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (b[q + 2 + i] & 0x80) return -1;
+    }
+    *text = b + q + 2;
+    *len = n;
+    return q + 2 + n;
+}
+
+/* A header or properties list at b[v] (v < fend checked by the caller): list0, or list8
+ * whose `count` fields (at most nkinds) of the given kinds exactly fill its size. For the
+ * properties, *user_id/*to receive those fields' bytes (NULL when absent or null).
+ * Returns the offset past the list, or -1 (the Python reader judges it). */
+static Py_ssize_t plain_list(const unsigned char *b, Py_ssize_t v, Py_ssize_t fend,
+                             const unsigned char *kinds, Py_ssize_t nkinds,
+                             const unsigned char **user_id, Py_ssize_t *user_id_len,
+                             const unsigned char **to, Py_ssize_t *to_len) {
+    if (b[v] == 0x45) return v + 1;                       /* list0 */
+    if (b[v] != 0xC0 || fend - v < 3) return -1;          /* list8 only */
+    Py_ssize_t size = b[v + 1], count = b[v + 2];
+    if (size < 1 || size > fend - (v + 2) || count > nkinds) return -1;
+    Py_ssize_t lend = v + 2 + size, q = v + 3;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (q >= lend) return -1;                         /* count and size disagree */
+        const unsigned char *text;
+        Py_ssize_t len;
+        int is_null = b[q] == 0x40;
+        q = plain_field(b, q, lend, kinds[i], &text, &len);
+        if (q < 0) return -1;
+        if (user_id != NULL && i == 1 && !is_null) {
+            *user_id = text;
+            *user_id_len = len;
+        }
+        if (to != NULL && i == 2 && !is_null) {
+            for (Py_ssize_t j = 0; j < len; j++)
+                if (text[j] == 0) return -1;              /* a NUL in `to`: Python refuses */
+            *to = text;
+            *to_len = len;
+        }
+    }
+    return q == lend ? lend : -1;
+}
+
+/* The message head (Part 3 §3.2: header, then properties) of a whole single-frame message in
+ * b[p:fend], read only in the plain forms plain_list() takes, each section described as
+ * 0x00 0x53 code, in order; delivery- or message-annotations, a 0x00 0x80 descriptor or
+ * anything unusual return 0 (the Python reader decides). Returns 1 when the head was read
+ * and its user-id is absent, null or equal to uid[0:uid_len]. */
+static int head_ok(const unsigned char *b, Py_ssize_t p, Py_ssize_t fend,
+                   const unsigned char *uid, Py_ssize_t uid_len) {
+    int next = 0;                                         /* 0: header allowed, 1: properties */
+    while (p < fend) {
+        if (fend - p < 4 || b[p] != 0x00 || b[p + 1] != 0x53) return 0;
+        unsigned char code = b[p + 2];
+        if (code >= 0x74 && code <= 0x78) return 1;       /* application-properties, body... */
+        const unsigned char *user_id = NULL, *to = NULL;
+        Py_ssize_t user_id_len = 0, to_len = 0;
+        if (code == 0x70 && next == 0) {
+            p = plain_list(b, p + 3, fend, HEADER_KINDS, 5, NULL, NULL, NULL, NULL);
+            next = 1;
+        } else if (code == 0x73 && next <= 1) {
+            p = plain_list(b, p + 3, fend, PROPERTIES_KINDS, 13, &user_id, &user_id_len,
+                           &to, &to_len);
+            if (p < 0) return 0;
+            if (user_id != NULL &&
+                (user_id_len != uid_len || memcmp(user_id, uid, (size_t)uid_len) != 0))
+                return 0;                                 /* a user-id proxy violation */
+            next = 2;
+        } else {
+            return 0;
+        }
+        if (p < 0) return 0;
+    }
     return 1;
 }
 
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7) {
+    if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError,
-                        "scan(buf, pos, end, limit, channel, handle, max_size) takes 7 arguments");
+                        "scan(buf, pos, end, limit, channel, handle, max_size, user_id) "
+                        "takes 8 arguments");
         return NULL;
+    }
+    const unsigned char *uid = NULL;
+    Py_ssize_t uid_len = 0;
+    if (args[7] != Py_None) {
+        if (!PyBytes_Check(args[7])) {
+            PyErr_SetString(PyExc_TypeError, "user_id must be bytes or None");
+            return NULL;
+        }
+        uid = (const unsigned char *)PyBytes_AS_STRING(args[7]);
+        uid_len = PyBytes_GET_SIZE(args[7]);
     }
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     Py_ssize_t end = PyLong_AsSsize_t(args[2]);
@@ -185,7 +343,9 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (!usable || (((uint32_t)h[6] << 8) | h[7]) != (uint32_t)channel) break;
         if (fend - body <= 3 || b[body] != 0x00 || b[body + 1] != 0x53 || b[body + 2] != 0x14)
             break;
-        if (!plain_transfer(b, body, fend, (int64_t)want, max_size)) break;
+        Py_ssize_t payload;
+        if (!plain_transfer(b, body, fend, (int64_t)want, max_size, &payload)) break;
+        if (uid != NULL && !head_ok(b, payload, fend, uid, uid_len)) break;
         transfers++;
         pos = fend;
     }
@@ -195,7 +355,7 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
-     "scan(buf, pos, end, limit, channel, handle, max_size) -> (pos, transfers)\n\n"
+     "scan(buf, pos, end, limit, channel, handle, max_size, user_id) -> (pos, transfers)\n\n"
      "Skip heartbeats and single-frame Transfers on one sender link; see\n"
      "amqp_policy_proxy.amqp.accel for the contract."},
     {NULL, NULL, 0, NULL},

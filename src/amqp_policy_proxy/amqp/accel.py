@@ -26,12 +26,13 @@ import os
 from collections.abc import Callable
 
 from .errors import DecodeError
+from .message import read_message_head
 from .transfer import read_transfer_fields
 
 #: Environment variable that forces the pure-Python relay loop when set (not "" or "0").
 DISABLE_ENV = "AMQP_PROXY_NO_ACCEL"
 
-ScanFunction = Callable[[object, int, int, int, int, int, int], tuple[int, int]]
+ScanFunction = Callable[[object, int, int, int, int, int, int, bytes | None], tuple[int, int]]
 
 try:
     from ._relayscan import scan as scan_c
@@ -46,7 +47,8 @@ scan: ScanFunction | None = None if _disabled else scan_c
 
 
 def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
-            channel: int, handle: int, max_size: int) -> tuple[int, int]:
+            channel: int, handle: int, max_size: int,
+            user_id: bytes | None = None) -> tuple[int, int]:
     """Pure-Python statement of the scanner's contract (the C code does the same).
 
     Args:
@@ -59,6 +61,10 @@ def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
         channel: the session's channel; handle: the sender link's handle.
         max_size: the largest payload of a passed Transfer in bytes (maxMessageSize), or
             ``-1`` for no limit.
+        user_id: for a link under QDR's user-id check (``allowUserIdProxy`` false), the
+            user's name as UTF-8: a Transfer is passed only when
+            :func:`~.message.read_message_head` reads its head and its ``user-id`` is absent,
+            empty or this; None: no per-message check.
 
     Returns:
         ``(offset reached, Transfers passed)``: the offset is that of the first frame not
@@ -67,7 +73,9 @@ def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
         :func:`read_transfer_fields` reads (list8/list32 with 1 to 6 fields), with ``more``
         false and a payload within ``max_size``. The C build may stop earlier, at a Transfer
         whose fields use an encoding only the general reader takes (a binary32 delivery-tag,
-        a ``0x56`` boolean): it never passes a frame this function would not pass.
+        a ``0x56`` boolean; with ``user_id``, a message head with annotations, a list32, a
+        32-bit length or non-ASCII text): it never passes a frame this function would not
+        pass.
 
     Raises:
         Nothing for any bytes: a malformed frame simply ends the run.
@@ -99,6 +107,13 @@ def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
             break
         if f[0] != handle or f[3] or f[4] or (max_size >= 0 and fend - f[5] > max_size):
             break
+        if user_id is not None:
+            try:
+                head = read_message_head(buf, f[5], fend, last=True)
+            except DecodeError:
+                break
+            if head.user_id and head.user_id != user_id:
+                break
         transfers += 1
         pos = fend
     return pos, transfers

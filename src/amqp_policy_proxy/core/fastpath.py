@@ -76,8 +76,10 @@ class FastPath:
         wire = ctx.wire
         sides = ctx.sides
         limit = min(ctx.client_frame_limit, _RUN_FRAME_LIMIT)
-        max_size = deliveries.rules.max_message_size
+        rules = deliveries.rules
+        max_size = rules.max_message_size
         scan_max = _NO_SIZE_LIMIT if max_size is None else max_size
+        uid_scan = rules.scan_user_id
         window = all_sessions.window_frames
         unpack = _HDR.unpack_from
         read_fields = read_transfer_fields
@@ -116,28 +118,43 @@ class FastPath:
                             and not link.in_delivery
                             and not f[3]
                             and not f[4]
-                            and not link.inspect
                             and not link.client_detached
                             and (max_size is None or fend - f[5] <= max_size)
                         ):
-                            # a whole delivery that needs no decision: forwarded as it came
-                            session.transfers_in += 1
-                            if run_start < 0:
-                                run_start = pos
-                            run_end = pos = fend
-                            if scan is not None:
-                                # the frames after it on the same link are most often more of
-                                # the same: the C scanner passes them (and heartbeats) and stops
-                                # at the first frame that may need a decision
-                                pos, n = scan(buf, pos, end, limit, channel, f[0], scan_max)
-                                transfers += n
+                            n = 0  # deliveries passed from this frame on
+                            if not link.inspect:
+                                # a whole delivery that needs no decision: forwarded as it came
+                                if run_start < 0:
+                                    run_start = pos
+                                pos = fend
+                                n = 1
+                                if scan is not None:
+                                    # the frames after it on the same link are most often more
+                                    # of the same: the C scanner passes them (and heartbeats)
+                                    # and stops at the first frame that may need a decision
+                                    pos, more = scan(buf, pos, end, limit, channel, f[0],
+                                                     scan_max, None)
+                                    n += more
+                            elif uid_scan is not None and scan is not None and not link.anonymous:
+                                # QDR's user-id check is this link's one per-message rule: the
+                                # C scanner reads plain message heads and passes, from this
+                                # frame on, the deliveries whose user-id is the user's; a head
+                                # it does not read plainly goes to the general handler below
+                                npos, n = scan(buf, pos, end, limit, channel, f[0], scan_max,
+                                               uid_scan)
+                                if n:
+                                    if run_start < 0:
+                                        run_start = pos
+                                    pos = npos
+                            if n:
+                                transfers += n - 1  # this frame was counted above
                                 session.transfers_in += n
                                 run_end = pos
-                            if window is not None:
-                                wire.run_start, wire.run_end = run_start, run_end
-                                all_sessions.reopen_window(session)
-                                run_start, run_end = wire.run_start, wire.run_end
-                            continue
+                                if window is not None:
+                                    wire.run_start, wire.run_end = run_start, run_end
+                                    all_sessions.reopen_window(session)
+                                    run_start, run_end = wire.run_start, wire.run_end
+                                continue
                     # a decision, a denial or an error: the general Transfer handler
                     wire.run_start, wire.run_end = run_start, run_end
                     forward = deliveries.client_transfer(buf, body, channel, fend, now, f)

@@ -28,6 +28,7 @@ class MessageRules:
         "max_message_size",
         "check_user_id",
         "user_id_bytes",
+        "scan_user_id",
         "relay_allowed",
         "topics",
         "principal",
@@ -43,6 +44,9 @@ class MessageRules:
         self.check_user_id = False
         """``allowUserIdProxy`` is false: a message's user-id must be the user's."""
         self.user_id_bytes = b""
+        self.scan_user_id: bytes | None = None
+        """The user's name for the C scanner when QDR's user-id check is the only rule of a
+        named sender link (no topic model), else None (:mod:`.fastpath`)."""
         self.relay_allowed: str | None = None
         """The last relay ``to`` the address rules allowed (a relay sender repeats it)."""
         self.topics: Any = None
@@ -64,6 +68,8 @@ class MessageRules:
             self.topics = topics
             self.qos_of = qos_of
             self.principal = Principal(user=user, group=group.name, subject=tls_subject)
+        if self.check_user_id and self.topics is None:
+            self.scan_user_id = self.user_id_bytes
 
     def inspects(self, link: LinkRecord) -> bool:
         """Whether the first frame of each delivery on the sender ``link`` needs a look."""

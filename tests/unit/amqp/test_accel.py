@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from proton import Message, symbol
 
 from amqp_policy_proxy.amqp import accel
 from amqp_policy_proxy.amqp.framing import encode_frame
@@ -63,7 +66,7 @@ def _transfer(handle: int, did: int | None, tag: bytes | None, *, count: int = 5
 
 def _both(buf: bytes, pos: int, end: int, limit: int = LIMIT, channel: int = 0,
           handle: int = 0, max_size: int = -1) -> tuple[tuple[int, int], tuple[int, int]]:
-    return (scan_c(buf, pos, end, limit, channel, handle, max_size),
+    return (scan_c(buf, pos, end, limit, channel, handle, max_size, None),
             accel.scan_py(buf, pos, end, limit, channel, handle, max_size))
 
 
@@ -120,20 +123,20 @@ def test_partial_frame_is_left_for_the_next_read():
 @needs_c
 def test_arguments_are_checked():
     with pytest.raises(ValueError):
-        scan_c(b"x" * 8, 9, 8, LIMIT, 0, 0, -1)
+        scan_c(b"x" * 8, 9, 8, LIMIT, 0, 0, -1, None)
     with pytest.raises(ValueError):
-        scan_c(b"x" * 8, -1, 8, LIMIT, 0, 0, -1)
+        scan_c(b"x" * 8, -1, 8, LIMIT, 0, 0, -1, None)
     with pytest.raises(TypeError):
-        scan_c("not bytes", 0, 8, LIMIT, 0, 0, -1)
+        scan_c("not bytes", 0, 8, LIMIT, 0, 0, -1, None)
     with pytest.raises(TypeError):
         scan_c(b"", 0, 0)
     buf = _frame(0, _transfer(0, 0, b"a"))
-    assert scan_c(buf, 0, 10**6, LIMIT, 0, 0, -1) == (len(buf), 1)  # end clamped
-    assert scan_c(buf, 5, 2, LIMIT, 0, 0, -1) == (5, 0)  # end before pos
-    assert scan_c(buf, 0, len(buf), LIMIT, 70000, 0, -1) == (0, 0)  # no such channel
-    assert scan_c(buf, 0, len(buf), LIMIT, 0, -1, -1) == (0, 0)  # no such handle
-    assert scan_c(bytearray(buf), 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 1)
-    assert scan_c(memoryview(buf), 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 1)
+    assert scan_c(buf, 0, 10**6, LIMIT, 0, 0, -1, None) == (len(buf), 1)  # end clamped
+    assert scan_c(buf, 5, 2, LIMIT, 0, 0, -1, None) == (5, 0)  # end before pos
+    assert scan_c(buf, 0, len(buf), LIMIT, 70000, 0, -1, None) == (0, 0)  # no such channel
+    assert scan_c(buf, 0, len(buf), LIMIT, 0, -1, -1, None) == (0, 0)  # no such handle
+    assert scan_c(bytearray(buf), 0, len(buf), LIMIT, 0, 0, -1, None) == (len(buf), 1)
+    assert scan_c(memoryview(buf), 0, len(buf), LIMIT, 0, 0, -1, None) == (len(buf), 1)
 
 
 plain = st.builds(
@@ -175,7 +178,7 @@ def test_same_decisions_as_python_on_client_encodings(frames, data):
     assert c == py
 
 
-def _never_reads_outside(buf: bytes, pos: int, end: int, args: tuple[int, ...]) -> tuple:
+def _never_reads_outside(buf: bytes, pos: int, end: int, args: tuple[Any, ...]) -> tuple:
     got = scan_c(buf, pos, end, *args)
     # the same window with every byte outside it changed, and a buffer that stops at end
     flipped = bytearray(b ^ 0xFF for b in buf)
@@ -187,6 +190,111 @@ def _never_reads_outside(buf: bytes, pos: int, end: int, args: tuple[int, ...]) 
     return got
 
 
+def _message(user_id: bytes | None, to: str | None, message_id: Any, subject: str | None,
+             durable: bool, priority: int | None, ttl: float | None,
+             annotations: dict[Any, Any] | None, app: dict[str, Any] | None,
+             body: Any) -> bytes:
+    """A message as proton (python-qpid-proton, what real clients use) encodes it."""
+    msg = Message(body=body, address=to, id=message_id, subject=subject, durable=durable,
+                  properties=app, annotations=annotations)
+    if user_id is not None:
+        msg.user_id = user_id
+    if priority is not None:
+        msg.priority = priority
+    if ttl is not None:
+        msg.ttl = ttl
+    msg.content_type = "text/plain"
+    return msg.encode()
+
+
+messages = st.tuples(
+    st.sampled_from([None, b"alice", b"alice", b"mallory", b"", b"alic"]),
+    st.sampled_from([None, "q.a", "q.\u00fc", "x" * 300]),
+    st.sampled_from([None, 7, 2**40, "m-1", uuid.UUID(int=5), b"bin"]),
+    st.sampled_from([None, "subject", "s\u00e9"]),
+    st.booleans(),
+    st.sampled_from([None, 4, 9]),
+    st.sampled_from([None, 1.5]),
+    st.sampled_from([None, None, {symbol("x-opt-app"): 1}, {symbol("x-opt-qd.to"): "q.b"}]),
+    st.sampled_from([None, None, {"k": 1}]),
+    st.sampled_from([b"payload", "text", None, ["a", 1]]),
+).map(lambda fields: (_message(*fields), fields))
+"""``(payload, the fields it was made of)``."""
+#: Transfers carrying a real message (whose head the user-id check reads).
+headed = st.builds(lambda m, handle: _frame(0, _transfer(handle, 1, b"t", payload=m[0])),
+                   messages, st.sampled_from([0, 0, 7]))
+
+
+def _plainly_read(fields: tuple[Any, ...]) -> bool:
+    """Whether the C scanner reads the head of the message made of ``fields`` itself (else
+    it stops and Python judges): no annotations, ASCII text, a properties list within a
+    list8, a non-empty user-id (an empty one passes in Python only). (proton cuts a ``to``
+    at its first NUL: such a ``to`` is tested with hand-written bytes.)"""
+    user_id, to, message_id, subject, _, _, _, annotations, _, _ = fields
+    texts = [to or "", subject or "", message_id if isinstance(message_id, str) else ""]
+    return (not annotations and all(t.isascii() for t in texts) and len(to or "") < 200
+            and user_id != b"")
+
+
+@needs_c
+@given(st.lists(st.tuples(messages, st.sampled_from([b"alice", None])), min_size=1,
+                max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_user_id_check_same_decisions_as_python_on_proton_messages(items):
+    """On the messages real clients send, the C scanner passes exactly what the Python
+    reader passes, and stops at the same frame (a user-id of someone else, or a head it does
+    not read plainly, where it only stops earlier)."""
+    for (payload, fields), user_id in items:
+        buf = _frame(0, _transfer(0, 1, b"t", payload=payload)) * 2
+        c = scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, user_id)
+        py = accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, user_id)
+        if user_id is None or _plainly_read(fields):
+            assert c == py
+        else:
+            assert c == (0, 0) and py[1] in (0, 2)
+
+
+def test_user_id_check_passes_the_users_messages_and_stops_at_others():
+    mine = _frame(0, _transfer(0, 1, b"t", payload=_message(
+        b"alice", "q.a", "m-1", "s", True, 4, 1.5, None, {"k": 1}, b"x")))
+    anyone = _frame(0, _transfer(0, 2, b"u", payload=Message(body=b"no user-id").encode()))
+    theirs = _frame(0, _transfer(0, 3, b"v", payload=_message(
+        b"mallory", None, None, None, False, None, None, None, None, b"x")))
+    buf = mine + anyone + mine + theirs + mine
+    stop = len(mine + anyone + mine)
+    assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice") == (stop, 3)
+    if scan_c is not None:
+        assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice") == (stop, 3)
+        with pytest.raises(TypeError):
+            scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, "alice")
+
+
+@pytest.mark.parametrize("head, passed, plain", [
+    ("005373 c006 03 40 40 a10171", True, True),                  # to "q"
+    ("005373 c008 03 40 40 a103710061", False, True),             # to "q\\0a": NUL
+    ("005373 c009 02 40 a005616c696365", True, True),             # user-id "alice"
+    ("005373 c009 02 40 a0056d616c6c6f", False, True),            # user-id "mallo"
+    ("005373 c004 02 40 a000", True, False),                      # user-id empty: Python only
+    ("005373 c009 03 40 a005616c696365", False, True),            # count 3, two fields
+    ("005373 c008 02 40 a005616c696365", False, True),            # size one byte short
+    ("005370 45 005373 45", True, True),                          # empty header, properties
+    ("005370 c003 02 41 50 005373 45", False, True),              # priority (ubyte) cut by the size
+    ("005373 45 005370 45", False, True),                         # header after properties
+    ("005372 c10100 005373 45", True, False),                     # annotations: Python reads
+    ("0080000000000000007345", True, False),                      # ulong descriptor
+])
+def test_hand_written_heads(head, passed, plain):
+    """Heads proton does not write: the C scanner passes exactly what Python passes on the
+    ones it reads plainly, and stops at the others (Python then judges them)."""
+    payload = bytes.fromhex(head.replace(" ", "")) + bytes.fromhex("005377a1017a")
+    buf = _frame(0, _transfer(0, 1, b"t", payload=payload))
+    py = accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice")
+    assert py == ((len(buf), 1) if passed else (0, 0))
+    if scan_c is not None:
+        c = scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice")
+        assert c == (py if plain else (0, 0))
+
+
 @needs_c
 @given(st.binary(max_size=300), st.data())
 @settings(max_examples=500, deadline=None)
@@ -196,7 +304,7 @@ def test_random_bytes_never_crash_or_pass_more_than_python(raw, data):
     pos = data.draw(st.integers(0, len(buf)))
     end = data.draw(st.integers(pos, len(buf)))
     args = (data.draw(st.sampled_from([LIMIT, 20, 0x40FFFFFF])), 0, 0,
-            data.draw(st.sampled_from([-1, 0, 50])))
+            data.draw(st.sampled_from([-1, 0, 50])), data.draw(st.sampled_from([None, b"alice"])))
     c_pos, c_n = _never_reads_outside(buf, pos, end, args)
     py_pos, py_n = accel.scan_py(buf, pos, end, *args)
     assert pos <= c_pos <= py_pos and c_n <= py_n
@@ -205,7 +313,7 @@ def test_random_bytes_never_crash_or_pass_more_than_python(raw, data):
 
 
 @needs_c
-@given(st.lists(st.one_of(plain, other), min_size=1, max_size=6), st.data())
+@given(st.lists(st.one_of(plain, other, headed), min_size=1, max_size=6), st.data())
 @settings(max_examples=400, deadline=None)
 def test_mutated_transfers_never_crash_or_pass_more_than_python(frames, data):
     """Valid runs with bytes overwritten: sizes, counts and constructors from the wire lie."""
@@ -215,7 +323,8 @@ def test_mutated_transfers_never_crash_or_pass_more_than_python(frames, data):
         buf[i] = data.draw(st.sampled_from([0x00, 0x01, 0x40, 0x41, 0x43, 0x45, 0x52, 0x70,
                                             0xA0, 0xB0, 0xC0, 0xD0, 0xFF, 0x7F]))
     buf = bytes(buf)
-    args = (LIMIT, 0, 0, data.draw(st.sampled_from([-1, 60])))
+    args = (LIMIT, 0, 0, data.draw(st.sampled_from([-1, 60])),
+            data.draw(st.sampled_from([None, b"alice"])))
     c_pos, c_n = _never_reads_outside(buf, 0, len(buf), args)
     py_pos, py_n = accel.scan_py(buf, 0, len(buf), *args)
     assert c_pos <= py_pos and c_n <= py_n
@@ -241,4 +350,4 @@ def test_proton_encoded_transfer_is_passed_by_both():
     buf = encode_frame(0, body) * 3
     assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 3)
     if scan_c is not None:
-        assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 3)
+        assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, None) == (len(buf), 3)
