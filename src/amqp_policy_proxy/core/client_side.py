@@ -113,17 +113,6 @@ class ClientSide:
         self.open: Open | OpenHead | None = None
         self.open_body: bytes | None = None
         """The client's Open frame body until its admission is decided."""
-        self.handlers: dict[type, Callable[[Any, bytes, int, float], None]] = {
-            Begin: sessions.on_client_begin,
-            Attach: sessions.on_client_attach,
-            Flow: sessions.on_client_flow,
-            Detach: sessions.on_client_detach,
-            End: sessions.on_client_end,
-            Disposition: sessions.on_client_disposition,
-            Close: self.on_close,
-            Open: self.on_second_open,
-            Transfer: self.on_decoded_transfer,
-        }
 
     # ------------------------------------------------------------------ bytes in
 
@@ -375,7 +364,7 @@ class ClientSide:
         if state in (ClientState.DENIED, ClientState.UNAVAILABLE, ClientState.CLOSING):
             self._after_close_frame(buf, pos, doff, fend)
             return
-        if self.open is not None:  # pipelined behind the Open: held until the decision
+        if state is ClientState.DECIDING:  # pipelined behind the Open: held until the decision
             self.held += buf[pos:fend]
             if len(self.held) > PIPELINED_LIMIT:
                 raise ResourceLimitError("too much data pipelined before the Open decision")
@@ -467,10 +456,11 @@ class ClientSide:
             # what the proxy decides on must be what the router reads (decision 0005)
             check_performative(buf, body, fend)
             perf, _ = decode_performative(memoryview(buf)[body:fend])
-        handler = self.handlers.get(type(perf))
-        if handler is None:
+        entry = _HANDLERS.get(type(perf))
+        if entry is None:
             raise IllegalStateError(f"unexpected {type(perf).__name__} from client")
-        handler(perf, bytes(buf[pos:fend]), channel, now)
+        in_sessions, handler = entry
+        handler(self.sessions if in_sessions else self, perf, bytes(buf[pos:fend]), channel, now)
         return False
 
     def on_second_open(self, perf: Any, raw: bytes, channel: int, now: float) -> None:
@@ -512,3 +502,19 @@ class ClientSide:
         sides.close_sent(False)
         conn.linger(now)  # bounded wait for the router's answer
         wire.send(Side.ROUTER, raw)
+
+
+#: Every performative an admitted client may send: type -> (handled by :class:`Sessions`?,
+#: the handler); any other is an ``amqp:illegal-state``. One table per class (see
+#: ``router_side._HANDLERS``).
+_HANDLERS: dict[type, tuple[bool, Callable[..., None]]] = {
+    Begin: (True, Sessions.on_client_begin),
+    Attach: (True, Sessions.on_client_attach),
+    Flow: (True, Sessions.on_client_flow),
+    Detach: (True, Sessions.on_client_detach),
+    End: (True, Sessions.on_client_end),
+    Disposition: (True, Sessions.on_client_disposition),
+    Close: (False, ClientSide.on_close),
+    Open: (False, ClientSide.on_second_open),
+    Transfer: (False, ClientSide.on_decoded_transfer),
+}

@@ -146,7 +146,7 @@ class ProxyConnection(Context):
         try:
             approved = self.admission.decide(client.open, client.open_body, now)
         finally:
-            client.open_body = None
+            client.open = client.open_body = None  # decided: not kept for the connection's life
         if approved:
             self.router.release_held(now)
             client.release_held(now)

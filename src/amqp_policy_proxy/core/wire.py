@@ -52,7 +52,8 @@ class Wire:
     """The output of one connection while it handles one input."""
 
     __slots__ = ("sides", "out", "pending", "run_buf", "run_start", "run_end",
-                 "amqp_header_sent", "open_sent", "container_id", "sealed")
+                 "amqp_header_sent", "open_sent", "container_id", "client_sealed",
+                 "router_sealed")
 
     def __init__(self, sides: Sides, container_id: str) -> None:
         """Create the output side of a connection.
@@ -74,10 +75,12 @@ class Wire:
         self.open_sent = False
         """The client was sent an Open (the router's, or the proxy's own)."""
         self.container_id = container_id
-        self.sealed: set[Side] = set()
-        """The legs the proxy wrote its own Close to: nothing more is written to them (Part 2
-        §2.4.3: no frame follows a Close). Relayed Closes do not seal: the peer that sent one
-        writes nothing after it."""
+        self.client_sealed = False
+        """The proxy wrote its own Close to the client: nothing more is written to it (Part 2
+        §2.4.3: no frame follows a Close). A relayed Close does not seal: the router that sent
+        it writes nothing after it."""
+        self.router_sealed = False
+        """The proxy wrote its own Close to the router (as for :attr:`client_sealed`)."""
 
     # ------------------------------------------------------------------ bytes
 
@@ -86,20 +89,20 @@ class Wire:
 
         To the router: queued while it connects, dropped once it failed, stopped or is gone.
         To the client: dropped once its transport is gone. To either: dropped once the proxy
-        wrote its own Close to that leg (:attr:`sealed`).
+        wrote its own Close to that leg (:attr:`client_sealed`, :attr:`router_sealed`).
         """
         if self.run_start >= 0:
             self.flush_run()  # earlier frames of the client's run go first
-        if side in self.sealed:
-            return
         if side is Side.ROUTER:
+            if self.router_sealed:
+                return
             router = self.sides.router
             if router not in ROUTER_WRITABLE:
                 return
             if router is RouterState.IDLE or router is RouterState.CONNECTING:
                 self.pending.append(bytes(data))
                 return
-        elif self.sides.client is ClientState.CLOSED:
+        elif self.client_sealed or self.sides.client is ClientState.CLOSED:
             return
         self.out.append(SendData(side, data))
 
@@ -134,7 +137,10 @@ class Wire:
         """Send ``side`` a Close (Part 2 §2.7.9) and record it in the Close exchange."""
         self.sides.close_sent(side is Side.CLIENT)
         self.send(side, frame(0, Close(error=err)))
-        self.sealed.add(side)
+        if side is Side.CLIENT:
+            self.client_sealed = True
+        else:
+            self.router_sealed = True
 
     def send_open_close(self, err: Error) -> None:
         """QDR's connection denial on the wire: an Open (listener defaults) and then Close.
@@ -149,7 +155,7 @@ class Wire:
             self.amqp_header_sent = True
             data = AMQP_HEADER + data
         self.send(Side.CLIENT, data)
-        self.sealed.add(Side.CLIENT)
+        self.client_sealed = True
 
     # ------------------------------------------------------------------ the rest
 
