@@ -468,3 +468,51 @@ def test_sockets_waiting_for_their_header_are_bounded(proxy: ProxyThread,
             next_one.read_until(lambda i: i.name == "header")
             assert next_one.raw.startswith(C.SASL_HEADER)
     assert [e.description for e in denials(proxy)] == ["closed without sending a PROXY header"]
+
+
+# ---------------------------------------------------------------------------------- the guide
+
+
+def test_the_guides_haproxy_example_runs_in_front_of_the_proxy(proxy: ProxyThread,
+                                                               via) -> None:
+    """docs/deploy.md 10.2, the HAProxy configuration as printed, with its two proxies and its
+    port replaced by this test's proxy and a free port, ``maxconn`` within this machine's
+    file descriptor limit, checks every 200 ms, and an admin socket added."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    (example,) = re.findall(r"<!-- haproxy-example -->\n```haproxy\n(.*?)```", doc, re.S)
+
+    class Documented(HAProxy):
+        def config_text(self) -> str:
+            text = example.replace("bind :5672", f"bind 127.0.0.1:{self.port}")
+            text = text.replace("10.0.1.5:5672", f"127.0.0.1:{proxy.port}")
+            text = text.replace("10.0.1.6:5672", f"127.0.0.1:{proxy.port}")
+            text = text.replace("inter 2s", "inter 200ms")  # the same checks, sooner
+            text = text.replace("maxconn 20000", f"maxconn {self.maxconn}")
+            return text.replace("global\n", f"global\n    stats socket {self._workdir}/"
+                                            "admin.sock mode 600 level admin\n", 1)
+
+    with Documented(("127.0.0.1", proxy.port)) as lb:
+        from3 = via(lb.port, "127.0.0.3")
+        connect(from3.port, "bob").close()  # admitted: bob may come only from 127.0.0.3
+        time.sleep(0.5)  # a few health checks
+        states = [lb.server_state("amqp_proxies", name) for name in ("proxy-1", "proxy-2")]
+    assert all(s["status"] == "UP" and s["chkfail"] == "0" for s in states), states
+    assert [(e.user, e.remote_host) for e in proxy.events_of(ConnectionApproved)] == [
+        ("bob", "127.0.0.3")]
+    assert not denials(proxy)
+
+
+def test_the_guides_listener_example_is_valid() -> None:
+    """docs/deploy.md 10.1: the [[listener]] table as printed."""
+    import tomllib
+
+    from amqp_policy_proxy.daemon.config import config_from_mapping
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    section = doc.split("### 10.1 The listener", 1)[1]
+    (toml,) = re.findall(r"```toml\n(.*?)```", section.split("###", 1)[0], re.S)
+    raw = tomllib.loads(toml) | {"upstream": [{"address": "127.0.0.1:5673"}],
+                                 "policy": {"path": "/nonexistent"}}
+    (listener,) = config_from_mapping(raw, check_files=False).listeners
+    assert listener.proxy_protocol and [str(n) for n in listener.proxy_protocol_from] == [
+        "10.0.0.2/32", "10.0.0.3/32"]

@@ -209,10 +209,10 @@ class HAProxy:
             f"    server upstream {server}:{bport}{options}\n"
         )
 
-    def server_state(self) -> dict[str, str]:
+    def server_state(self, backend: str = "amqp_out", server: str = "upstream") -> dict[str, str]:
         """With ``health_check``: the backend server's row of HAProxy's ``show stat`` (``status``: ``UP``, ``DOWN``
         or ``no check``; ``chkfail``: failed checks; ``check_status``...), read from the
-        admin socket."""
+        admin socket (``stats socket WORKDIR/admin.sock``)."""
         assert self._workdir is not None, "HAProxy is not running"
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(5)
@@ -225,7 +225,7 @@ class HAProxy:
         header = lines[0].lstrip("# ").split(",")
         for line in lines[1:]:
             row = dict(zip(header, line.split(","), strict=False))
-            if row.get("pxname") == "amqp_out" and row.get("svname") == "upstream":
+            if row.get("pxname") == backend and row.get("svname") == server:
                 return row
         raise AssertionError(f"no server row in: {data!r}")
 
