@@ -49,10 +49,9 @@ from tests.support.haproxy import HAProxy
 from tests.support.proxy import ProxyThread
 from tests.support.rawpeer import RawClient
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not HAProxy.available(), reason="haproxy is not installed"),
-]
+pytestmark = pytest.mark.integration
+needs_haproxy = pytest.mark.skipif(not HAProxy.available(), reason="haproxy is not installed "
+                                   "(scripts/install-system-deps.sh installs it)")
 
 DISALLOWED = ("amqp:resource-limit-exceeded", "connection disallowed by local policy")
 BALANCERS = (ipaddress.ip_network("127.0.0.1/32"),)
@@ -175,6 +174,19 @@ def event_log(proxy: ProxyThread) -> list[dict]:
             for line in f.read_text().splitlines()]
 
 
+def event_log_when(proxy: ProxyThread, opened: int) -> list[dict]:
+    """The event log once it holds ``opened`` connection_opened records (the writer thread
+    writes within about 20 ms)."""
+    records: list[dict] = []
+
+    def enough() -> bool:
+        records[:] = event_log(proxy)
+        return sum(r["event"] == "connection_opened" for r in records) >= opened
+
+    assert wait_for(enough), records
+    return records
+
+
 def refused_with_nothing_written(client: RawClient, timeout: float = 5.0) -> bool:
     """The proxy closed the socket without writing a byte (EOF or reset)."""
     client.read_until_closed(timeout)
@@ -184,6 +196,7 @@ def refused_with_nothing_written(client: RawClient, timeout: float = 5.0) -> boo
 # ---------------------------------------------------------------------------------- HAProxy
 
 
+@needs_haproxy
 @pytest.mark.parametrize("send_proxy", ["send-proxy", "send-proxy-v2"])
 def test_remote_hosts_and_per_host_limits_see_the_clients_behind_haproxy(
         proxy: ProxyThread, via, send_proxy: str) -> None:
@@ -222,19 +235,7 @@ def test_remote_hosts_and_per_host_limits_see_the_clients_behind_haproxy(
                                        ("bob", "127.0.0.3", "127.0.0.1", 2)]
 
 
-def event_log_when(proxy: ProxyThread, opened: int) -> list[dict]:
-    """The event log once it holds ``opened`` connection_opened records (the writer thread
-    writes within about 20 ms)."""
-    records: list[dict] = []
-
-    def enough() -> bool:
-        records[:] = event_log(proxy)
-        return sum(r["event"] == "connection_opened" for r in records) >= opened
-
-    assert wait_for(enough), records
-    return records
-
-
+@needs_haproxy
 def test_health_checks_send_local_and_proceed_with_the_balancers_address(
         proxy: ProxyThread, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger=proxy_listener.__name__)
@@ -250,6 +251,7 @@ def test_health_checks_send_local_and_proceed_with_the_balancers_address(
     assert not denials(proxy)
 
 
+@needs_haproxy
 def test_tls_listener_reads_the_header_before_the_handshake(
         broker_address: tuple[str, int], policy_file: str, tmp_path: Path, pki: Pki,
         via) -> None:
@@ -277,6 +279,7 @@ def test_tls_listener_reads_the_header_before_the_handshake(
 # ---------------------------------------------------------------------------------- refusals
 
 
+@needs_haproxy
 def test_a_header_from_a_peer_outside_proxy_protocol_from_is_refused(
         proxy: ProxyThread) -> None:
     # a valid header, and a whole client behind it, from 127.0.0.9: not a balancer
@@ -473,6 +476,7 @@ def test_sockets_waiting_for_their_header_are_bounded(proxy: ProxyThread,
 # ---------------------------------------------------------------------------------- the guide
 
 
+@needs_haproxy
 def test_the_guides_haproxy_example_runs_in_front_of_the_proxy(proxy: ProxyThread,
                                                                via) -> None:
     """docs/deploy.md 10.2, the HAProxy configuration as printed, with its two proxies and its
