@@ -199,7 +199,8 @@ def refused_with_nothing_written(client: RawClient, timeout: float = 5.0) -> boo
 @needs_haproxy
 @pytest.mark.parametrize("send_proxy", ["send-proxy", "send-proxy-v2"])
 def test_remote_hosts_and_per_host_limits_see_the_clients_behind_haproxy(
-        proxy: ProxyThread, via, send_proxy: str) -> None:
+        proxy: ProxyThread, via, send_proxy: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="amqp_policy_proxy")
     with HAProxy(("127.0.0.1", proxy.port), send_proxy=send_proxy, health_check=True) as lb:
         from2, from3 = via(lb.port, "127.0.0.2"), via(lb.port, "127.0.0.3")
         alice = connect(from2.port, "alice")  # remoteHosts 127.0.0.2: admitted
@@ -228,6 +229,15 @@ def test_remote_hosts_and_per_host_limits_see_the_clients_behind_haproxy(
     assert refused == [("alice", "127.0.0.2", "host_limit"), ("bob", "127.0.0.2", "remote_host"),
                        ("carol", "127.0.0.2", "remote_host")]
     assert not denials(proxy) and denied_metric(proxy) == 0
+    # the log lines name the client, not HAProxy
+    denied_lines = [r.getMessage() for r in caplog.records if "DENY AMQP Open" in r.getMessage()]
+    assert sorted(re.sub(r"^\[\S+\] ", "", m) for m in denied_lines) == [
+        "DENY AMQP Open for user 'alice', rhost '127.0.0.2', vhost 'lb': host_limit",
+        "DENY AMQP Open for user 'bob', rhost '127.0.0.2', vhost 'lb': User is not allowed to "
+        "connect from this network host",
+        "DENY AMQP Open for user 'carol', rhost '127.0.0.2', vhost 'lb': User is not allowed to "
+        "connect from this network host",
+    ], denied_lines
     assert wait_for(lambda: proxy.daemon.ledger.host_active("lb", "127.0.0.2") == 0)
     opened = [r for r in event_log_when(proxy, 2) if r["event"] == "connection_opened"]
     assert sorted((r["user"], r["remote_host"], r["balancer_host"], r["schema_version"])
