@@ -530,3 +530,9 @@ def test_the_guides_listener_example_is_valid() -> None:
     (listener,) = config_from_mapping(raw, check_files=False).listeners
     assert listener.proxy_protocol and [str(n) for n in listener.proxy_protocol_from] == [
         "10.0.0.2/32", "10.0.0.3/32"]
+
+
+def test_the_start_line_marks_the_listener(proxy: ProxyThread) -> None:
+    line, fields = proxy.daemon.start_line()
+    assert f"listening on 127.0.0.1:{proxy.port} (PROXY protocol);" in line
+    assert fields["listeners"] == [f"127.0.0.1:{proxy.port} (PROXY protocol)"]

@@ -452,7 +452,9 @@ class TimeoutsTable(_Table):
 
     handshake_seconds: float = _key(
         10.0, toml="number > 0 (seconds)", gt=0,
-        doc="From TCP accept (and the TLS handshake) to the client's Open decision.")
+        doc="From TCP accept (and the TLS handshake) to the client's Open decision. On a "
+            "proxy_protocol listener the PROXY header must arrive within this time of the "
+            "accept too, before the TLS handshake and the Open get theirs.")
     shutdown_grace_seconds: float = _key(
         30.0, toml="number > 0 (seconds)", gt=0,
         doc="Drain budget on SIGTERM; keep the unit's TimeoutStopSec above it.")
