@@ -183,7 +183,7 @@ def _j(s: str | None) -> str:
     return "null" if s is None else json.dumps(s)
 
 
-COMMON = ('{"schema_version":1,"event":"%s","ts":"%s","conn_id":"%s","vhost":%s,"group":%s,'
+COMMON = ('{"schema_version":2,"event":"%s","ts":"%s","conn_id":"%s","vhost":%s,"group":%s,'
           '"user":%s,"remote_host":"%s","listener":"0.0.0.0:5672"')
 OPENED = COMMON + "}\n"
 CLOSED = (COMMON + ',"opened_ts":"%s","duration_seconds":%.3f,"bytes_in":%d,"bytes_out":%d,'
@@ -193,7 +193,7 @@ DENIED = COMMON + ',"reason":"%s","condition":"%s","description":"%s"}\n'
 LINK = COMMON + ',"role":"%s","address":"%s","reason":"%s"}\n'
 MESSAGE = COMMON + ',"address":"%s","reason":"%s","size":%d}\n'
 PROTO = COMMON + ',"side":"%s","condition":"%s","description":"%s"}\n'
-RELOAD = ('{"schema_version":1,"event":"policy_reloaded","ts":"%s","conn_id":"","vhost":null,'
+RELOAD = ('{"schema_version":2,"event":"policy_reloaded","ts":"%s","conn_id":"","vhost":null,'
           '"group":null,"user":null,"remote_host":null,"listener":null,"digest":"%s",'
           '"result":"ok","issues":[]}\n')
 

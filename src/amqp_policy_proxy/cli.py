@@ -44,6 +44,15 @@ def _address_arg(text: str) -> str:
     return text
 
 
+def _network_arg(text: str) -> str:
+    """argparse type: a CIDR network or one address (kept as text; the schema parses it)."""
+    try:
+        ipaddress.ip_network(text.strip(), strict=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
 def _ip_arg(text: str) -> str:
     """argparse type: an IP address as the socket layer reports it (``[v6]``, zone allowed)."""
     bare = text.strip()
@@ -91,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="daemon config file (TOML)")
     run.add_argument("--listen", action="append", default=[], metavar="HOST:PORT",
                      type=_address_arg, help="replaces every [[listener]]")
+    run.add_argument("--proxy-protocol-from", action="append", default=[], metavar="CIDR",
+                     type=_network_arg,
+                     help="a load balancer's network (repeatable): every --listen then "
+                          "requires a PROXY protocol header from it and refuses other peers")
     run.add_argument("--upstream", action="append", default=[], metavar="HOST:PORT",
                      type=_address_arg, help="replaces every [[upstream]]")
     run.add_argument("--policy", metavar="PATH", help="policy file or directory")
@@ -157,8 +170,14 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         ConfigError: invalid file or flags (every problem).
     """
     overrides: dict[str, tuple[str, Any]] = {}
+    if args.proxy_protocol_from and not args.listen:
+        raise ConfigError(["command line: --proxy-protocol-from: applies to the --listen "
+                           "addresses; give --listen too, or set proxy_protocol and "
+                           "proxy_protocol_from in the [[listener]] tables"])
     if args.listen:
-        overrides["listener"] = ("--listen", [{"address": a} for a in args.listen])
+        proxied = ({"proxy_protocol": True, "proxy_protocol_from": args.proxy_protocol_from}
+                   if args.proxy_protocol_from else {})
+        overrides["listener"] = ("--listen", [{"address": a, **proxied} for a in args.listen])
     if args.upstream:
         overrides["upstream"] = ("--upstream", [{"address": a} for a in args.upstream])
     if args.policy:

@@ -49,3 +49,29 @@ def test_daemon_records_read_back(spark, tmp_path):
     assert (closed.bytes_in, closed.transfers_out, closed.duration_seconds) == (100, 2, 60.5)
     assert rows["connection_denied"].reason == "user_limit"
     assert rows["connection_denied"].t_us == t0_us + 20_250_000
+
+
+def test_schema_versions_1_and_2_read_together(spark, tmp_path):
+    """Version 2 adds ``balancer_host`` (connections through a PROXY-protocol load balancer);
+    a log holding version-1 records and version-2 records with and without it reads as one,
+    the field null where absent, and the reports count the client's address from the header."""
+    v1_line = ('{"schema_version":1,"event":"connection_opened","ts":"2026-11-21T10:00:05.000Z",'
+               '"conn_id":"9","vhost":"v1","group":"g1","user":"bob","remote_host":"10.0.0.9",'
+               '"listener":"0.0.0.0:5672"}')
+    proxied = ce.ConnectionApproved(conn_id="1", at=10.0, vhost="v1", group="g1", user="alice",
+                                    remote_host="192.0.2.7", listener="0.0.0.0:5672",
+                                    balancer_host="10.0.0.2")
+    direct = ce.ConnectionApproved(conn_id="2", at=11.0, vhost="v1", group="g1", user="carol",
+                                   remote_host="10.0.0.3", listener="0.0.0.0:5673")
+    lines = [v1_line] + [dumps_record(to_record(e, wall_offset=T0)) for e in (proxied, direct)]
+    path = tmp_path / "dt=2026-11-21" / "hour=10"
+    path.mkdir(parents=True)
+    (path / "events-hostA-42.jsonl").write_text("\n".join(lines) + "\n")
+
+    raw = read_events(spark, str(tmp_path))
+    got = {r.conn_id: (r.schema_version, r.remote_host, r.balancer_host)
+           for r in raw.collect()}
+    assert got == {"9": (1, "10.0.0.9", None), "1": (2, "192.0.2.7", "10.0.0.2"),
+                   "2": (2, "10.0.0.3", None)}
+    prepared = {r.conn_id: r.remote_host for r in tf.prepare_events(raw).collect()}
+    assert prepared == {"9": "10.0.0.9", "1": "192.0.2.7", "2": "10.0.0.3"}

@@ -2,8 +2,9 @@
 
 One foreground ``haproxy -db`` process per :class:`HAProxy`, listening on 127.0.0.1 (a free port by
 default) and forwarding every connection to one backend: ``mode tcp``, ``timeout client/server
-1h``, ``maxconn 20000``, no logging (HAProxy 2.6 from Debian in its plain TCP-proxy form). The backend
-sees HAProxy's address as the client's (no PROXY protocol).
+1h``, ``maxconn 20000``, no logging (HAProxy 2.6 from Debian in its plain TCP-proxy form). The
+backend sees HAProxy's address as the client's, unless ``send_proxy`` makes HAProxy send the
+PROXY protocol header (``send-proxy`` v1 or ``send-proxy-v2``) with the client's address first.
 
 Typical use::
 
@@ -19,6 +20,7 @@ import os
 import resource
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -103,6 +105,14 @@ class HAProxy:
             (20000 on the CI machines, which HAProxy cannot raise there), so the limit actually
             configured is clamped to fit; see :attr:`maxconn` and :attr:`requested_maxconn`.
         connect_timeout: seconds HAProxy waits for the backend's TCP handshake.
+        send_proxy: ``"send-proxy"`` (PROXY protocol v1) or ``"send-proxy-v2"`` on the server
+            line; None: no header.
+        source: the address HAProxy connects to the backend from (``source`` on the server
+            line); None: the kernel's choice (127.0.0.1 on loopback).
+        health_check: check the backend every 200 ms, the PROXY header included
+            (``check-send-proxy``; v2 sends the ``LOCAL`` command): the check sends the AMQP
+            SASL header and expects the backend to answer with an AMQP header. See
+            :meth:`server_state`.
 
     Attributes:
         host, port: where HAProxy listens (``port`` is known from construction on).
@@ -120,7 +130,15 @@ class HAProxy:
         port: int | None = None,
         maxconn: int = 20000,
         connect_timeout: float = 5.0,
+        send_proxy: str | None = None,
+        source: str | None = None,
+        health_check: bool = False,
     ) -> None:
+        if send_proxy not in (None, "send-proxy", "send-proxy-v2"):
+            raise ValueError(f"send_proxy must be send-proxy or send-proxy-v2, got {send_proxy!r}")
+        self.send_proxy = send_proxy
+        self.source = source
+        self.health_check = health_check
         self.backend = _parse_backend(backend)
         self.host = host
         self.port = port if port is not None else free_port(host)
@@ -159,8 +177,23 @@ class HAProxy:
         bind_host = f"[{self.host}]" if ":" in self.host else self.host
         server = f"[{bhost}]" if ":" in bhost else bhost
         connect_ms = max(1, int(self.connect_timeout * 1000))
+        options = ""
+        if self.send_proxy:
+            options += f" {self.send_proxy}"
+        if self.source:
+            options += f" source {self.source}"
+        check = ""
+        if self.health_check:
+            options += " check check-send-proxy inter 200ms fall 2 rise 1"
+            check = ("    option tcp-check\n"
+                     "    tcp-check connect default\n"
+                     "    tcp-check send-binary 414d515003010000\n"  # AMQP 3.1.0.0 (SASL)
+                     "    tcp-check expect binary 414d5150\n")
+        stats = (f"    stats socket {self._workdir}/admin.sock mode 600 level admin\n"
+                 if self._workdir is not None and self.health_check else "")
         return (
             "global\n"
+            f"{stats}"
             f"    maxconn {self.maxconn}\n"
             "defaults\n"
             "    mode tcp\n"
@@ -172,8 +205,29 @@ class HAProxy:
             f"    bind {bind_host}:{self.port}\n"
             "    default_backend amqp_out\n"
             "backend amqp_out\n"
-            f"    server upstream {server}:{bport}\n"
+            f"{check}"
+            f"    server upstream {server}:{bport}{options}\n"
         )
+
+    def server_state(self, backend: str = "amqp_out", server: str = "upstream") -> dict[str, str]:
+        """With ``health_check``: the backend server's row of HAProxy's ``show stat`` (``status``: ``UP``, ``DOWN``
+        or ``no check``; ``chkfail``: failed checks; ``check_status``...), read from the
+        admin socket (``stats socket WORKDIR/admin.sock``)."""
+        assert self._workdir is not None, "HAProxy is not running"
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(5)
+            sock.connect(str(self._workdir / "admin.sock"))
+            sock.sendall(b"show stat\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        lines = data.decode().splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(","), strict=False))
+            if row.get("pxname") == backend and row.get("svname") == server:
+                return row
+        raise AssertionError(f"no server row in: {data!r}")
 
     def start(self, timeout: float = 10.0) -> int:
         """Start HAProxy in the foreground (``haproxy -db``) and wait until it listens.
@@ -198,6 +252,7 @@ class HAProxy:
             if self._proc is not None:
                 raise RuntimeError("HAProxy already started")
             self._workdir = Path(tempfile.mkdtemp(prefix="haproxy-test-"))
+            os.chmod(self._workdir, 0o700)
             cfg = self._workdir / "haproxy.cfg"
             cfg.write_text(self.config_text())
             stderr = open(self._workdir / "stderr.log", "wb")

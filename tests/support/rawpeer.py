@@ -209,7 +209,7 @@ class RawClient:
     """A blocking TCP client that sends exactly the bytes a test gives it."""
 
     def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0,
-                 rcvbuf: int | None = None) -> None:
+                 rcvbuf: int | None = None, source: str | None = None) -> None:
         """Connect to ``host:port``.
 
         Args:
@@ -217,8 +217,11 @@ class RawClient:
             host: the proxy's address.
             timeout: default seconds to wait in the read helpers.
             rcvbuf: SO_RCVBUF to set before connecting (a small window for stall tests).
+            source: the local address to connect from (e.g. ``127.0.0.2``); None: any.
         """
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        if source is not None:
+            self.sock.bind((source, 0))
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(timeout)

@@ -83,6 +83,7 @@ class ProxyConnection(Context):
         container_id: str = "amqp-policy-proxy",
         tls_subject: str | None = None,
         wall_offset: float = 0.0,
+        balancer_host: str | None = None,
     ) -> None:
         """Create the state machine for a freshly accepted client transport.
 
@@ -101,6 +102,8 @@ class ProxyConnection(Context):
             tls_subject: RFC 4514 subject of the client certificate the proxy verified, else
                 None (SASL EXTERNAL's identity; DDS permission grants match it).
             wall_offset: POSIX seconds minus loop-clock seconds (DDS validity dates).
+            balancer_host: the load balancer's address when ``remote_host`` came from its
+                PROXY protocol header (carried by every event), else None.
         """
         super().__init__(
             conn_id,
@@ -112,6 +115,7 @@ class ProxyConnection(Context):
             container_id=container_id,
             tls_subject=tls_subject,
             wall_offset=wall_offset,
+            balancer_host=balancer_host,
         )
         self.rules = MessageRules(self)
         self.sessions = Sessions(self, self.rules)

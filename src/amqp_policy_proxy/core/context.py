@@ -35,6 +35,7 @@ class Context:
         "remote_host",
         "client_address",
         "listener",
+        "balancer_host",
         "policy",
         "tls_subject",
         "wall_offset",
@@ -71,6 +72,7 @@ class Context:
         container_id: str,
         tls_subject: str | None,
         wall_offset: float,
+        balancer_host: str | None = None,
     ) -> None:
         """A freshly accepted client transport (see ``ProxyConnection`` for the arguments)."""
         self.conn_id = conn_id
@@ -79,6 +81,8 @@ class Context:
         self.client_address = remote_host
         """The same, as the shell parsed it (``remoteHosts`` checks)."""
         self.listener = listener
+        self.balancer_host = balancer_host
+        """The load balancer's address when ``remote_host`` came from its PROXY header."""
         self.policy = policy
         self.tls_subject = tls_subject
         """RFC 4514 subject of the client certificate the proxy verified, else None."""
@@ -128,6 +132,7 @@ class Context:
             "user": self.user,
             "remote_host": self.remote_host,
             "listener": self.listener,
+            "balancer_host": self.balancer_host,
         }
 
     def linger(self, now: float, seconds: float = LINGER_SECONDS) -> None:

@@ -40,6 +40,9 @@ class ProxyEvent:
     """The client's IP address, normalised (IPv4-mapped IPv6 shown as IPv4)."""
     listener: str = ""
     """The listener address the client connected to, ``HOST:PORT``."""
+    balancer_host: str | None = None
+    """The load balancer's address when the client's came from its PROXY protocol header
+    (``remote_host`` is then the client's); None on listeners without ``proxy_protocol``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,6 +31,7 @@ from ..resolver import system_resolver
 from . import systemd
 from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .preauth import PreauthBudget
+from .proxy_listener import Proxied, ProxyProtocolServer
 from .relay import ClientProtocol
 from .upstreams import UpstreamHealth
 
@@ -64,7 +65,7 @@ class Daemon:
         self.preauth = PreauthBudget(config.preauth_buffer_bytes)
         """Bytes held by connections not yet admitted, under a process-wide budget."""
         self.connections: dict[str, ClientProtocol] = {}
-        self.servers: list[asyncio.base_events.Server] = []
+        self.servers: list[asyncio.base_events.Server | ProxyProtocolServer] = []
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.draining = False
         self.internal_errors = 0
@@ -154,7 +155,7 @@ class Daemon:
         if reason is not None:
             self.emit(ConnectionDenied(conn_id=proto.conn_id, at=self.loop.time(),
                                        remote_host=str(remote_host), listener=proto.listener,
-                                       reason=reason))
+                                       reason=reason, balancer_host=_balancer(proto)))
         return reason
 
     def open_connection(self, proto: ClientProtocol, remote_host: ClientAddress,
@@ -164,7 +165,7 @@ class Daemon:
             proto.conn_id, remote_host=remote_host, listener=proto.listener,
             policy=self.policy, ledger=self.ledger, now=self.loop.time(),
             handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
-            wall_offset=self._wall_offset)
+            wall_offset=self._wall_offset, balancer_host=_balancer(proto))
         self.connections[proto.conn_id] = proto
         return conn
 
@@ -367,13 +368,16 @@ class Daemon:
             ctx = self._listener_ssl(index, base) if base is not None else None
             name = str(listener.address)
             try:
-                server = await self.loop.create_server(
-                    lambda name=name: ClientProtocol(self, name, self.next_conn_id()),
-                    listener.address.host, listener.address.port, ssl=ctx, backlog=LISTEN_BACKLOG,
-                    reuse_address=True,
-                    # a TLS handshake must finish within the Open-decision budget
-                    ssl_handshake_timeout=self.config.handshake_seconds if ctx else None,
-                )
+                if listener.proxy_protocol:
+                    server = await self._proxy_protocol_server(listener, name, ctx)
+                else:
+                    server = await self.loop.create_server(
+                        lambda name=name: ClientProtocol(self, name, self.next_conn_id()),
+                        listener.address.host, listener.address.port, ssl=ctx,
+                        backlog=LISTEN_BACKLOG, reuse_address=True,
+                        # a TLS handshake must finish within the Open-decision budget
+                        ssl_handshake_timeout=self.config.handshake_seconds if ctx else None,
+                    )
             except OSError as exc:
                 await self._undo_start()
                 raise self._bind_error(f"listener[{index}].address", listener.address,
@@ -388,6 +392,22 @@ class Daemon:
         self._snapshot_task = self.loop.create_task(self._snapshot_loop())
         if announce:
             self.announce_ready()
+
+    async def _proxy_protocol_server(self, listener: ListenerConfig, name: str,
+                                     ctx: ssl.SSLContext | None) -> ProxyProtocolServer:
+        """Bind a listener with ``proxy_protocol`` (``daemon/proxy_listener.py``).
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        def client(conn_id: str, proxied: Proxied) -> ClientProtocol:
+            return ClientProtocol(self, name, conn_id, proxied)
+
+        server = ProxyProtocolServer(self, listener, name, protocol_factory=client,
+                                     ssl_context=ctx, backlog=LISTEN_BACKLOG,
+                                     handshake_seconds=self.config.handshake_seconds)
+        await server.start()
+        return server
 
     def announce_ready(self) -> None:
         """Tell systemd the listeners are up (``READY=1``) and start the watchdog pings."""
@@ -415,7 +435,8 @@ class Daemon:
             for sock in server.sockets:
                 host, port = sock.getsockname()[:2]
                 shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                listeners.append(shown + (" (amqps)" if lc.tls_cert else ""))
+                listeners.append(shown + (" (amqps)" if lc.tls_cert else "")
+                                 + (" (PROXY protocol)" if lc.proxy_protocol else ""))
         upstreams = ", ".join(f"{u.address}{' (tls)' if u.tls else ''}"
                               for u in self.config.upstreams) or "none"
         policy = self.policy
@@ -706,6 +727,12 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT,
                                 functools.partial(self.request_stop, reason="SIGINT"))
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
+
+
+def _balancer(proto: ClientProtocol) -> str | None:
+    """The load balancer's address of a connection whose client address came from its PROXY
+    header, else None."""
+    return proto.proxied.balancer if proto.proxied is not None else None
 
 
 def _log_policy_warnings(policy: Policy) -> None:

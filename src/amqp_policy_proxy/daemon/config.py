@@ -23,6 +23,7 @@ carry its values into :class:`DaemonConfig` in :meth:`ConfigFile.to_daemon_confi
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import tomllib
@@ -104,6 +105,9 @@ def parse_address(text: str) -> Address:
     return Address(host, port)
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
     """One listening socket. With ``tls_cert`` it speaks amqps (TLS from the first byte)."""
@@ -114,6 +118,11 @@ class ListenerConfig:
     tls_ca: str | None = None
     """CA bundle for verifying client certificates."""
     require_client_cert: bool = False
+    proxy_protocol: bool = False
+    """Every connection begins with a PROXY protocol header (before TLS) whose address is the
+    client's; only peers in ``proxy_protocol_from`` may connect."""
+    proxy_protocol_from: tuple[Network, ...] = ()
+    """The load balancers' networks (non-empty when ``proxy_protocol``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +248,22 @@ def _writable_dir(value: str, info: ValidationInfo) -> str:
     return path
 
 
+def _network(value: Any) -> Network:
+    if not isinstance(value, str):
+        raise PydanticCustomError("network_type", "expected a CIDR string such as "
+                                  "\"10.0.0.0/8\", got {got}", {"got": describe(value)})
+    try:
+        return ipaddress.ip_network(value.strip(), strict=True)
+    except ValueError as exc:
+        hint = ""
+        try:
+            hint = f" (did you mean {ipaddress.ip_network(value.strip(), strict=False)}?)"
+        except ValueError:
+            pass
+        raise PydanticCustomError("network", "{reason}{hint}",
+                                  {"reason": str(exc), "hint": hint}) from None
+
+
 def _nonempty(value: str) -> str:
     if not value.strip():
         raise PydanticCustomError("empty", "must not be empty")
@@ -250,6 +275,7 @@ def _lower(value: Any) -> Any:
 
 
 AddressKey = Annotated[Address, PlainValidator(_address)]
+NetworkKey = Annotated[Network, PlainValidator(_network)]
 ReadableFile = Annotated[str, AfterValidator(_nonempty), AfterValidator(_readable_file)]
 PolicyPath = Annotated[str, AfterValidator(_nonempty), AfterValidator(_policy_path)]
 WritableDir = Annotated[str, AfterValidator(_nonempty), AfterValidator(_writable_dir)]
@@ -283,6 +309,28 @@ class ListenerTable(_Table):
         False, toml="boolean",
         doc="Refuse clients without a valid certificate signed by tls_ca. Needs tls_cert and "
             "tls_ca.")
+    proxy_protocol: bool = _key(
+        False, toml="boolean",
+        doc="Every connection must begin with a PROXY protocol header (v1 or v2, before TLS), "
+            "and the client address it carries is the client's for remoteHosts, per-host "
+            "limits, logs and the event log. Only peers in proxy_protocol_from may connect; "
+            "a missing, malformed or oversize header closes the connection with nothing "
+            "written (reason proxy_protocol). Needs proxy_protocol_from.")
+    proxy_protocol_from: list[NetworkKey] = _key(
+        [], toml="array of strings (CIDR)",
+        doc="The load balancers' addresses, e.g. [\"10.0.0.0/8\", \"fd00::/8\"]; a bare "
+            "address is one host. Needs proxy_protocol = true.")
+
+    @model_validator(mode="after")
+    def _proxy_protocol_keys_go_together(self) -> ListenerTable:
+        if self.proxy_protocol and not self.proxy_protocol_from:
+            problem = ("proxy_protocol needs proxy_protocol_from (the load balancers' "
+                       "addresses: only they may connect)")
+        elif self.proxy_protocol_from and not self.proxy_protocol:
+            problem = "proxy_protocol_from set but proxy_protocol is false (set proxy_protocol = true)"
+        else:
+            return self
+        raise PydanticCustomError("listener_proxy_protocol", "{problem}", {"problem": problem})
 
     @model_validator(mode="after")
     def _tls_keys_go_together(self) -> ListenerTable:
@@ -404,7 +452,9 @@ class TimeoutsTable(_Table):
 
     handshake_seconds: float = _key(
         10.0, toml="number > 0 (seconds)", gt=0,
-        doc="From TCP accept (and the TLS handshake) to the client's Open decision.")
+        doc="From TCP accept (and the TLS handshake) to the client's Open decision. On a "
+            "proxy_protocol listener the PROXY header must arrive within this time of the "
+            "accept too, before the TLS handshake and the Open get theirs.")
     shutdown_grace_seconds: float = _key(
         30.0, toml="number > 0 (seconds)", gt=0,
         doc="Drain budget on SIGTERM; keep the unit's TimeoutStopSec above it.")
@@ -469,7 +519,10 @@ class ConfigFile(_Table):
         pol = self.policy
         return DaemonConfig(
             listeners=tuple(ListenerConfig(lt.address, lt.tls_cert, lt.tls_key, lt.tls_ca,
-                                           lt.require_client_cert) for lt in self.listener),
+                                           lt.require_client_cert,
+                                           proxy_protocol=lt.proxy_protocol,
+                                           proxy_protocol_from=tuple(lt.proxy_protocol_from))
+                            for lt in self.listener),
             upstreams=tuple(UpstreamConfig(ut.address, ut.tls, ut.tls_ca, ut.tls_cert,
                                            ut.tls_key, ut.tls_server_name)
                             for ut in self.upstream),
@@ -683,6 +736,8 @@ def _reason(err: Mapping[str, Any], loc: tuple[Any, ...]) -> str:
         if isinstance(loc[-1], int):
             what = f"a table ({_TABLE_HINTS.get(top, 'table')})"
         return f"expected {what}, got {describe(value)}"
+    if kind == "list_type" and len(loc) > 1:  # an array key inside a table
+        return f"expected an array, got {describe(value)}"
     if kind == "list_type":
         hint = _TABLE_HINTS.get(str(loc[0]), "an array")
         extra = ""

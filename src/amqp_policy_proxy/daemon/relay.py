@@ -25,6 +25,7 @@ from ..core.connection import ProxyConnection
 from ..core.events import ProxyEvent, UpstreamConnectFailed
 from ..ingress.peer import ClientAddress
 from ..policy.reasons import ConnectionDenyReason
+from .proxy_listener import Proxied
 from .tls import peer_subject
 
 logger = logging.getLogger(__name__)
@@ -109,14 +110,18 @@ class ClientProtocol(asyncio.Protocol):
     __slots__ = (
         "host", "listener", "transport", "router", "conn", "timer", "counted", "closed",
         "conn_id", "_connect_task", "client_eof", "router_eof", "_pauses",
-        "_connect_timed_out", "_held",
+        "_connect_timed_out", "_held", "proxied",
     )
 
-    def __init__(self, host: RelayHost, listener: str, conn_id: str) -> None:
-        """Create the protocol for one accepted transport on ``listener`` (``HOST:PORT``)."""
+    def __init__(self, host: RelayHost, listener: str, conn_id: str,
+                 proxied: Proxied | None = None) -> None:
+        """Create the protocol for one accepted transport on ``listener`` (``HOST:PORT``);
+        ``proxied``: what the load balancer's PROXY header said (``proxy_protocol``
+        listeners only), whose client address replaces the socket's peer."""
         self.host = host
         self.listener = listener
         self.conn_id = conn_id
+        self.proxied = proxied
         self.transport: asyncio.Transport | None = None
         self.router: RouterProtocol | None = None
         self.conn: ProxyConnection | None = None
@@ -137,8 +142,11 @@ class ClientProtocol(asyncio.Protocol):
         """Global maxConnections (and the memory budget) at accept, before any byte."""
         self.transport = transport  # type: ignore[assignment]
         host = self.host
-        peer = transport.get_extra_info("peername")
-        remote_host = host.peer_address(peer[0] if peer else "")
+        if self.proxied is None:
+            peer = transport.get_extra_info("peername")
+            remote_host = host.peer_address(peer[0] if peer else "")
+        else:
+            remote_host = self.proxied.client
         if host.accept(self, remote_host) is not None:
             # the socket is closed without a byte written and no upstream connection made
             transport.close()

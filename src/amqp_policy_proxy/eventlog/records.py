@@ -1,10 +1,11 @@
-"""Sans-IO. Maps core events to event log records, schema v1 (docs/observability.md, "Event log").
+"""Sans-IO. Maps core events to event log records, schema v2 (docs/observability.md, "Event log").
 
 No I/O and no clock reads: the wall-clock offset comes in as an argument (the daemon computes
 ``time.time() - loop.time()``), so the same event always gives the same record.
 
 Redaction lives here: a record is assembled field by field from the schema's
-allow-list (:data:`~amqp_policy_proxy.eventlog.schema.COMMON_FIELDS` plus the event's
+allow-list (:data:`~amqp_policy_proxy.eventlog.schema.COMMON_FIELDS`, the
+:data:`~amqp_policy_proxy.eventlog.schema.OPTIONAL_FIELDS` an event has, plus the event's
 :data:`~amqp_policy_proxy.eventlog.schema.EVENT_FIELDS`), so nothing else an event may carry
 (SASL responses, passwords, channel numbers, future fields) can reach the log.
 """
@@ -155,12 +156,13 @@ _MAPPING: dict[type, tuple[str, Callable[[Any, float], dict[str, Any]]]] = {
 
 
 def to_record(event: object, *, wall_offset: float) -> dict[str, Any] | None:
-    """Map one core event to a schema-v1 event log record, ready for ``json.dumps``.
+    """Map one core event to a schema-v2 event log record, ready for ``json.dumps``.
 
     The record has exactly the schema's common fields (in
-    :data:`~amqp_policy_proxy.eventlog.schema.COMMON_FIELDS` order) followed by the event's
-    own fields (:data:`~amqp_policy_proxy.eventlog.schema.EVENT_FIELDS` order), and nothing
-    else. ``vhost``, ``group``, ``user`` and ``address`` are null when unknown. A
+    :data:`~amqp_policy_proxy.eventlog.schema.COMMON_FIELDS` order), then ``balancer_host``
+    when the event has one (a connection whose address came from a PROXY protocol header),
+    then the event's own fields (:data:`~amqp_policy_proxy.eventlog.schema.EVENT_FIELDS`
+    order), and nothing else. ``vhost``, ``group``, ``user`` and ``address`` are null when unknown. A
     ``policy_reloaded`` record has ``conn_id`` ``""`` and null ``vhost``, ``group``, ``user``,
     ``remote_host`` and ``listener``. A non-finite ``duration_seconds`` is written as null.
 
@@ -192,6 +194,8 @@ def to_record(event: object, *, wall_offset: float) -> dict[str, Any] | None:
         record["user"] = _opt_str(event.user)
         record["remote_host"] = str(event.remote_host)
         record["listener"] = str(event.listener)
+        if event.balancer_host is not None:
+            record["balancer_host"] = str(event.balancer_host)
     else:  # PolicyReloaded: not tied to a connection.
         record["conn_id"] = ""
         for field_name in ("vhost", "group", "user", "remote_host", "listener"):

@@ -1,4 +1,4 @@
-"""Event log schema, version 1 (docs/observability.md, "Event log"). Dependency-free.
+"""Event log schema, version 2 (docs/observability.md, "Event log"). Dependency-free.
 
 This module is the single source of truth for event names and field names. It is imported by
 the daemon's writer and by ``spark_reports`` (which builds its explicit Spark schemas from it),
@@ -10,7 +10,13 @@ line. ``ts`` is UTC RFC 3339 with milliseconds, e.g. ``2026-11-21T11:42:00.123Z`
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The ``schema_version`` of every record written. History (each version reads the ones before
+it; a field is never removed or retyped, only added):
+
+* 1: the first schema.
+* 2: adds the optional common field ``balancer_host`` (:data:`OPTIONAL_FIELDS`).
+"""
 
 # Event names (the ``event`` field).
 CONNECTION_OPENED = "connection_opened"
@@ -47,6 +53,13 @@ COMMON_FIELDS: dict[str, str] = {
     "listener": "string",
 }
 
+#: Fields present only in some records, with their JSON type, placed after the common fields:
+#: ``balancer_host`` (since version 2) is the load balancer's address on records of
+#: connections whose ``remote_host`` came from a PROXY protocol header; absent otherwise.
+OPTIONAL_FIELDS: dict[str, str] = {
+    "balancer_host": "string",
+}
+
 #: Extra fields per event, with their JSON type ("int", "double", "string", "array<string>").
 EVENT_FIELDS: dict[str, dict[str, str]] = {
     CONNECTION_OPENED: {},
@@ -70,8 +83,9 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     POLICY_RELOADED: {"digest": "string", "result": "string", "issues": "array<string>"},
 }
 
-#: Every field that may appear in a record, in a stable order (common fields first).
-ALL_FIELDS: dict[str, str] = dict(COMMON_FIELDS)
+#: Every field that may appear in a record, in a stable order (common fields first, then the
+#: optional ones).
+ALL_FIELDS: dict[str, str] = {**COMMON_FIELDS, **OPTIONAL_FIELDS}
 for _fields in EVENT_FIELDS.values():
     for _name, _type in _fields.items():
         ALL_FIELDS.setdefault(_name, _type)

@@ -32,6 +32,10 @@ class ConnectionDenyReason(StrEnum):
     PREAUTH_MEMORY = "preauth_memory"
     """Refused at TCP accept: the bytes held for connections not yet admitted reached the
     pre-authentication memory budget."""
+    PROXY_PROTOCOL = "proxy_protocol"
+    """Refused on a listener with ``proxy_protocol`` before any byte was written: the peer is
+    not in ``proxy_protocol_from``, or its PROXY header was missing, malformed, oversize or
+    not complete within the handshake timeout."""
 
 
 class LinkDenyReason(StrEnum):

@@ -139,6 +139,23 @@ CASES: list[tuple[str, str, list[str]]] = [
     ("toml-syntax", '[[listener]]\naddress = 127.0.0.1:5672\n' + UPSTREAM + POLICY,
      ["line 2 column 16: invalid TOML: expected newline or end of document after a "
       "statement"]),
+    ("proxy-protocol-without-from", LISTENER + "proxy_protocol = true\n" + UPSTREAM + POLICY,
+     ["listener[0]: proxy_protocol needs proxy_protocol_from (the load balancers' addresses: "
+      "only they may connect)"]),
+    ("proxy-protocol-from-without-switch",
+     LISTENER + 'proxy_protocol_from = ["10.0.0.0/8"]\n' + UPSTREAM + POLICY,
+     ["listener[0]: proxy_protocol_from set but proxy_protocol is false (set proxy_protocol = "
+      "true)"]),
+    ("proxy-protocol-from-host-bits",
+     LISTENER + 'proxy_protocol = true\nproxy_protocol_from = ["10.0.0.1/8", "lb.example"]\n'
+     + UPSTREAM + POLICY,
+     ["listener[0].proxy_protocol_from[0]: 10.0.0.1/8 has host bits set (did you mean "
+      "10.0.0.0/8?)",
+      "listener[0].proxy_protocol_from[1]: 'lb.example' does not appear to be an IPv4 or IPv6 "
+      "network"]),
+    ("proxy-protocol-from-string",
+     LISTENER + 'proxy_protocol = true\nproxy_protocol_from = "10.0.0.0/8"\n' + UPSTREAM + POLICY,
+     ['listener[0].proxy_protocol_from: expected an array, got a string ("10.0.0.0/8")']),
     ("every-problem-at-once",
      'metrics = "127.0.0.1:9464"\n' + LISTENER + UPSTREAM + 'tls = "false"\n' + POLICY
      + '[event_log]\nqueue_size = "big"\n',
@@ -265,6 +282,46 @@ def test_flags_complete_a_file_that_lacks_listeners(confdir: Path) -> None:
     args = build_parser().parse_args(["run", "--config", str(path), "--listen", "127.0.0.1:0"])
     config = config_from_args(args)
     assert config.listeners == (ListenerConfig(Address("127.0.0.1", 0)),)
+
+
+def test_proxy_protocol_keys_become_the_listener_config(confdir: Path) -> None:
+    import ipaddress
+
+    path = write(confdir, LISTENER + 'proxy_protocol = true\nproxy_protocol_from = '
+                 '["10.0.0.0/8", "fd00::/8", "192.0.2.7"]\n' + UPSTREAM + POLICY)
+    (listener,) = load_daemon_config(path).listeners
+    assert listener.proxy_protocol
+    assert listener.proxy_protocol_from == (ipaddress.ip_network("10.0.0.0/8"),
+                                            ipaddress.ip_network("fd00::/8"),
+                                            ipaddress.ip_network("192.0.2.7/32"))
+
+
+def test_proxy_protocol_from_flag_turns_it_on_for_every_listen(confdir: Path) -> None:
+    import ipaddress
+
+    from amqp_policy_proxy.cli import build_parser, config_from_args
+
+    path = write(confdir, BASE)
+    args = build_parser().parse_args([
+        "run", "--config", str(path), "--listen", "127.0.0.1:0", "--listen", "[::1]:0",
+        "--proxy-protocol-from", "127.0.0.1/32", "--proxy-protocol-from", "::1"])
+    nets = (ipaddress.ip_network("127.0.0.1/32"), ipaddress.ip_network("::1/128"))
+    assert [(lc.proxy_protocol, lc.proxy_protocol_from) for lc in
+            config_from_args(args).listeners] == [(True, nets), (True, nets)]
+
+
+def test_proxy_protocol_from_flag_needs_listen(confdir: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(confdir, BASE)
+    assert main(["run", "--config", str(path), "--proxy-protocol-from", "10.0.0.0/8"]) == (
+        EXIT_CONFIG)
+    assert capsys.readouterr().err.splitlines() == [
+        "error: command line: --proxy-protocol-from: applies to the --listen addresses; give "
+        "--listen too, or set proxy_protocol and proxy_protocol_from in the [[listener]] tables"]
+    assert main(["run", "--listen", "127.0.0.1:0", "--proxy-protocol-from", "10.0.0.1/8"]) == (
+        EXIT_CONFIG)
+    assert "argument --proxy-protocol-from: 10.0.0.1/8 has host bits set" in (
+        capsys.readouterr().err)
 
 
 def test_bad_listen_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,12 +77,14 @@ EVENTS = {
 
 
 def check_record(record: dict[str, Any]) -> None:
-    """Assert ``record`` is valid schema v1: exactly the fields, the JSON types, the formats."""
+    """Assert ``record`` is valid schema v2: exactly the fields, the JSON types, the formats."""
     name = record["event"]
     assert name in schema.EVENT_NAMES
-    expected = list(schema.COMMON_FIELDS) + list(schema.EVENT_FIELDS[name])
+    optional = [f for f in schema.OPTIONAL_FIELDS if f in record]
+    expected = list(schema.COMMON_FIELDS) + optional + list(schema.EVENT_FIELDS[name])
     assert list(record) == expected  # exactly these fields, in schema order
-    types = {**schema.COMMON_FIELDS, **schema.EVENT_FIELDS[name]}
+    types = {**schema.COMMON_FIELDS, **{f: schema.OPTIONAL_FIELDS[f] for f in optional},
+             **schema.EVENT_FIELDS[name]}
     reloaded = name == schema.POLICY_RELOADED
     for field_name, kind in types.items():
         value = record[field_name]
@@ -130,7 +132,7 @@ def test_every_core_event_type_is_covered():
 
 def test_connection_opened_exact():
     assert to_record(EVENTS[schema.CONNECTION_OPENED], wall_offset=OFFSET) == {
-        "schema_version": 1,
+        "schema_version": 2,
         "event": "connection_opened",
         "ts": "2026-11-21T11:42:00.000Z",
         "conn_id": "c1",
@@ -198,6 +200,24 @@ def test_denied_before_vhost_resolution_has_nulls():
 def test_upstream_connect_failed_is_not_a_record():
     event = UpstreamConnectFailed(conn_id="c1", at=1.0, upstream="127.0.0.1:25672")
     assert to_record(event, wall_offset=OFFSET) is None
+
+
+@pytest.mark.parametrize("name", [n for n in schema.EVENT_NAMES if n != schema.POLICY_RELOADED])
+def test_a_proxied_connection_records_the_balancer_after_the_common_fields(name):
+    event = dataclasses.replace(EVENTS[name], remote_host="192.0.2.7", balancer_host="10.0.0.2")
+    record = to_record(event, wall_offset=OFFSET)
+    assert record is not None
+    check_record(record)
+    assert (record["remote_host"], record["balancer_host"]) == ("192.0.2.7", "10.0.0.2")
+    assert list(record)[len(schema.COMMON_FIELDS)] == "balancer_host"
+
+
+def test_schema_version_2_only_adds_an_optional_field():
+    """A version-1 reader that ignores unknown fields reads version 2; Spark reads both."""
+    assert schema.SCHEMA_VERSION == 2
+    assert "balancer_host" not in schema.COMMON_FIELDS
+    assert schema.ALL_FIELDS["balancer_host"] == "string"
+    assert list(schema.ALL_FIELDS)[:len(schema.COMMON_FIELDS)] == list(schema.COMMON_FIELDS)
 
 
 def test_unknown_objects_are_not_records():
