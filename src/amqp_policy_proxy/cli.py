@@ -243,7 +243,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(format_issues(policy.warnings))
     names = ", ".join(sorted(policy.vhosts)) or "(none)"
     print(f"ok: {len(policy.vhosts)} vhost(s): {names}; digest {policy.digest}")
+    for line in shadow_lines(policy):
+        print(line)
     return EXIT_OK
+
+
+def shadow_lines(policy: Any) -> list[str]:
+    """What ``check`` says about shadow mode: one line per vhost with anything in shadow
+    (its would-be denials are allowed, logged ``SHADOW DENY`` and counted)."""
+    out = []
+    for vhost, enforcement, groups in policy.shadowed():
+        shown = ", ".join(f"'{g}'" for g in groups) or "none"
+        out.append(f"shadow: vhost '{vhost}' (enforcement {enforcement}); groups in shadow: "
+                   f"{shown}")
+    return out
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -299,6 +312,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             "allowed": result.allowed, "reason": result.reason, "steps": list(result.lines),
             "user": args.user, "host": args.host, "vhost": args.vhost,
             "address": args.address, "role": args.role, "policy_digest": policy.digest,
+            "enforcement": str(result.enforcement),
         }, indent=2))
     else:
         print(result.render())
