@@ -26,6 +26,7 @@ in a handler) becomes a Close of this one connection.
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from typing import Any
 
 from ..amqp import constants as C
@@ -63,7 +64,7 @@ class ProxyConnection(Context):
 
     Inputs: :meth:`receive_data`, :meth:`router_connected`, :meth:`router_connect_failed`,
     :meth:`connection_lost`, :meth:`handle_timer`, :meth:`begin_shutdown`,
-    :meth:`internal_error`. Each returns the commands to execute, in order.
+    :meth:`close_by_operator`, :meth:`internal_error`. Each returns the commands to execute, in order.
     :meth:`get_timer` says when to call :meth:`handle_timer` next (loop-clock seconds).
     :attr:`view` is what the shell may read.
     """
@@ -83,6 +84,7 @@ class ProxyConnection(Context):
         container_id: str = "amqp-policy-proxy",
         tls_subject: str | None = None,
         wall_offset: float = 0.0,
+        paused_vhosts: Container[str] = frozenset(),
     ) -> None:
         """Create the state machine for a freshly accepted client transport.
 
@@ -101,6 +103,9 @@ class ProxyConnection(Context):
             tls_subject: RFC 4514 subject of the client certificate the proxy verified, else
                 None (SASL EXTERNAL's identity; DDS permission grants match it).
             wall_offset: POSIX seconds minus loop-clock seconds (DDS validity dates).
+            paused_vhosts: vhost names an operator paused: an Open to one of them is denied
+                (``vhost_paused``). Read at the Open decision, so the daemon passes its live
+                set.
         """
         super().__init__(
             conn_id,
@@ -118,7 +123,7 @@ class ProxyConnection(Context):
         self.deliveries = Deliveries(self, self.sessions, self.rules)
         self.client = ClientSide(self, self.sessions, self.deliveries, self._open_received)
         self.router = RouterSide(self, self.sessions, self.deliveries)
-        self.admission = Admission(self, self.sessions, self.rules, ledger)
+        self.admission = Admission(self, self.sessions, self.rules, ledger, paused_vhosts)
         self.view = ConnectionView(self, self.client, self.router)
 
     # ------------------------------------------------------------------ the Open decision
@@ -329,16 +334,40 @@ class ProxyConnection(Context):
         both transports close. A client that does not answer within ``grace`` seconds
         (default :data:`LINGER_SECONDS`) is closed. Connections not admitted yet close at once.
         """
+        return self._forced_close(C.PROXY_SHUTTING_DOWN, "shutdown", now, grace)
+
+    def close_by_operator(
+        self, description: str, now: float, grace: float | None = None
+    ) -> list[Command]:
+        """Close this connection for an operator (``amqp-policy-proxy connections close``).
+
+        As :meth:`begin_shutdown`, with the operator's words: the admitted client gets Close
+        ``amqp:connection:forced`` with ``description``; what it sends until its answering
+        Close is relayed, then the router gets a Close (no error) and both transports close,
+        so the router sees an orderly end; the ledger's counts are released when the client's
+        transport is gone (at most ``grace`` seconds, default :data:`LINGER_SECONDS`). The
+        close reason is ``admin_close``. A connection not admitted yet closes at once.
+
+        Args:
+            description: the Close's description (the operator's reason).
+            now: loop-clock seconds.
+            grace: seconds the client has to answer.
+        """
+        return self._forced_close(description, "admin_close", now, grace)
+
+    def _forced_close(
+        self, description: str, reason: str, now: float, grace: float | None
+    ) -> list[Command]:
+        """Close(``amqp:connection:forced``, ``description``) to an admitted client, then wait
+        for its answer (see :meth:`begin_shutdown`); close at once what is not admitted."""
         out = self._begin()
         if self.finished:
             return out
         sides = self.sides
-        self.close_reason = self.close_reason or "shutdown"
+        self.close_reason = self.close_reason or reason
         if sides.client is ClientState.OPENED and self.wire.open_sent:
             if not sides.client_close_sent():
-                self.wire.send_close(
-                    Side.CLIENT, error(Condition.CONNECTION_FORCED, C.PROXY_SHUTTING_DOWN)
-                )
+                self.wire.send_close(Side.CLIENT, error(Condition.CONNECTION_FORCED, description))
             sides.to_client(ClientState.CLOSING)
             self.linger(now, LINGER_SECONDS if grace is None else grace)
         elif sides.client is not ClientState.CLOSING:
