@@ -1,4 +1,4 @@
-"""to_record: every core event maps to a schema-v1 record with exactly the schema's fields."""
+"""to_record: every core event maps to a schema-v2 record with exactly the schema's fields."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from amqp_policy_proxy.core import events as ev
 from amqp_policy_proxy.core.events import (
+    AdminAction,
     ConnectionApproved,
     ConnectionClosed,
     ConnectionDenied,
@@ -24,9 +25,11 @@ from amqp_policy_proxy.core.events import (
     LinkDenyReason,
     MessageDenied,
     MessageDenyReason,
+    OpenDecided,
     PolicyReloaded,
     ProtocolViolation,
     SessionDenied,
+    ShadowDenied,
     UpstreamConnectFailed,
 )
 from amqp_policy_proxy.eventlog import records, schema
@@ -41,7 +44,7 @@ WHO: dict[str, Any] = {
     "listener": "0.0.0.0:5672",
 }  # fmt: skip
 
-NULLABLE = {"vhost", "group", "user", "address"}
+NULLABLE = {"vhost", "group", "user", "address", "reason", "hostname", "role", "uid", "pid"}
 
 EVENTS = {
     schema.CONNECTION_OPENED: ConnectionApproved(
@@ -73,17 +76,31 @@ EVENTS = {
     schema.POLICY_RELOADED: PolicyReloaded(
         at=1000.0, digest="sha256:00ff", result="error", issues=("vhost 'a': unknown key 'x'",)
     ),
+    schema.AUTH_DECISION: OpenDecided(
+        conn_id="c1", at=1000.0, **WHO, decision="allow", reason="user_limit",
+        enforcement="shadow", rule="maxConnectionsPerUser 2 (group 'g1') reached",
+        hostname="vh1.example",
+    ),
+    schema.SHADOW_DENIED: ShadowDenied(
+        conn_id="c1", at=1000.0, **WHO, kind="link", reason="target", role="sender",
+        address="orders",
+    ),
+    schema.ADMIN_ACTION: AdminAction(
+        at=1000.0, action="connections_close", uid=0, pid=4242, peer="unix",
+        selector="user=alice", targets=("c1", "c7"), result="ok", count=2,
+        description="maintenance", vhost=None,
+    ),
 }  # fmt: skip
 
 
 def check_record(record: dict[str, Any]) -> None:
-    """Assert ``record`` is valid schema v1: exactly the fields, the JSON types, the formats."""
+    """Assert ``record`` is valid schema v2: exactly the fields, the JSON types, the formats."""
     name = record["event"]
     assert name in schema.EVENT_NAMES
     expected = list(schema.COMMON_FIELDS) + list(schema.EVENT_FIELDS[name])
     assert list(record) == expected  # exactly these fields, in schema order
     types = {**schema.COMMON_FIELDS, **schema.EVENT_FIELDS[name]}
-    reloaded = name == schema.POLICY_RELOADED
+    reloaded = name in (schema.POLICY_RELOADED, schema.ADMIN_ACTION)
     for field_name, kind in types.items():
         value = record[field_name]
         if value is None:
@@ -130,7 +147,7 @@ def test_every_core_event_type_is_covered():
 
 def test_connection_opened_exact():
     assert to_record(EVENTS[schema.CONNECTION_OPENED], wall_offset=OFFSET) == {
-        "schema_version": 1,
+        "schema_version": 2,
         "event": "connection_opened",
         "ts": "2026-11-21T11:42:00.000Z",
         "conn_id": "c1",
@@ -183,6 +200,50 @@ def test_policy_reloaded_has_no_connection_fields():
         assert record[name] is None
     assert record["issues"] == ["vhost 'a': unknown key 'x'"]
     assert record["digest"] == "sha256:00ff" and record["result"] == "error"
+
+
+def test_audit_records_exact():
+    common = {"ts": "2026-11-21T11:42:00.000Z", "conn_id": "c1", **WHO}
+    assert to_record(EVENTS[schema.AUTH_DECISION], wall_offset=OFFSET) == {
+        "schema_version": 2, "event": "auth_decision", **common, "decision": "allow",
+        "reason": "user_limit", "enforcement": "shadow",
+        "rule": "maxConnectionsPerUser 2 (group 'g1') reached", "hostname": "vh1.example",
+    }
+    assert to_record(EVENTS[schema.SHADOW_DENIED], wall_offset=OFFSET) == {
+        "schema_version": 2, "event": "shadow_denied", **common, "kind": "link",
+        "reason": "target", "role": "sender", "address": "orders",
+    }
+    assert to_record(EVENTS[schema.ADMIN_ACTION], wall_offset=OFFSET) == {
+        "schema_version": 2, "event": "admin_action", "ts": "2026-11-21T11:42:00.000Z",
+        "conn_id": "", "vhost": None, "group": None, "user": None, "remote_host": None,
+        "listener": None, "action": "connections_close", "uid": 0, "pid": 4242,
+        "peer": "unix", "selector": "user=alice", "targets": ["c1", "c7"], "result": "ok",
+        "count": 2, "description": "maintenance",
+    }  # fmt: skip
+
+
+def test_admin_action_on_a_vhost_names_it_and_tcp_has_no_credentials():
+    event = AdminAction(at=1000.0, action="vhost_pause", uid=None, pid=None,
+                        peer="127.0.0.1:40000", selector="vhost=shop", targets=("shop",),
+                        result="ok", vhost="shop")  # fmt: skip
+    record = to_record(event, wall_offset=OFFSET)
+    assert record is not None
+    check_record(record)
+    assert (record["vhost"], record["uid"], record["pid"]) == ("shop", None, None)
+    assert record["action"] in schema.ADMIN_ACTIONS
+
+
+def test_version_2_only_adds_events_and_fields():
+    # every v1 record stays valid: the v1 events keep exactly their fields
+    assert [n for n, v in schema.EVENT_SINCE.items() if v == 1] == [
+        "connection_opened", "connection_denied", "connection_closed", "session_denied",
+        "link_denied", "message_denied", "protocol_error", "policy_reloaded"]
+    assert list(schema.EVENT_FIELDS["connection_denied"]) == [
+        "reason", "condition", "description"]
+    assert set(schema.EVENT_SINCE) == set(schema.EVENT_NAMES)
+    for name, fields in schema.EVENT_FIELDS.items():  # one type per field name, every event
+        for field_name, kind in fields.items():
+            assert schema.ALL_FIELDS[field_name] == kind, (name, field_name)
 
 
 def test_denied_before_vhost_resolution_has_nulls():
