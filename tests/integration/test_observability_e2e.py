@@ -114,9 +114,14 @@ def test_metrics_and_event_log_after_real_traffic(broker_address, policy_path, t
     assert names.count(schema.CONNECTION_DENIED) == 2
     assert names.count(schema.CONNECTION_CLOSED) == 2
     assert names.count(schema.LINK_DENIED) == 1
+    # every Open decision in the audit trail: 2 allowed, 2 denied with their reasons
+    decided = sorted((r["decision"], r["reason"]) for r in records
+                     if r["event"] == schema.AUTH_DECISION)
+    assert decided == [("allow", None), ("allow", None), ("deny", "no_vhost"),
+                       ("deny", "unknown_user")]
     for r in records:
         allowed = set(schema.COMMON_FIELDS) | set(schema.EVENT_FIELDS[r["event"]])
-        assert set(r) <= allowed and r["schema_version"] == 1
+        assert set(r) <= allowed and r["schema_version"] == schema.SCHEMA_VERSION
         assert not {"password", "initial_response", "response"} & set(r)
         assert "secret" not in [v for v in r.values() if isinstance(v, str)]
     closed = [r for r in records if r["event"] == schema.CONNECTION_CLOSED and r["user"] == "alice"]
