@@ -55,8 +55,8 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 def socket_path(admin_socket: str | None, config: str | None) -> str:
     """Where to find the daemon: ``--admin-socket``, else ``[admin] socket`` of ``--config``
-    (default :data:`DEFAULT_CONFIG` when it exists and is readable), else
-    :data:`DEFAULT_ADMIN_SOCKET`.
+    (default :data:`DEFAULT_CONFIG` when it exists, is readable and its ``[admin]`` table is
+    valid), else :data:`DEFAULT_ADMIN_SOCKET`.
 
     Raises:
         ConfigError: ``--config`` was given and cannot be read, or its ``[admin]`` table is
@@ -67,7 +67,10 @@ def socket_path(admin_socket: str | None, config: str | None) -> str:
     if config is None:
         if not os.access(DEFAULT_CONFIG, os.R_OK):
             return DEFAULT_ADMIN_SOCKET
-        config = DEFAULT_CONFIG
+        try:  # not asked for: a broken file must not lock the engineer on call out
+            return admin_socket_from_file(DEFAULT_CONFIG) or DEFAULT_ADMIN_SOCKET
+        except ConfigError:
+            return DEFAULT_ADMIN_SOCKET
     return admin_socket_from_file(config) or DEFAULT_ADMIN_SOCKET
 
 

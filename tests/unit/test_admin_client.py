@@ -36,6 +36,13 @@ def test_the_socket_comes_from_the_flag_then_the_config_then_the_default(
     assert socket_path(None, str(config)) == DEFAULT_ADMIN_SOCKET
     monkeypatch.setattr(admin_client, "DEFAULT_CONFIG", str(tmp_path / "absent.toml"))
     assert socket_path(None, None) == DEFAULT_ADMIN_SOCKET
+    # the default file is read when it is there, and skipped when it does not parse
+    default = tmp_path / "default.toml"
+    monkeypatch.setattr(admin_client, "DEFAULT_CONFIG", str(default))
+    default.write_text('[admin]\nsocket = "/srv/a.sock"\n')
+    assert socket_path(None, None) == "/srv/a.sock"
+    default.write_text("[admin\n")
+    assert socket_path(None, None) == DEFAULT_ADMIN_SOCKET
 
 
 def test_an_unreachable_socket_is_explained(tmp_path: Path) -> None:
