@@ -153,8 +153,8 @@ class Control:
         now = host.loop.time()
         offset = host.wall_offset
         f = view.figures
-        upstream = getattr(proto, "upstream", None)
-        last = getattr(proto, "last_activity", None) or view.accepted_at
+        upstream = proto.upstream
+        last = proto.last_activity or view.accepted_at
         return {
             "id": view.conn_id,
             "vhost": view.vhost,
