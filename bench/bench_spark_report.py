@@ -110,7 +110,7 @@ def ensure_data(args: argparse.Namespace) -> Path:
     """Generate the event log and policies under ``args.data`` unless the same ones exist."""
     data = Path(args.data)
     params = {k: getattr(args, k) for k in ("events", "users", "hosts", "days", "proxies",
-                                            "seed")}
+                                            "seed", "schema_version")}
     marker = data / "params.json"
     if marker.exists() and json.loads(marker.read_text()) == params:
         print(f"reusing {data} ({params})", file=sys.stderr)
@@ -120,7 +120,7 @@ def ensure_data(args: argparse.Namespace) -> Path:
     data.mkdir(parents=True)
     t = time.monotonic()
     subprocess.run([sys.executable, str(BENCH / "gen_events.py"), "--out", str(data / "events"),
-                    *[f"--{k}={v}" for k, v in params.items()],
+                    *[f"--{k.replace('_', '-')}={v}" for k, v in params.items()],
                     "--policy-out", str(data / "policy.json"),
                     "--whatif-out", str(data / "whatif.json")], check=True)
     print(f"generated in {time.monotonic() - t:.0f} s", file=sys.stderr)
@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--days", type=int, default=7)
     ap.add_argument("--proxies", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--schema-version", type=int, choices=[1, 2], default=2,
+                    help="event log schema of the generated log (1: the mix of the figures "
+                         "before the audit trail, comparable with them)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--no-whatif", action="store_true", help="leave out --whatif")
     args = ap.parse_args(argv)

@@ -28,6 +28,11 @@ The model, per proxy fleet:
   before the first record); connections open at the end have no close.
 - ``conn_id`` counters are per proxy process and start at 1 on each, so conn_ids repeat across
   proxies, as the Spark job must handle.
+- Schema 2 (the default, as the daemon writes it): an ``auth_decision`` for every Open decision
+  (admitted or denied at the Open), a few ``shadow_denied`` links (0.5 % of connections) and
+  one ``admin_action`` per proxy and day. ``--schema-version 1`` writes the older mix (no
+  audit records), whose figures bench/README.md reports for earlier runs: at the same
+  ``--events``, schema 2 has about a third fewer connections.
 
 The number of events is approximately ``--events`` (within about 1 %); the exact count is
 printed. ``--policy-out`` also writes a QDR policy file matching the generated fleet.
@@ -98,6 +103,7 @@ P_LINK_DENIED = 0.04
 P_SESSION_DENIED = 0.01
 P_MESSAGE_DENIED = 0.01
 P_PROTOCOL_ERROR = 0.005
+P_SHADOW = 0.005
 P_DENIED = 0.03
 BURST_FACTOR = 8.0
 BURST_MINUTES = 5
@@ -183,7 +189,7 @@ def _j(s: str | None) -> str:
     return "null" if s is None else json.dumps(s)
 
 
-COMMON = ('{"schema_version":2,"event":"%s","ts":"%s","conn_id":"%s","vhost":%s,"group":%s,'
+COMMON = ('{"schema_version":%d,"event":"%s","ts":"%s","conn_id":"%s","vhost":%s,"group":%s,'
           '"user":%s,"remote_host":"%s","listener":"0.0.0.0:5672"')
 OPENED = COMMON + "}\n"
 CLOSED = (COMMON + ',"opened_ts":"%s","duration_seconds":%.3f,"bytes_in":%d,"bytes_out":%d,'
@@ -193,13 +199,21 @@ DENIED = COMMON + ',"reason":"%s","condition":"%s","description":"%s"}\n'
 LINK = COMMON + ',"role":"%s","address":"%s","reason":"%s"}\n'
 MESSAGE = COMMON + ',"address":"%s","reason":"%s","size":%d}\n'
 PROTO = COMMON + ',"side":"%s","condition":"%s","description":"%s"}\n'
-RELOAD = ('{"schema_version":2,"event":"policy_reloaded","ts":"%s","conn_id":"","vhost":null,'
+RELOAD = ('{"schema_version":%d,"event":"policy_reloaded","ts":"%s","conn_id":"","vhost":null,'
           '"group":null,"user":null,"remote_host":null,"listener":null,"digest":"%s",'
           '"result":"ok","issues":[]}\n')
+DECIDED = COMMON + ',"decision":"%s","reason":%s,"enforcement":"enforce","rule":"%s",' \
+    '"hostname":%s}\n'
+SHADOW = COMMON + ',"kind":"link","reason":"target","role":"sender","address":"%s"}\n'
+ADMIN = ('{"schema_version":2,"event":"admin_action","ts":"%s","conn_id":"","vhost":"%s",'
+         '"group":null,"user":null,"remote_host":null,"listener":null,"action":"%s","uid":0,'
+         '"pid":%d,"peer":"unix","selector":"vhost=%s","targets":["%s"],"result":"ok",'
+         '"count":0,"description":""}\n')
 
 
 def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: int,
-             seed: int, start: dt.date, limit_scale: float = 1.0) -> int:
+             seed: int, start: dt.date, limit_scale: float = 1.0,
+             schema_version: int = 2) -> int:
     """Write the event log and return the number of events written.
 
     Args:
@@ -212,6 +226,8 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         seed: random seed; the same arguments give the same files.
         start: first UTC day of the log.
         limit_scale: multiplies the limits each proxy enforces (see :func:`fleet_policy`).
+        schema_version: 2 writes the audit records too (``auth_decision``, ``shadow_denied``,
+            ``admin_action``); 1 the older mix.
 
     Returns:
         The exact number of lines written.
@@ -225,8 +241,11 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
     next_id = [0] * proxies
 
     # Per-hour attempt counts: diurnal weight x bursts, scaled so the expected total is `events`.
+    audit = schema_version >= 2
+    sv = schema_version
     per_attempt = (1 - P_DENIED) * (2 + P_LINK_DENIED + P_SESSION_DENIED + P_MESSAGE_DENIED
-                                    + P_PROTOCOL_ERROR) + P_DENIED
+                                    + P_PROTOCOL_ERROR + audit * (1 + P_SHADOW)) \
+        + P_DENIED * (1 + audit)
     bursts: dict[int, int] = {}  # hour index -> burst start minute
     for d in range(days):
         h = d * 24 + rng.randrange(6, 22)
@@ -238,7 +257,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         if h in bursts:
             w += diurnal(h % 24, day.weekday()) * (BURST_FACTOR - 1) * BURST_MINUTES / 60
         weights.append(w)
-    reloads = n_hours // 24 * proxies
+    reloads = n_hours // 24 * proxies * (1 + 2 * audit)  # and a pause and a resume each
 
     den_cdf = _cdf([w for _, w in DENIAL_REASONS])
     den_names = tuple(r for r, _ in DENIAL_REASONS)
@@ -282,6 +301,9 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
             n_host[(p, vhost, host)] -= 1
     log_duration = {g: (math.log(m), s) for g, (m, s) in DURATION.items()}
 
+    def life_hint(open_ms: int, close_ms: int | None) -> int:
+        return (close_ms if close_ms is not None else open_ms + 60_000) - open_ms
+
     def conn_events(p: int, cid: str, ui: int, open_ms: int, close_ms: int | None,
                     write_open: bool, sink_now: list, hour_end: int) -> None:
         name, vhost, group, host = fleet_users[ui]
@@ -298,7 +320,16 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
                 future[(ts - t0) // MS_HOUR].append((ts, p, line))
 
         if write_open:
-            put(open_ms, OPENED % ("connection_opened", fmt(open_ms), cid, vh, gr, us, ip))
+            if audit:
+                put(open_ms, DECIDED % (sv, "auth_decision", fmt(open_ms), cid, vh, gr, us, ip,
+                                        "allow", "null", f"vhost '{vhost}' (exact name); group "
+                                        f"'{group}' (user listed); remoteHosts matches; counts "
+                                        "within limits", vh))
+            put(open_ms, OPENED % (sv, "connection_opened", fmt(open_ms), cid, vh, gr, us, ip))
+        if audit and rng.random() < P_SHADOW:
+            ts = open_ms + int(rng.random() * min(life_hint(open_ms, close_ms), 5000))
+            put(ts, SHADOW % (sv, "shadow_denied", fmt(ts), cid, vh, gr, us, ip,
+                              f"{vhost}/trial/{ui % 10}"))
         life = (close_ms if close_ms is not None else open_ms + 60_000) - open_ms
         close_reason = _pick(close_cdf, close_names, rng.random())
         u = rng.random()
@@ -308,20 +339,20 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
             reason = "target" if role == "sender" else "source"
             if rng.random() < 0.3:
                 reason = role + "_limit"
-            put(ts, LINK % ("link_denied", fmt(ts), cid, vh, gr, us, ip, role,
+            put(ts, LINK % (sv, "link_denied", fmt(ts), cid, vh, gr, us, ip, role,
                             f"{vhost}/queue/{ui % 50}", reason))
         elif u < P_LINK_DENIED + P_SESSION_DENIED:
             ts = open_ms + int(rng.random() * min(life, 5000))
-            put(ts, COMMON % ("session_denied", fmt(ts), cid, vh, gr, us, ip) + "}\n")
+            put(ts, COMMON % (sv, "session_denied", fmt(ts), cid, vh, gr, us, ip) + "}\n")
         elif u < P_LINK_DENIED + P_SESSION_DENIED + P_MESSAGE_DENIED:
             ts = open_ms + int(rng.random() * life)
-            put(ts, MESSAGE % ("message_denied", fmt(ts), cid, vh, gr, us, ip,
+            put(ts, MESSAGE % (sv, "message_denied", fmt(ts), cid, vh, gr, us, ip,
                                f"{vhost}/topic/{ui % 20}", "message_size",
                                int(rng.lognormvariate(13, 1))))
             close_reason = "message_size" if rng.random() < 0.5 else close_reason
         elif u < P_LINK_DENIED + P_SESSION_DENIED + P_MESSAGE_DENIED + P_PROTOCOL_ERROR:
             ts = open_ms + int(rng.random() * life)
-            put(ts, PROTO % ("protocol_error", fmt(ts), cid, vh, gr, us, ip, "client",
+            put(ts, PROTO % (sv, "protocol_error", fmt(ts), cid, vh, gr, us, ip, "client",
                              "amqp:connection:framing-error", "frame larger than max-frame-size"))
             if close_ms is not None:
                 close_ms = max(close_ms, ts)
@@ -334,7 +365,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         t_out = int(dur * rate * (3.0 if group == "services" else 0.5))
         size = rng.lognormvariate(6.5, 1.0)
         put(close_ms, CLOSED % (
-            "connection_closed", fmt(close_ms), cid, vh, gr, us, ip, fmt(open_ms), dur,
+            sv, "connection_closed", fmt(close_ms), cid, vh, gr, us, ip, fmt(open_ms), dur,
             int(t_in * size) + 600, int(t_out * size) + 400, t_in, t_out,
             1 + (rng.random() < 0.2), 1 + int(rng.random() * 3), 1 + int(rng.random() * 3),
             close_reason))
@@ -374,8 +405,18 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         if h % 24 == 3:
             for p in range(proxies):
                 ts = hour_start + rng.randrange(MS_HOUR)
-                now.append((ts, p, RELOAD % (fmt(ts), f"{rng.getrandbits(64):016x}")))
+                now.append((ts, p, RELOAD % (sv, fmt(ts), f"{rng.getrandbits(64):016x}")))
                 generated[0] += 1
+                if audit:  # an operator pauses a vhost for a few minutes
+                    vhost = fleet_users[int(rng.random() * n_users)][1]
+                    for k, action in enumerate(("vhost_pause", "vhost_resume")):
+                        at = ts + 1000 + k * 300_000
+                        line = ADMIN % (fmt(at), vhost, action, proxy_names[p][1], vhost, vhost)
+                        if at < hour_end:
+                            now.append((at, p, line))
+                        else:
+                            future[(at - t0) // MS_HOUR].append((at, p, line))
+                        generated[0] += 1
         base_w = diurnal(h % 24, (start + dt.timedelta(days=h // 24)).weekday())
         burst_share = 0.0
         if burst_min is not None:
@@ -426,8 +467,14 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
                 elif reason == "handshake_timeout":
                     us = None
                 generated[0] += 1
+                cid = new_conn(p)
+                if audit and reason not in ("global_limit", "handshake_timeout"):
+                    generated[0] += 1
+                    now.append((open_ms, p, DECIDED % (
+                        sv, "auth_decision", fmt(open_ms), cid, _j(vh), _j(gr), _j(us),
+                        host_ips[host], "deny", _j(reason), reason, _j(vh))))
                 now.append((open_ms, p, DENIED % (
-                    "connection_denied", fmt(open_ms), new_conn(p), _j(vh), _j(gr), _j(us),
+                    sv, "connection_denied", fmt(open_ms), cid, _j(vh), _j(gr), _j(us),
                     host_ips[host], reason, cond, desc)))
                 continue
             mu, sigma = log_duration[group]
@@ -520,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="scale the limits the proxies enforce (and --policy-out writes)")
     ap.add_argument("--policy-out", metavar="PATH",
                     help="also write the QDR policy file the proxies enforce")
+    ap.add_argument("--schema-version", type=int, choices=[1, 2], default=2,
+                    help="2: with the audit records (default); 1: the older mix")
     ap.add_argument("--whatif-out", metavar="PATH",
                     help="also write a tighter what-if policy (limits x0.5 of that)")
     args = ap.parse_args(argv)
@@ -530,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit_scale <= 0:
         ap.error("--limit-scale must be positive")
     n = generate(args.out, args.events, args.users, args.hosts, args.days, args.proxies,
-                 args.seed, start, args.limit_scale)
+                 args.seed, start, args.limit_scale, args.schema_version)
     if args.policy_out or args.whatif_out:
         fleet = Fleet(args.users, args.hosts, random.Random(args.seed))
         if args.policy_out:

@@ -1,8 +1,11 @@
 """The top of the house: the ``amqp-policy-proxy`` command line: ``run``, ``check``, ``explain``,
-``report``, ``demo``.
+``report``, ``demo``, and the operator's commands on a running daemon (through its admin
+socket, :mod:`.admin_client`): ``connections list|close``, ``vhost pause|resume``, ``status``.
 
-Exit codes: 0 ok (``explain``: allowed), 1 runtime failure, 2 bad configuration or usage
-(also: a listener or the metrics port cannot bind), 3 ``explain``: denied.
+Exit codes: 0 ok (``explain``: allowed), 1 runtime failure (admin commands: the daemon cannot
+be reached, or no connection has the given id), 2 bad configuration or usage (also: a listener,
+the metrics port or the admin socket cannot bind; a request the daemon refuses), 3
+``explain``: denied.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from . import __version__
 from .daemon.config import (
+    DEFAULT_ADMIN_SOCKET,
     LOG_FORMATS,
     LOG_LEVELS,
     ConfigError,
@@ -111,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--event-log", metavar="DIR")
     run.add_argument("--max-connections", type=int, metavar="N")
     run.add_argument("--default-vhost", metavar="NAME")
+    run.add_argument("--admin-socket", metavar="PATH",
+                     help="serve the admin interface on this unix socket ([admin] socket)")
 
     check = add("check", help="validate a config or policy and print every issue",
                 description="Validate the daemon config (types, keys, the files it names) "
@@ -156,6 +162,58 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("kind", choices=["capacity"])
     report.add_argument("args", nargs=argparse.REMAINDER)
 
+    def admin_options(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--admin-socket", metavar="PATH",
+                        help="the daemon's admin socket (default: [admin] socket of --config, "
+                             f"else {DEFAULT_ADMIN_SOCKET})")
+        sp.add_argument("--config", metavar="FILE",
+                        help="daemon config whose [admin] socket to use (default: "
+                             "/etc/amqp-policy-proxy/config.toml when readable)")
+        sp.add_argument("--json", action="store_true", help="print one JSON document")
+
+    conns = add("connections", help="list or close the live connections of a running daemon")
+    conns_sub = conns.add_subparsers(dest="action", required=True)
+    clist = conns_sub.add_parser(
+        "list", help="the admitted connections",
+        description="List the admitted connections: id, vhost, group, user, remote host (and "
+                    "balancer), listener, upstream, TLS subject, age, bytes and transfers each "
+                    "way, sessions, senders, receivers, last activity. Filters combine.")
+    for key in ("vhost", "user", "host", "group"):
+        clist.add_argument(f"--{key}", metavar=key[0].upper())
+    admin_options(clist)
+    cclose = conns_sub.add_parser(
+        "close", help="close connections (Close amqp:connection:forced with the reason)",
+        description="Close the admitted connections with this id, user, vhost or client host: "
+                    "each client gets Close amqp:connection:forced with the reason, the router "
+                    "side is closed cleanly and the counts are released. Prints how many were "
+                    "closed. Exit 1 when no connection has the given --id.")
+    which = cclose.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id")
+    which.add_argument("--user", metavar="U")
+    which.add_argument("--vhost", metavar="V")
+    which.add_argument("--host", metavar="H", help="the client's IP address")
+    cclose.add_argument("--reason", metavar="TEXT",
+                        help="the Close description the clients get (default: closed by an "
+                             "operator)")
+    admin_options(cclose)
+
+    vhost = add("vhost", help="pause or resume new connections to a vhost")
+    vhost_sub = vhost.add_subparsers(dest="action", required=True)
+    for action, text in (("pause", "deny new connections to V (QDR's connection denial, "
+                                   "reason vhost_paused); existing ones stay. Lasts until "
+                                   "resume or a restart (a reload keeps it)"),
+                         ("resume", "let new connections to V be decided by the policy again")):
+        vp = vhost_sub.add_parser(action, help=text, description=text[:1].upper() + text[1:]
+                                  + ".")
+        vp.add_argument("name", metavar="V", help="the vhost name")
+        admin_options(vp)
+
+    status = add("status", help="version, uptime, policy, listeners, upstreams, counts",
+                 description="The running daemon at a glance: version, uptime, policy digest "
+                             "and load time, listeners, upstreams with health, ledger mode, "
+                             "connections per vhost, paused vhosts, workers.")
+    admin_options(status)
+
     demo = add("demo", help="embedded broker + proxy + demo clients")
     demo.add_argument("--keep-running", action="store_true",
                       help="leave the proxy and broker up until Ctrl-C after the demo clients "
@@ -190,6 +248,8 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         overrides["policy.max_connections"] = ("--max-connections", args.max_connections)
     if args.default_vhost is not None:
         overrides["policy.default_vhost"] = ("--default-vhost", args.default_vhost)
+    if args.admin_socket:
+        overrides["admin.socket"] = ("--admin-socket", os.path.abspath(args.admin_socket))
     return config_from_sources(args.config, overrides=overrides)
 
 
@@ -262,7 +322,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(format_issues(policy.warnings))
     names = ", ".join(sorted(policy.vhosts)) or "(none)"
     print(f"ok: {len(policy.vhosts)} vhost(s): {names}; digest {policy.digest}")
+    for line in shadow_lines(policy):
+        print(line)
     return EXIT_OK
+
+
+def shadow_lines(policy: Any) -> list[str]:
+    """What ``check`` says about shadow mode: one line per vhost with anything in shadow
+    (its would-be denials are allowed, logged ``SHADOW DENY`` and counted)."""
+    out = []
+    for vhost, enforcement, groups in policy.shadowed():
+        shown = ", ".join(f"'{g}'" for g in groups) or "none"
+        out.append(f"shadow: vhost '{vhost}' (enforcement {enforcement}); groups in shadow: "
+                   f"{shown}")
+    return out
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -318,6 +391,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             "allowed": result.allowed, "reason": result.reason, "steps": list(result.lines),
             "user": args.user, "host": args.host, "vhost": args.vhost,
             "address": args.address, "role": args.role, "policy_digest": policy.digest,
+            "enforcement": str(result.enforcement),
         }, indent=2))
     else:
         print(result.render())
@@ -332,6 +406,145 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"error: Spark reports need the 'spark' extra (pyspark): {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return int(capacity_main(args.args))
+
+
+def _admin(args: argparse.Namespace) -> Any:
+    """The admin client for ``args`` (raises ConfigError for a bad ``--config``)."""
+    from .admin_client import AdminClient, socket_path
+
+    return AdminClient(socket_path(args.admin_socket, args.config))
+
+
+def _admin_call(args: argparse.Namespace, call: Any) -> tuple[int, Any]:
+    """Run ``call(client)``; ``(exit code, answer or None)``, errors printed to stderr."""
+    from .admin_client import AdminClientError
+
+    try:
+        return EXIT_OK, call(_admin(args))
+    except ConfigError as exc:
+        _print_issues(exc.issues, sys.stderr)
+        return EXIT_CONFIG, None
+    except AdminClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        refused = exc.status is not None and exc.status not in (404,) and exc.status < 500
+        return (EXIT_CONFIG if refused else EXIT_FAILURE), None
+
+
+def cmd_connections(args: argparse.Namespace) -> int:
+    """``connections list|close``: through the running daemon's admin socket."""
+    if args.action == "list":
+        code, rows = _admin_call(args, lambda c: c.connections(
+            vhost=args.vhost, user=args.user, host=args.host, group=args.group))
+        if rows is not None:
+            print(json.dumps(rows, indent=2) if args.json else render_connections(rows))
+        return code
+    code, result = _admin_call(args, lambda c: c.close(
+        reason=args.reason, id=args.id, user=args.user, vhost=args.vhost, host=args.host))
+    if result is not None:
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            n = result["closed"]
+            ids = ", ".join(result["ids"])
+            print(f"closed {n} connection{'' if n == 1 else 's'}" + (f": {ids}" if ids else ""))
+    return code
+
+
+def cmd_vhost(args: argparse.Namespace) -> int:
+    """``vhost pause|resume V``: through the running daemon's admin socket."""
+    code, result = _admin_call(
+        args, lambda c: c.pause(args.name) if args.action == "pause" else c.resume(args.name))
+    if result is not None:
+        if args.json:
+            print(json.dumps(result, indent=2))
+        elif result["paused"]:
+            again = "" if result["changed"] else " (it was paused already)"
+            print(f"vhost '{result['vhost']}' paused{again}: new connections are denied, "
+                  "existing ones stay; until resume or a restart")
+        else:
+            again = "" if result["changed"] else " (it was not paused)"
+            print(f"vhost '{result['vhost']}' resumed{again}")
+    return code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``status``: through the running daemon's admin socket."""
+    code, status = _admin_call(args, lambda c: c.status())
+    if status is not None:
+        print(json.dumps(status, indent=2) if args.json else render_status(status))
+    return code
+
+
+#: Columns of ``connections list`` (key, heading), in order.
+_COLUMNS = (
+    ("id", "ID"), ("vhost", "VHOST"), ("group", "GROUP"), ("user", "USER"),
+    ("remote_host", "REMOTE_HOST"), ("balancer", "BALANCER"), ("listener", "LISTENER"),
+    ("upstream", "UPSTREAM"), ("age_seconds", "AGE"), ("bytes_in", "BYTES_IN"),
+    ("bytes_out", "BYTES_OUT"), ("transfers_in", "XFERS_IN"), ("transfers_out", "XFERS_OUT"),
+    ("sessions", "SESS"), ("senders", "SND"), ("receivers", "RCV"),
+    ("idle_seconds", "IDLE"), ("tls_subject", "TLS_SUBJECT"),
+)
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def render_connections(rows: list[dict[str, Any]]) -> str:
+    """``connections list`` as a table (one line per connection, then a count)."""
+    table = [[heading for _, heading in _COLUMNS]]
+    for row in rows:
+        cells = []
+        for key, _ in _COLUMNS:
+            value = row.get(key)
+            if key in ("age_seconds", "idle_seconds") and value is not None:
+                cells.append(_duration(float(value)))
+            else:
+                cells.append("-" if value is None or value == "" else str(value))
+        table.append(cells)
+    widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in table]
+    lines.append(f"{len(rows)} connection{'' if len(rows) == 1 else 's'}")
+    return "\n".join(lines)
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """``status`` for a person (``--json`` prints the whole document)."""
+    policy = status["policy"]
+    shadow = "; ".join(
+        f"vhost '{s['vhost']}' ({s['enforcement']}), groups in shadow: "
+        f"{', '.join(s['groups']) or 'none'}" for s in policy["shadow"]) or "none"
+    listeners = ", ".join(f"{x['address']}{' (amqps)' if x['tls'] else ''}"
+                          for x in status["listeners"]) or "none"
+    upstreams = "; ".join(
+        f"{u['address']}{' (tls)' if u['tls'] else ''} "
+        + ("up" if u["healthy"] else f"BACKED OFF ({u['consecutive_failures']} failures)")
+        for u in status["upstreams"])
+    counts = status["connections"]
+    per_vhost = ", ".join(f"{v} {n}" for v, n in sorted(counts["per_vhost"].items())) or "none"
+    ledger = status["ledger"]
+    return "\n".join([
+        f"amqp-policy-proxy {status['version']} (pid {status['pid']}), up "
+        f"{_duration(status['uptime_seconds'])} since {status['started_at']}"
+        + ("; DRAINING" if status["draining"] else "") + f"; workers {status['workers']}",
+        f"policy {policy['digest']}: {len(policy['vhosts'])} vhost(s), loaded "
+        f"{policy['loaded_at']}",
+        f"shadow mode: {shadow}",
+        f"listeners: {listeners}",
+        f"upstreams: {upstreams}",
+        f"ledger: {ledger['mode']}; {counts['admitted']} admitted, {ledger['transports']} "
+        f"transports of max {ledger['max_connections']}",
+        f"connections per vhost: {per_vhost}",
+        f"paused vhosts: {', '.join(status['paused_vhosts']) or 'none'}",
+    ])
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -356,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
         "explain": cmd_explain,
         "report": cmd_report,
         "demo": cmd_demo,
+        "connections": cmd_connections,
+        "vhost": cmd_vhost,
+        "status": cmd_status,
     }
     try:
         return handlers[args.command](args)

@@ -114,6 +114,11 @@ def test_metrics_and_event_log_after_real_traffic(broker_address, policy_path, t
     assert names.count(schema.CONNECTION_DENIED) == 2
     assert names.count(schema.CONNECTION_CLOSED) == 2
     assert names.count(schema.LINK_DENIED) == 1
+    # every Open decision in the audit trail: 2 allowed, 2 denied with their reasons
+    decided = sorted((r["decision"], r["reason"]) for r in records
+                     if r["event"] == schema.AUTH_DECISION)
+    assert decided == [("allow", None), ("allow", None), ("deny", "no_vhost"),
+                       ("deny", "unknown_user")]
     for r in records:
         allowed = set(schema.COMMON_FIELDS) | set(schema.EVENT_FIELDS[r["event"]])
         assert set(r) <= allowed and r["schema_version"] == schema.SCHEMA_VERSION == 2

@@ -88,6 +88,7 @@ def test_unit_declares_what_the_readme_promises() -> None:
         "User": "amqp-policy-proxy", "Group": "amqp-policy-proxy",
         "ConfigurationDirectory": "amqp-policy-proxy",
         "StateDirectory": "amqp-policy-proxy", "LogsDirectory": "amqp-policy-proxy",
+        "RuntimeDirectory": "amqp-policy-proxy", "RuntimeDirectoryMode": "0750",
         "ProtectSystem": "strict", "NoNewPrivileges": "yes",
         "CapabilityBoundingSet": "CAP_NET_BIND_SERVICE",
         "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
@@ -106,6 +107,8 @@ def test_unit_declares_what_the_readme_promises() -> None:
     assert int(d["TimeoutStopSec"][0].removesuffix("s")) > grace
     # the event log lives under LogsDirectory=, the only writable place besides StateDirectory=
     assert config["event_log"]["directory"].startswith("/var/log/amqp-policy-proxy/")
+    # the admin socket under RuntimeDirectory=, where the admin commands look by default
+    assert config["admin"]["socket"] == "/run/amqp-policy-proxy/admin.sock"
 
 
 def test_example_configuration_checks_ok() -> None:

@@ -49,3 +49,21 @@ def test_empty_report_has_no_images(tmp_path):
     page = open(html.write_report(str(tmp_path), html.ReportData(notes=["No events."])),
                 encoding="utf-8").read()
     assert "<img" not in page and "No events." in page and "No data for" in page
+
+
+def test_admin_actions_table_newest_rows_and_escaping(tmp_path, monkeypatch):
+    rows = [{"ts": f"2026-11-21T10:0{i}:00.000Z", "action": "connections_close", "vhost": None,
+             "selector": f"user=u{i}", "targets": f"c{i}", "count": 1, "result": "ok",
+             "uid": "0", "pid": "31337", "peer": "unix", "description": "<why>"}
+            for i in range(3)]
+    monkeypatch.setattr(html, "ADMIN_ROWS", 2)
+    page = open(html.write_report(str(tmp_path), html.ReportData(admin_actions=rows)),
+                encoding="utf-8").read()
+    assert "<h2>6. Admin actions</h2>" in page
+    assert "3 admin actions: the last 2 are shown." in page
+    assert "user=u0" not in page and "user=u1" in page and "user=u2" in page
+    assert ("<tr><td>2026-11-21T10:02:00.000Z</td><td>connections_close</td><td></td>"
+            "<td>user=u2</td><td>c2</td><td>1</td><td>ok</td><td>0</td><td>31337</td>"
+            "<td>unix</td><td>&lt;why&gt;</td></tr>") in page
+    empty = open(html.write_report(str(tmp_path / "e"), html.ReportData()), encoding="utf-8").read()
+    assert "<h2>6. Admin actions</h2>" in empty and "No rows." in empty

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import re
 import subprocess
@@ -195,6 +196,17 @@ def end_to_end_argv(tmp_path: Path, fixtures: Path) -> tuple[list[str], Path]:
         f.write('{"ts":"2026-11-21T10:03:00.000Z","event":"connection_opened","conn_id":"x\n'
                 "not json at all\n"
                 '{"ts":"yesterday","event":"connection_opened","conn_id":"c9","vhost":"v1"}\n')
+        # schema 2: operators' changes (the one at 10:06 is after the window)
+        for ts, action, vhost, selector, targets, count, uid in (
+                ("10:04:30", "connections_close", None, "user=alice", ["c5"], 1, 0),
+                ("10:01:00", "vhost_pause", "v1", "vhost=v1", ["v1"], 0, 1001),
+                ("10:06:00", "vhost_resume", "v1", "vhost=v1", ["v1"], 0, 1001)):
+            f.write(json.dumps({
+                "schema_version": 2, "event": "admin_action", "ts": f"2026-11-21T{ts}.000Z",
+                "conn_id": "", "vhost": vhost, "group": None, "user": None,
+                "remote_host": None, "listener": None, "action": action, "uid": uid,
+                "pid": 31337, "peer": "unix", "selector": selector, "targets": targets,
+                "result": "ok", "count": count, "description": "<maintenance>"}) + "\n")
     policy = tmp_path / "policy.json"
     policy.write_text('[["vhost", {"hostname": "v1", "maxConnections": 5, '
                       '"maxConnectionsPerUser": 3, "maxConnectionsPerHost": 2}]]')
@@ -280,6 +292,17 @@ def test_end_to_end(spark, fixtures, tmp_path, caplog):
         png = out / src
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", src
     assert "http://" not in html and "https://" not in html  # nothing to fetch: opens offline
+    # the admin actions of the window, oldest first, as a table and a CSV file
+    assert ("<tr><td>2026-11-21T10:01:00.000Z</td><td>vhost_pause</td><td>v1</td>"
+            "<td>vhost=v1</td><td>v1</td><td>0</td><td>ok</td><td>1001</td><td>31337</td>"
+            "<td>unix</td><td>&lt;maintenance&gt;</td></tr>") in html
+    assert "<td>connections_close</td><td></td><td>user=alice</td><td>c5</td><td>1</td>" in html
+    assert "vhost_resume" not in html
+    with open(out / "admin_actions.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["ts"], r["action"], r["targets"], r["uid"]) for r in rows] == [
+        ("2026-11-21T10:01:00.000Z", "vhost_pause", "v1", "1001"),
+        ("2026-11-21T10:04:30.000Z", "connections_close", "c5", "0")]
 
 
 

@@ -96,8 +96,9 @@ LAYERS: dict[str, int] = {
     "daemon": 6,
     "spark_reports": 6,
     "demo": 7,
-    "cli": 8,
-    "__main__": 9,
+    "admin_client": 8,
+    "cli": 9,
+    "__main__": 10,
     "__init__": -1,
 }
 #: What the capacity reports may import from the proxy (they run on Spark executors, far from a

@@ -7,11 +7,18 @@ counts (vhost, per user, per host) in the ledger. A denied client gets QDR's Ope
 nothing of its Open. An admitted client's Open goes to the router (its channel-max lowered by
 the channels kept back for session denials, decision 0003), followed by what the client
 pipelined behind it, and the router's frames held meanwhile (the facade replays both).
+
+Two things beyond QDR: a vhost an operator paused (the daemon's set, read through a plain
+``Container[str]``) is denied first, reason ``vhost_paused``; and in shadow mode
+(:mod:`.shadow`) the first would-be denial is logged ``SHADOW DENY`` and the connection is
+admitted and counted. Each decision is emitted with the rule that decided
+(:class:`~.events.OpenDecided`, the event log's ``auth_decision``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from typing import TYPE_CHECKING, Protocol
 
 from ..amqp import constants as C
@@ -22,21 +29,26 @@ from ..amqp.handshake import OpenHead, patch_open
 from ..amqp.performatives import Open, checked_replace, decode_performative
 from ..policy import decisions
 from ..policy.lookup import lookup_vhost
-from ..policy.reasons import ConnectionDenyReason
+from ..policy.model import GroupSettings
+from ..policy.reasons import ConnectionDenyReason, DenialKind
 from .commands import Side
 from .context import ROUTER_FRAME_LIMIT, Context
-from .events import ConnectionApproved, ConnectionDenied
+from .events import ConnectionApproved, ConnectionDenied, OpenDecided
 from .rules import MessageRules
 from .sessions import USHORT_MAX, Sessions
+from .shadow import in_shadow, shadowed, verb
 from .state import ClientState
 from .wire import error, frame
 
 if TYPE_CHECKING:
-    from ..policy.model import GroupSettings, VhostPolicy
+    from ..policy.model import VhostPolicy
 
 logger = logging.getLogger(__name__)
 
 UINT_MAX = 0xFFFFFFFF
+#: The ledger's group for an unknown user admitted in shadow mode (it has no group: its
+#: sessions, links and messages are not checked); counted under group ``""``.
+UNGROUPED = GroupSettings(name="")
 
 
 class AdmissionLedger(Protocol):
@@ -46,9 +58,17 @@ class AdmissionLedger(Protocol):
     """
 
     def try_admit(
-        self, conn_id: str, *, vhost: VhostPolicy, group: GroupSettings, user: str, remote_host: str
+        self,
+        conn_id: str,
+        *,
+        vhost: VhostPolicy,
+        group: GroupSettings,
+        user: str,
+        remote_host: str,
+        enforce: bool = True,
     ) -> ConnectionDenyReason | None:
-        """Count the connection if every limit allows it; else the first failed limit."""
+        """Count the connection if every limit allows it; else the first failed limit (with
+        ``enforce`` False, shadow mode: counted anyway, the failed limit still returned)."""
 
     def release(self, conn_id: str) -> bool:
         """Uncount an admitted connection (exactly once)."""
@@ -57,13 +77,20 @@ class AdmissionLedger(Protocol):
 class Admission:
     """The Open decision of one connection."""
 
-    __slots__ = ("ctx", "wire", "sides", "sessions", "rules", "ledger", "in_ledger")
+    __slots__ = ("ctx", "wire", "sides", "sessions", "rules", "ledger", "in_ledger", "paused")
 
     def __init__(
-        self, ctx: Context, sessions: Sessions, rules: MessageRules, ledger: AdmissionLedger
+        self,
+        ctx: Context,
+        sessions: Sessions,
+        rules: MessageRules,
+        ledger: AdmissionLedger,
+        paused: Container[str] = frozenset(),
     ) -> None:
-        """Nothing decided yet."""
+        """Nothing decided yet. ``paused``: the vhost names an operator paused, read at the
+        decision (the daemon's live set: a pause applies to Opens already on their way)."""
         self.ctx = ctx
+        self.paused = paused
         self.wire = ctx.wire
         self.sides = ctx.sides
         self.sessions = sessions
@@ -74,7 +101,9 @@ class Admission:
 
     def decide(self, open_: Open | OpenHead, body: bytes | None, now: float) -> bool:
         """Decide the client's Open (``body``: its frame body as received): admit it or deny
-        it, in QDR's order.
+        it, in QDR's order; a paused vhost is denied first, and in shadow mode a would-be
+        denial is admitted and reported (:mod:`.shadow`). Every decision emits
+        :class:`~.events.OpenDecided` with the rule that decided.
 
         Returns:
             True when admitted (the Open is on its way to the router), False when denied.
@@ -89,49 +118,94 @@ class Admission:
         ctx.user = user
         ctx.handshake_deadline = None
         policy = ctx.policy
+        hostname = None if open_.hostname is None else str(open_.hostname)
         if not policy.settings.enable_vhost_policy:
+            self._decided("allow", None, "enableVhostPolicy is false", hostname, now)
             self._approve(open_, body, None, now)
             return True
-        hostname = None if open_.hostname is None else str(open_.hostname)
         if user is None:
             ctx.vhost = lookup_vhost(policy, hostname)
-            self._deny(
-                ConnectionDenyReason.UNKNOWN_USER if ctx.vhost else ConnectionDenyReason.NO_VHOST,
-                now,
+            reason = (
+                ConnectionDenyReason.UNKNOWN_USER if ctx.vhost else ConnectionDenyReason.NO_VHOST
             )
+            self._deny(reason, "no authenticated user name", hostname, now)
             return False
         decision = decisions.approve_open(
             policy, hostname=hostname, user=user, remote_host=ctx.client_address
         )
-        ctx.vhost = decision.vhost
+        vhost = ctx.vhost = decision.vhost
         ctx.group = decision.group
-        if isinstance(decision, decisions.OpenDenied):
-            logger.info("[%s] %s", ctx.conn_id, decision.log)
-            self._deny(decision.reason, now)
+        if vhost is not None and vhost.hostname in self.paused:
+            logger.info(
+                "[%s] DENY AMQP Open for user '%s', rhost '%s', vhost '%s': vhost paused by "
+                "an operator", ctx.conn_id, user, ctx.remote_host, vhost.hostname,
+            )
+            self._deny(ConnectionDenyReason.VHOST_PAUSED,
+                       f"vhost '{vhost.hostname}' paused by an operator", hostname, now)
             return False
+        shadow = in_shadow(ctx)
+        would: tuple[ConnectionDenyReason, str] | None = None  # a denial shadow lets through
+        if isinstance(decision, decisions.OpenDenied):
+            logger.info("[%s] %s%s", ctx.conn_id, "SHADOW " if shadow else "", decision.log)
+            if not shadow:
+                self._deny(decision.reason, decision.rule, hostname, now)
+                return False
+            would = (decision.reason, decision.rule)
+        group = decision.group
+        assert vhost is not None
         reason = self.ledger.try_admit(
             ctx.conn_id,
-            vhost=decision.vhost,
-            group=decision.group,
+            vhost=vhost,
+            group=group if group is not None else UNGROUPED,
             user=user,
             remote_host=ctx.remote_host,
+            enforce=not shadow,
         )
-        if reason is not None:
+        if reason is not None and would is None:
             logger.info(
-                "[%s] DENY AMQP Open for user '%s', rhost '%s', vhost '%s': %s",
+                "[%s] %s AMQP Open for user '%s', rhost '%s', vhost '%s': %s",
                 ctx.conn_id,
+                verb(shadow),
                 user,
                 ctx.remote_host,
-                decision.vhost.hostname,
+                vhost.hostname,
                 reason,
             )
-            self._deny(reason, now)
-            return False
+            rule = decisions.count_rule(reason, vhost, group or UNGROUPED)
+            if not shadow:
+                self._deny(reason, rule, hostname, now)
+                return False
+            would = (reason, rule)
         self.in_ledger = True
-        self._approve(open_, body, decision.group, now)
+        if would is not None:
+            shadowed(ctx, DenialKind.CONNECTION, would[0], now)
+            self._decided("allow", would[0], would[1], hostname, now)
+        else:
+            rule = decision.rule if isinstance(decision, decisions.OpenAllowed) else ""
+            self._decided("allow", None, f"{rule}; counts within limits", hostname, now)
+        self._approve(open_, body, group, now)
         return True
 
-    def _deny(self, reason: ConnectionDenyReason, now: float) -> None:
+    def _decided(
+        self, decision: str, reason: str | None, rule: str, hostname: str | None, now: float
+    ) -> None:
+        """Emit the audit trail's record of this Open decision (``auth_decision``)."""
+        ctx = self.ctx
+        self.wire.emit(
+            OpenDecided(
+                **ctx.event_fields(now),
+                decision=decision,
+                reason=None if reason is None else str(reason),
+                # a denial is always enforced (a pause too, in a vhost in shadow)
+                enforcement="shadow" if decision == "allow" and in_shadow(ctx) else "enforce",
+                rule=rule,
+                hostname=hostname,
+            )
+        )
+
+    def _deny(
+        self, reason: ConnectionDenyReason, rule: str, hostname: str | None, now: float
+    ) -> None:
         """QDR's connection denial; the router never receives anything of this Open."""
         ctx = self.ctx
         sides = self.sides
@@ -139,6 +213,7 @@ class Admission:
         sides.to_client(ClientState.DENIED)
         ctx.close_reason = "denied"
         err = error(Condition.RESOURCE_LIMIT_EXCEEDED, C.CONNECTION_DISALLOWED)
+        self._decided("deny", reason, rule, hostname, now)
         wire.emit(
             ConnectionDenied(
                 **ctx.event_fields(now),
@@ -164,7 +239,9 @@ class Admission:
         ctx.opened_at = now
         if group is not None:
             self.rules.govern(group, ctx.user or "", ctx.tls_subject)
-            if group.max_sessions:
+            # in shadow nothing on the wire changes: channel-max is not lowered, so Begins
+            # beyond maxSessions reach the session check and are reported there
+            if group.max_sessions and not group.shadow:
                 self.sessions.policy_channel_max = max(0, group.max_sessions - 1)
         self.wire.emit(
             ConnectionApproved(

@@ -26,6 +26,7 @@ in a handler) becomes a Close of this one connection.
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from typing import Any
 
 from ..amqp import constants as C
@@ -63,7 +64,7 @@ class ProxyConnection(Context):
 
     Inputs: :meth:`receive_data`, :meth:`router_connected`, :meth:`router_connect_failed`,
     :meth:`connection_lost`, :meth:`handle_timer`, :meth:`begin_shutdown`,
-    :meth:`internal_error`. Each returns the commands to execute, in order.
+    :meth:`close_by_operator`, :meth:`internal_error`. Each returns the commands to execute, in order.
     :meth:`get_timer` says when to call :meth:`handle_timer` next (loop-clock seconds).
     :attr:`view` is what the shell may read.
     """
@@ -84,6 +85,7 @@ class ProxyConnection(Context):
         tls_subject: str | None = None,
         wall_offset: float = 0.0,
         balancer_host: str | None = None,
+        paused_vhosts: Container[str] = frozenset(),
     ) -> None:
         """Create the state machine for a freshly accepted client transport.
 
@@ -104,6 +106,9 @@ class ProxyConnection(Context):
             wall_offset: POSIX seconds minus loop-clock seconds (DDS validity dates).
             balancer_host: the load balancer's address when ``remote_host`` came from its
                 PROXY protocol header (carried by every event), else None.
+            paused_vhosts: vhost names an operator paused: an Open to one of them is denied
+                (``vhost_paused``). Read at the Open decision, so the daemon passes its live
+                set.
         """
         super().__init__(
             conn_id,
@@ -122,7 +127,7 @@ class ProxyConnection(Context):
         self.deliveries = Deliveries(self, self.sessions, self.rules)
         self.client = ClientSide(self, self.sessions, self.deliveries, self._open_received)
         self.router = RouterSide(self, self.sessions, self.deliveries)
-        self.admission = Admission(self, self.sessions, self.rules, ledger)
+        self.admission = Admission(self, self.sessions, self.rules, ledger, paused_vhosts)
         self.view = ConnectionView(self, self.client, self.router)
 
     # ------------------------------------------------------------------ the Open decision
@@ -333,16 +338,40 @@ class ProxyConnection(Context):
         both transports close. A client that does not answer within ``grace`` seconds
         (default :data:`LINGER_SECONDS`) is closed. Connections not admitted yet close at once.
         """
+        return self._forced_close(C.PROXY_SHUTTING_DOWN, "shutdown", now, grace)
+
+    def close_by_operator(
+        self, description: str, now: float, grace: float | None = None
+    ) -> list[Command]:
+        """Close this connection for an operator (``amqp-policy-proxy connections close``).
+
+        As :meth:`begin_shutdown`, with the operator's words: the admitted client gets Close
+        ``amqp:connection:forced`` with ``description``; what it sends until its answering
+        Close is relayed, then the router gets a Close (no error) and both transports close,
+        so the router sees an orderly end; the ledger's counts are released when the client's
+        transport is gone (at most ``grace`` seconds, default :data:`LINGER_SECONDS`). The
+        close reason is ``admin_close``. A connection not admitted yet closes at once.
+
+        Args:
+            description: the Close's description (the operator's reason).
+            now: loop-clock seconds.
+            grace: seconds the client has to answer.
+        """
+        return self._forced_close(description, "admin_close", now, grace)
+
+    def _forced_close(
+        self, description: str, reason: str, now: float, grace: float | None
+    ) -> list[Command]:
+        """Close(``amqp:connection:forced``, ``description``) to an admitted client, then wait
+        for its answer (see :meth:`begin_shutdown`); close at once what is not admitted."""
         out = self._begin()
         if self.finished:
             return out
         sides = self.sides
-        self.close_reason = self.close_reason or "shutdown"
+        self.close_reason = self.close_reason or reason
         if sides.client is ClientState.OPENED and self.wire.open_sent:
             if not sides.client_close_sent():
-                self.wire.send_close(
-                    Side.CLIENT, error(Condition.CONNECTION_FORCED, C.PROXY_SHUTTING_DOWN)
-                )
+                self.wire.send_close(Side.CLIENT, error(Condition.CONNECTION_FORCED, description))
             sides.to_client(ClientState.CLOSING)
             self.linger(now, LINGER_SECONDS if grace is None else grace)
         elif sides.client is not ClientState.CLOSING:

@@ -25,17 +25,22 @@ from ..amqp.errors import DecodeError, IllegalStateError, NotAllowedError, Unatt
 from ..amqp.message import cleared_durable_byte, durable_flag_offset, read_message_head
 from ..amqp.performatives import Accepted, Detach, Disposition, Rejected, Transfer
 from ..amqp.transfer import delivery_tag_at, read_transfer_fields
-from ..policy.reasons import MessageDenyReason
+from ..policy.reasons import DenialKind, MessageDenyReason
 from .commands import Side
 from .context import Context
 from .events import MessageDenied
 from .records import LinkRecord, SessionRecord
 from .rules import MessageRules
 from .sessions import Sessions
+from .shadow import DENY, SHADOW_DENY, in_shadow, shadowed
 from .state import ClientState
 from .wire import error, frame
 
 logger = logging.getLogger(__name__)
+
+#: ``LinkRecord.discard_reason`` of a delivery not discarded: its size denial was already
+#: let through by shadow mode (reported once per delivery, not once per frame).
+_SHADOWED_SIZE = "shadowed:message_size"
 
 
 class Deliveries:
@@ -97,6 +102,7 @@ class Deliveries:
             link.delivery_id = delivery_id
             link.delivery_settled = settled
             link.discarding = False
+            link.discard_reason = None
         elif settled:
             link.delivery_settled = True
         if not more or aborted:
@@ -109,21 +115,40 @@ class Deliveries:
         link.delivery_bytes += fend - payload_offset
         if first and not aborted and link.inspect:
             denial = self.rules.message_denial(link, buf, payload_offset, fend, more, now)
-            if denial is not None:
+            if denial is not None and not self._shadow(denial[0], denial[1], now):
                 self._deny(session, link, delivery_tag_at(buf, tag), denial[0], denial[1], now)
                 return False
         limit = self.rules.max_message_size
         if limit is not None and link.delivery_bytes > limit and not aborted:
-            self._oversize(session, link, delivery_tag_at(buf, tag) if first else None, first, now)
-            return False
+            if link.discard_reason != _SHADOWED_SIZE:  # once per delivery
+                if not self._shadow(MessageDenyReason.MESSAGE_SIZE, link.address, now,
+                                    f"maxMessageSize {limit} exceeded"):
+                    self._oversize(session, link, delivery_tag_at(buf, tag) if first else None,
+                                   first, now)
+                    return False
+                link.discard_reason = _SHADOWED_SIZE
         return True
 
-    def _log_denial(self, reason: MessageDenyReason, address: str | None, detail: str = "") -> None:
-        """One INFO line for a denied message, in QDR's words (``DENY AMQP Transfer ...``)."""
+    def _shadow(
+        self, reason: MessageDenyReason, address: str | None, now: float, detail: str = ""
+    ) -> bool:
+        """True when shadow mode lets this message denial through: reported and logged
+        ``SHADOW DENY``, the delivery is forwarded as it came."""
+        if not shadowed(self.ctx, DenialKind.MESSAGE, reason, now, address=address):
+            return False
+        self._log_denial(reason, address, detail, SHADOW_DENY)
+        return True
+
+    def _log_denial(
+        self, reason: MessageDenyReason, address: str | None, detail: str = "", verb: str = DENY
+    ) -> None:
+        """One INFO line for a denied message, in QDR's words (``DENY AMQP Transfer ...``;
+        ``verb`` ``SHADOW DENY`` for one shadow mode let through)."""
         conn = self.ctx
         logger.info(
-            "[%s] DENY AMQP Transfer for user '%s', rhost '%s', vhost '%s', address '%s': %s%s",
+            "[%s] %s AMQP Transfer for user '%s', rhost '%s', vhost '%s', address '%s': %s%s",
             conn.conn_id,
+            verb,
             conn.user,
             conn.remote_host,
             conn.vhost_name,
@@ -366,6 +391,7 @@ class Deliveries:
         except DecodeError:
             head = None
         wall_now = now + conn.wall_offset
+        shadow = in_shadow(conn)  # a durable rewrite is not a denial: none in shadow
         if head is not None and not head.complete:
             visible, decided = False, "properties not in the first frame"
         elif head is not None and head.to is not None:
@@ -374,14 +400,19 @@ class Deliveries:
                 self.rules.principal, link.address or "", to, wall_now=wall_now
             )
             visible, decided = d.visible, d.decided_by
-            link.rewrite_durable = d.strip_durable
+            link.rewrite_durable = d.strip_durable and not shadow
         else:
             d = self.rules.topics.check_unknown_delivery(
                 self.rules.principal, link.address or "", wall_now=wall_now
             )
             visible, decided = d.visible, d.decided_by
-            link.rewrite_durable = d.strip_durable
-        if not visible:
+            link.rewrite_durable = d.strip_durable and not shadow
+        if not visible and shadowed(
+            conn, DenialKind.MESSAGE, MessageDenyReason.TOPIC_WITHHELD, now, address=to
+        ):
+            logger.debug("[%s] SHADOW delivery %s on '%s' not withheld: %s", conn.conn_id,
+                         delivery_id, link.address, decided)
+        elif not visible:
             link.discarding = True
             logger.debug(
                 "[%s] delivery %s on '%s' withheld: %s",

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from ..policy.reasons import ConnectionDenyReason, LinkDenyReason, MessageDenyReason
 
 __all__ = [
-    "ConnectionApproved", "ConnectionClosed", "ConnectionDenied", "ConnectionDenyReason",
-    "LinkDenied", "LinkDenyReason", "MessageDenied", "MessageDenyReason", "PolicyReloaded",
-    "ProtocolViolation", "ProxyEvent", "SessionDenied", "UpstreamConnectFailed",
+    "AdminAction", "ConnectionApproved", "ConnectionClosed", "ConnectionDenied",
+    "ConnectionDenyReason", "LinkDenied", "LinkDenyReason", "MessageDenied",
+    "MessageDenyReason", "OpenDecided", "PolicyReloaded", "ProtocolViolation", "ProxyEvent",
+    "SessionDenied", "ShadowDenied", "UpstreamConnectFailed",
 ]
 
 
@@ -116,6 +117,46 @@ class MessageDenied(ProxyEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OpenDecided(ProxyEvent):
+    """The client's Open was decided (the audit trail's ``auth_decision``): every admission
+    decision, allowed or denied, with the rule that decided it.
+
+    Emitted just before :class:`ConnectionApproved` or :class:`ConnectionDenied`. Refusals
+    before an Open decision (global limit, memory budget, handshake timeout, authzid, no
+    upstream) are ``ConnectionDenied`` only.
+    """
+
+    decision: str
+    """``allow`` or ``deny``: what happened to the connection."""
+    reason: str | None = None
+    """The denial reason (:class:`ConnectionDenyReason`); for an ``allow`` in shadow mode the
+    reason it would have been denied for; None otherwise."""
+    enforcement: str = "enforce"
+    """``enforce`` or ``shadow``: the enforcement of the group (else the vhost) that decided."""
+    rule: str = ""
+    """The rule that decided, in words: how the vhost and group were found, or the limit or
+    ``remoteHosts`` that denied."""
+    hostname: str | None = None
+    """The Open hostname the client asked for."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShadowDenied(ProxyEvent):
+    """A denial that shadow mode let through (``enforcement: shadow``): the connection, session,
+    link or message was allowed; logged ``SHADOW DENY ...`` with the denial's own fields."""
+
+    kind: str
+    """``connection``, ``session``, ``link`` or ``message``
+    (:class:`~amqp_policy_proxy.policy.reasons.DenialKind`)."""
+    reason: str
+    """The reason the real denial would have had (the same ``reason`` label)."""
+    role: str | None = None
+    """For a link: the client's side, ``sender`` or ``receiver``."""
+    address: str | None = None
+    """For a link or a message: the address, when it has one."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProtocolViolation(ProxyEvent):
     """A side broke the protocol; the connection was closed with ``condition``."""
 
@@ -141,3 +182,33 @@ class PolicyReloaded:
     digest: str
     result: str
     issues: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminAction:
+    """An operator changed something through the admin interface (``admin_action`` in the
+    event log). Emitted by the daemon; not tied to a connection."""
+
+    at: float
+    """Loop-clock seconds."""
+    action: str
+    """``connections_close``, ``vhost_pause`` or ``vhost_resume``."""
+    uid: int | None
+    """The admin client's user id (``SO_PEERCRED`` of the unix socket); None over TCP."""
+    pid: int | None
+    """The admin client's process id (``SO_PEERCRED``); None over TCP."""
+    peer: str
+    """``unix`` for the socket, else the TCP client's ``HOST:PORT``."""
+    selector: str
+    """What the action applied to, as given: ``id=...``, ``user=...``, ``vhost=...``,
+    ``host=...``."""
+    targets: tuple[str, ...]
+    """What it acted on: connection ids closed, or the vhost paused or resumed."""
+    result: str
+    """``ok`` or ``error``."""
+    count: int = 0
+    """Connections closed (0 for a pause or resume)."""
+    description: str = ""
+    """The operator's reason (sent to closed clients), or the error."""
+    vhost: str | None = None
+    """The vhost of a pause, resume or close by vhost."""

@@ -319,7 +319,8 @@ class RouterSide:
     def on_open(self, perf: Open | OpenHead, raw: bytes, channel: int, now: float) -> bytes:
         """The router's Open (Part 2 §2.7.1), relayed with the group's limits applied: its
         max-frame-size lowered to ``maxFrameSize``, its channel-max to ``maxSessions - 1``;
-        ``maxSessionWindow`` becomes a window in frames of the max-frame-size in force.
+        ``maxSessionWindow`` becomes a window in frames of the max-frame-size in force. In
+        shadow mode nothing is rewritten (the sessions over ``maxSessions`` are reported).
 
         Raises:
             IllegalStateError: a second Open.
@@ -333,7 +334,7 @@ class RouterSide:
         group = ctx.group
         mfs = UINT_MAX if perf.max_frame_size is None else int(perf.max_frame_size)
         cmax = C.DEFAULT_CHANNEL_MAX if perf.channel_max is None else int(perf.channel_max)
-        if group is not None:
+        if group is not None and not group.shadow:  # shadow: the Open as the router sent it
             if group.max_frame_size:
                 new = max(C.MIN_MAX_FRAME_SIZE, min(mfs, group.max_frame_size))
                 if new != mfs:

@@ -34,12 +34,13 @@ from ..amqp.performatives import (
     checked_replace,
 )
 from ..policy import decisions
-from ..policy.reasons import LinkDenyReason
+from ..policy.reasons import DenialKind, LinkDenyReason, SessionDenyReason
 from .commands import Side
 from .context import Context
 from .events import LinkDenied, SessionDenied
 from .records import LinkRecord, ReservedPool, SessionRecord
 from .rules import MessageRules
+from .shadow import shadowed, verb
 from .wire import error, frame, rechannel
 
 logger = logging.getLogger(__name__)
@@ -147,8 +148,8 @@ class Sessions:
             and (
                 (pcm is not None and channel > pcm) or figures.active_sessions >= group.max_sessions
             )
+            and self._deny_session(channel, now)  # False: shadow mode lets it through
         ):
-            self._deny_session(channel, now)
             return
         if channel > self.advertised_channel_max:
             raise FramingError(
@@ -168,15 +169,30 @@ class Sessions:
             raw = frame(channel, checked_replace(perf, handle_max=hmax - reserve))
         self.wire.send(Side.ROUTER, raw)
 
-    def _deny_session(self, channel: int, now: float) -> None:
+    def _deny_session(self, channel: int, now: float) -> bool:
         """Deny a Begin over ``maxSessions``, as QDR does: a Begin answering it then an End
         with ``amqp:resource-limit-exceeded`` "session disallowed by local policy", sent on
         a channel kept back from the router (so the two legs' channels never collide).
+
+        Returns:
+            True when denied; False when shadow mode lets the Begin through (logged
+            ``SHADOW DENY`` and reported only).
 
         Raises:
             ResourceLimitError: no kept-back channel is left (the connection then closes).
         """
         conn = self.ctx
+        shadow = shadowed(conn, DenialKind.SESSION, SessionDenyReason.SESSION_LIMIT, now)
+        logger.info(
+            "[%s] %s AMQP Begin Session due to session limit. user: %s, rhost: %s, vhost: %s",
+            conn.conn_id,
+            verb(shadow),
+            conn.user,
+            conn.remote_host,
+            conn.vhost_name,
+        )
+        if shadow:
+            return False
         reply = self.reserved_channels.take()
         if reply is None:
             raise ResourceLimitError("session disallowed by local policy (no reply channel)")
@@ -187,14 +203,8 @@ class Sessions:
             Begin(remote_channel=channel, next_outgoing_id=0, incoming_window=0, outgoing_window=0),
         ) + frame(reply, End(error=err))
         self.wire.send(Side.CLIENT, data)
-        logger.info(
-            "[%s] DENY AMQP Begin Session due to session limit. user: %s, rhost: %s, vhost: %s",
-            conn.conn_id,
-            conn.user,
-            conn.remote_host,
-            conn.vhost_name,
-        )
         self.wire.emit(SessionDenied(**conn.event_fields(now), channel=channel))
+        return True
 
     def on_client_attach(self, perf: Attach, raw: bytes, channel: int, now: float) -> None:
         """A client Attach (Part 2 §2.7.3), checked as QDR does: sender/receiver counts, the
@@ -241,8 +251,9 @@ class Sessions:
                     dynamic=dynamic,
                     open_receivers=figures.active_receivers,
                 )
-            if reason is not None:
-                self._deny_link(session, perf, handle, is_sender, address, reason, now)
+            if reason is not None and self._deny_link(
+                session, perf, handle, is_sender, address, reason, now
+            ):
                 return
         rules = self.rules
         qos = 1
@@ -254,10 +265,11 @@ class Sessions:
             if address and not dynamic:
                 verdict = rules.check_link(is_sender, address, qos, now)
                 if not verdict.allowed:
-                    self._deny_link(
+                    if self._deny_link(
                         session, perf, handle, is_sender, address, LinkDenyReason.TOPIC, now
-                    )
-                    return
+                    ):
+                        return
+                    verdict = None  # allowed in shadow: no per-delivery filter either
         link = LinkRecord(str(perf.name), handle, is_sender, address)
         link.qos = qos
         link.inspect = is_sender and group is not None and rules.inspects(link)
@@ -267,7 +279,8 @@ class Sessions:
             and (verdict.per_delivery or verdict.strip_durable)
         ):
             link.topic_filter = verdict.per_delivery
-            link.strip_durable = verdict.strip_durable
+            # a durable rewrite is not a denial: in shadow nothing on the wire changes
+            link.strip_durable = verdict.strip_durable and not group.shadow
             rules.topic_receivers = True
         session.links[handle] = link
         if is_sender:
@@ -289,9 +302,30 @@ class Sessions:
         address: str | None,
         reason: LinkDenyReason,
         now: float,
-    ) -> None:
+    ) -> bool:
         """QDR's link denial: Attach (terminus present, address absent) then Detach(closed)
-        with ``amqp:resource-limit-exceeded`` (counts) or ``amqp:unauthorized-access``."""
+        with ``amqp:resource-limit-exceeded`` (counts) or ``amqp:unauthorized-access``.
+
+        Returns:
+            True when denied; False when shadow mode lets the Attach through (logged
+            ``SHADOW DENY`` and reported only).
+        """
+        conn = self.ctx
+        role = "sender" if is_sender else "receiver"
+        shadow = shadowed(conn, DenialKind.LINK, reason, now, role=role, address=address)
+        logger.info(
+            "[%s] %s AMQP Attach %s '%s' for user '%s', rhost '%s', vhost '%s' (%s)",
+            conn.conn_id,
+            verb(shadow),
+            role,
+            address,
+            conn.user,
+            conn.remote_host,
+            conn.vhost_name,
+            reason,
+        )
+        if shadow:
+            return False
         reply_handle = session.reserved_handles.take()
         if reply_handle is None:
             raise ResourceLimitError("link disallowed by local policy (no reply handle)")
@@ -313,21 +347,10 @@ class Sessions:
         )
         detach = Detach(handle=reply_handle, closed=True, error=error(condition, C.LINK_DISALLOWED))
         self.reply_on_session(session, frame(0, reply), frame(0, detach))
-        conn = self.ctx
-        role = "sender" if is_sender else "receiver"
-        logger.info(
-            "[%s] DENY AMQP Attach %s '%s' for user '%s', rhost '%s', vhost '%s' (%s)",
-            conn.conn_id,
-            role,
-            address,
-            conn.user,
-            conn.remote_host,
-            conn.vhost_name,
-            reason,
-        )
         self.wire.emit(
             LinkDenied(**conn.event_fields(now), role=role, address=address, reason=reason)
         )
+        return True
 
     def reply_on_session(self, session: SessionRecord, *frames: bytes) -> None:
         """Send synthesized frames (encoded for channel 0) on the router's channel of

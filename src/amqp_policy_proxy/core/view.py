@@ -89,6 +89,23 @@ class ConnectionView:
         return self._conn.listener
 
     @property
+    def tls_subject(self) -> str | None:
+        """RFC 4514 subject of the client certificate the proxy verified, else None."""
+        return self._conn.tls_subject
+
+    @property
+    def accepted_at(self) -> float:
+        """Loop-clock seconds of the TCP accept."""
+        return self._conn.accepted_at
+
+    @property
+    def enforcement(self) -> str | None:
+        """``enforce`` or ``shadow`` for an admitted connection under a group (the group's,
+        resolved group -> vhost), else None."""
+        group = self._conn.group
+        return None if group is None else str(group.enforcement)
+
+    @property
     def figures(self) -> Figures:
         """The connection's counters (live: read, never change)."""
         return self._conn.figures

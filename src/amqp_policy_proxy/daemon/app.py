@@ -92,6 +92,14 @@ class Daemon:
         self._last_status = ""
         self._config_digest: str | None = None
         self._stop_reason = "requested"
+        self.paused_vhosts: set[str] = set()
+        """Vhosts an operator paused (``vhost pause``): read by every Open decision; kept
+        across reloads, not restarts."""
+        self.started_at = 0.0
+        self.policy_loaded_at = 0.0
+        """Loop-clock seconds of the start and of the last successful policy load."""
+        self.admin: Any = None
+        """The admin interface (:class:`~.admin.AdminServer`) when ``[admin]`` is set."""
 
     # ------------------------------------------------------------------ plumbing
 
@@ -165,7 +173,8 @@ class Daemon:
             proto.conn_id, remote_host=remote_host, listener=proto.listener,
             policy=self.policy, ledger=self.ledger, now=self.loop.time(),
             handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
-            wall_offset=self._wall_offset, balancer_host=_balancer(proto))
+            wall_offset=self._wall_offset, balancer_host=_balancer(proto),
+            paused_vhosts=self.paused_vhosts)
         self.connections[proto.conn_id] = proto
         return conn
 
@@ -356,6 +365,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._drained = asyncio.Event()
         self._reload_lock = asyncio.Lock()
+        self.started_at = self.policy_loaded_at = self.loop.time()
         if self.policy is None:
             self.policy = await asyncio.to_thread(self._load_policy)
             _log_policy_warnings(self.policy)
@@ -386,6 +396,8 @@ class Daemon:
             for sock in server.sockets:
                 addr = sock.getsockname()
                 self.listen_addresses.append((addr[0], addr[1]))
+        if self.config.admin is not None:
+            await self._start_admin()
         self._publish_snapshot()
         line, fields = self.start_line()
         logger.info(line, extra=fields)
@@ -444,23 +456,40 @@ class Daemon:
         metrics = (self.metrics_server.url if self.metrics_server is not None
                    else "off")
         digest = getattr(policy, "digest", "-")
+        admin = self.admin
+        admin_at = ", ".join(a for a in (getattr(admin, "socket_path", None),
+                                         getattr(admin, "tcp_address", None)) if a) or "off"
         line = (f"amqp-policy-proxy {__version__} started: listening on "
                 f"{', '.join(listeners) or 'nothing'}; upstreams {upstreams}; policy "
                 f"{digest} ({vhosts} vhost{'s' if vhosts != 1 else ''}"
                 f" from {self.config.policy_path or 'memory'}); event log "
-                f"{self.config.event_log_dir or 'off'}; metrics {metrics}")
+                f"{self.config.event_log_dir or 'off'}; metrics {metrics}; admin {admin_at}")
         fields = {"event": "start", "version": __version__, "listeners": listeners,
                   "upstreams": [str(u.address) for u in self.config.upstreams],
                   "policy_digest": digest, "vhosts": vhosts,
                   "policy_path": self.config.policy_path,
                   "event_log_dir": self.config.event_log_dir,
-                  "metrics": None if self.metrics_server is None else metrics}
+                  "metrics": None if self.metrics_server is None else metrics,
+                  "admin": None if admin is None else admin_at}
         return line, fields
 
     def _bind_error(self, key: str, address: Any, exc: OSError) -> BindError:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         where = f"{self.config.source}: " if self.config.source else ""
         return BindError([f"{where}{key}: cannot listen on {address}: {reason}"])
+
+    async def _start_admin(self) -> None:
+        """Serve the admin interface (``[admin]``); undo the start if it cannot bind."""
+        from .admin import AdminServer
+        from .control import Control
+
+        admin = AdminServer(Control(self), self.config.admin, self.config.source)
+        try:
+            await admin.start()
+        except BindError:
+            await self._undo_start()
+            raise
+        self.admin = admin
 
     async def _undo_start(self) -> None:
         """Close what :meth:`start` opened before a listener failed to bind."""
@@ -601,6 +630,7 @@ class Daemon:
                                      result="error", issues=(str(exc),)))
             return False
         self.policy = new
+        self.policy_loaded_at = self.loop.time()
         _log_policy_warnings(new)
         self.emit(PolicyReloaded(at=now, digest=new.digest, result="ok",
                                  issues=tuple(str(i) for i in new.warnings)))
@@ -710,6 +740,9 @@ class Daemon:
         if self.metrics_server is not None:
             self.metrics_server.stop()
             self.metrics_server = None
+        if self.admin is not None:
+            await self.admin.stop()
+            self.admin = None
         for server in self.servers:
             await server.wait_closed()
         drained, seconds = open_at_stop - cut, time.monotonic() - stop_began

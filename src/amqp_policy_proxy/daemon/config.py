@@ -14,7 +14,7 @@ The validated result is the frozen dataclasses :class:`DaemonConfig`, :class:`Li
 :class:`UpstreamConfig` and :class:`Address`: the rest of the daemon, the tests and the demo build
 and ``dataclasses.replace`` those directly. Nothing is opened, bound or connected here.
 
-Adding a table (e.g. ``[admin]``): write a ``_Table`` subclass whose fields use :func:`_key`
+Adding a table (as ``[admin]``): write a ``_Table`` subclass whose fields use :func:`_key`
 (type name and description: the reference in ``docs/configuration.md`` is generated from them,
 see :func:`reference_markdown`), add it as a field of :class:`ConfigFile` with a default, and
 carry its values into :class:`DaemonConfig` in :meth:`ConfigFile.to_daemon_config`.
@@ -169,6 +169,28 @@ class DaemonConfig:
     """``[logging] level``: one of :data:`LOG_LEVELS`."""
     log_format: str = "text"
     """``[logging] format``: one of :data:`LOG_FORMATS`."""
+    admin: AdminConfig | None = None
+    """``[admin]``: the admin interface; None: no admin endpoint."""
+
+
+DEFAULT_ADMIN_SOCKET = "/run/amqp-policy-proxy/admin.sock"
+"""Where the packaged configuration puts the admin socket (``RuntimeDirectory=`` of the unit),
+and where the admin commands look when no configuration names one."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The admin interface (docs/operations.md): a unix socket, and optionally TCP with a
+    bearer token."""
+
+    socket: str | None = None
+    """Path of the unix socket (mode 0660); None: no socket."""
+    group: str | None = None
+    """Group the socket is given (its members may use it); None: the daemon's group."""
+    address: Address | None = None
+    """``HOST:PORT`` of the TCP listener; None: none."""
+    token_file: str | None = None
+    """File holding the bearer token the TCP listener requires."""
 
 
 # ---------------------------------------------------------------------------------- schema
@@ -488,6 +510,53 @@ class DaemonTable(_Table):
             "is back to three quarters.")
 
 
+def _group_exists(value: str, info: ValidationInfo) -> str:
+    if _checking(info):
+        import grp
+
+        try:
+            grp.getgrnam(value)
+        except KeyError:
+            raise PydanticCustomError("group", "group '{group}' does not exist",
+                                      {"group": value}) from None
+    return value
+
+
+class AdminTable(_Table):
+    """``[admin]``: the admin interface of the connections, vhost and status commands."""
+
+    socket: Annotated[str, AfterValidator(_nonempty), AfterValidator(_resolve)] | None = _key(
+        None, toml="path (socket)",
+        doc="Unix socket of the admin interface, created at start with mode 0660 (owner and "
+            "group of the service) and removed at exit; e.g. "
+            "\"/run/amqp-policy-proxy/admin.sock\" (RuntimeDirectory= of the unit). "
+            "Absent: no socket. --admin-socket overrides it.")
+    group: Annotated[str, AfterValidator(_nonempty), AfterValidator(_group_exists)] | None = \
+        _key(None, toml="string (group name)",
+             doc="Group given to the socket: its members may use the admin commands (the "
+                 "service must be a member). Default: the service's own group.")
+    address: AddressKey | None = _key(
+        None, toml="string HOST:PORT",
+        doc="Also serve the admin interface over TCP (for remote tooling); every request must "
+            "carry Authorization: Bearer TOKEN. Needs token_file. Absent: no TCP listener.")
+    token_file: ReadableFile | None = _key(
+        None, toml="path (file)",
+        doc="File holding the bearer token of the TCP listener (read at start; surrounding "
+            "white space ignored; keep it mode 0640 root:amqp-policy-proxy).")
+
+    @model_validator(mode="after")
+    def _tcp_needs_a_token(self) -> AdminTable:
+        if self.address is not None and self.token_file is None:
+            raise PydanticCustomError("admin_token", "address needs token_file (the TCP admin "
+                                      "listener only serves requests with a bearer token)")
+        if self.token_file is not None and self.address is None:
+            raise PydanticCustomError("admin_token", "token_file without address has no effect "
+                                      "(the unix socket is protected by its mode and group)")
+        if self.group is not None and self.socket is None:
+            raise PydanticCustomError("admin_group", "group without socket has no effect")
+        return self
+
+
 class ConfigFile(_Table):
     """The whole file. ``[[listener]]``, ``[[upstream]]`` and ``[policy]`` are required."""
 
@@ -501,6 +570,7 @@ class ConfigFile(_Table):
     timeouts: TimeoutsTable = _key(TimeoutsTable(), toml="table", doc="Timeouts.")
     logging: LoggingTable = _key(LoggingTable(), toml="table", doc="The daemon's log.")
     daemon: DaemonTable = _key(DaemonTable(), toml="table", doc="The process itself.")
+    admin: AdminTable = _key(AdminTable(), toml="table", doc="The admin interface.")
 
     @field_validator("listener")
     @classmethod
@@ -545,8 +615,16 @@ class ConfigFile(_Table):
             log_level=self.logging.level,
             log_format=self.logging.format,
             preauth_buffer_bytes=self.daemon.preauth_buffer_bytes,
+            admin=self._admin_config(),
             source=source,
         )
+
+    def _admin_config(self) -> AdminConfig | None:
+        admin = self.admin
+        if admin.socket is None and admin.address is None:
+            return None
+        return AdminConfig(socket=admin.socket, group=admin.group, address=admin.address,
+                           token_file=admin.token_file)
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -661,6 +739,7 @@ _TABLE_HINTS = {
     "event_log": "table [event_log] with directory = \"...\"",
     "timeouts": "table [timeouts]",
     "logging": "table [logging]",
+    "admin": "table [admin] with socket = \"...\"",
 }
 _MISSING = {
     "listener": "missing: at least one [[listener]] with address = \"HOST:PORT\" is required "
@@ -830,3 +909,28 @@ def _toml_literal(value: Any) -> str:
     if isinstance(value, str):
         return f'`"{value}"`'
     return f"`{value}`"
+
+
+def admin_socket_from_file(path: str | Path) -> str | None:
+    """The ``[admin] socket`` of a config file, for the admin commands.
+
+    Only the ``[admin]`` table is read and validated (no file checks): a problem elsewhere in
+    the file must not keep an on-call engineer from the running daemon.
+
+    Returns:
+        The socket path (relative paths resolved against the file's directory), or None when
+        the file has no ``[admin] socket``.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or its ``[admin]`` table is invalid.
+    """
+    raw = read_toml(path)
+    table = raw.get("admin", {})
+    try:
+        admin = AdminTable.model_validate(
+            table, context={"base": Path(path).absolute().parent, "check_files": False})
+    except ValidationError as exc:
+        lines = format_errors(exc, source=str(path))
+        raise ConfigError([line.replace(f"{path}: ", f"{path}: admin.", 1) for line in lines]
+                          ) from None
+    return admin.socket

@@ -110,7 +110,7 @@ class ClientProtocol(asyncio.Protocol):
     __slots__ = (
         "host", "listener", "transport", "router", "conn", "timer", "counted", "closed",
         "conn_id", "_connect_task", "client_eof", "router_eof", "_pauses",
-        "_connect_timed_out", "_held", "proxied",
+        "_connect_timed_out", "_held", "proxied", "upstream", "last_activity",
     )
 
     def __init__(self, host: RelayHost, listener: str, conn_id: str,
@@ -135,6 +135,10 @@ class ClientProtocol(asyncio.Protocol):
         """Why the client is not read: ``PAUSED_*`` bits (it is read again at none)."""
         self._connect_timed_out = False
         self._held = 0  # bytes last reported to the pre-authentication budget
+        self.upstream: Any = None
+        """The upstream the router leg is connected to (``connections list``)."""
+        self.last_activity: float | None = None
+        """Loop-clock seconds of the last bytes from either leg (``connections list``)."""
 
     # --- asyncio callbacks --------------------------------------------------------------
 
@@ -270,8 +274,9 @@ class ClientProtocol(asyncio.Protocol):
 
     def _feed(self, conn: ProxyConnection, side: Side, data: bytes) -> None:
         """:meth:`run` for ``receive_data``, the per-read path (no closure per call)."""
+        now = self.last_activity = self.host.loop.time()
         try:
-            self._execute(conn.receive_data(side, data, self.host.loop.time()))
+            self._execute(conn.receive_data(side, data, now))
         except Exception:  # a proxy bug: contain it to this connection
             self._contain(conn)
             return
@@ -394,6 +399,7 @@ class ClientProtocol(asyncio.Protocol):
                 return
             host.upstream_connected(upstream)
             self.router = proto  # type: ignore[assignment]
+            self.upstream = upstream
             conn = self.conn
             assert conn is not None
             # a client that sent its Open before the upstream was there is decided now

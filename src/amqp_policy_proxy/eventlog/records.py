@@ -19,15 +19,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from amqp_policy_proxy.core.events import (
+    AdminAction,
     ConnectionApproved,
     ConnectionClosed,
     ConnectionDenied,
     LinkDenied,
     MessageDenied,
+    OpenDecided,
     PolicyReloaded,
     ProtocolViolation,
     ProxyEvent,
     SessionDenied,
+    ShadowDenied,
 )
 from amqp_policy_proxy.eventlog import schema
 
@@ -141,6 +144,39 @@ def _policy_reloaded(event: PolicyReloaded, wall_offset: float) -> dict[str, Any
     }
 
 
+def _auth_decision(event: OpenDecided, wall_offset: float) -> dict[str, Any]:
+    return {
+        "decision": str(event.decision),
+        "reason": _opt_str(event.reason),
+        "enforcement": str(event.enforcement),
+        "rule": str(event.rule),
+        "hostname": _opt_str(event.hostname),
+    }
+
+
+def _shadow_denied(event: ShadowDenied, wall_offset: float) -> dict[str, Any]:
+    return {
+        "kind": str(event.kind),
+        "reason": str(event.reason),
+        "role": _opt_str(event.role),
+        "address": _opt_str(event.address),
+    }
+
+
+def _admin_action(event: AdminAction, wall_offset: float) -> dict[str, Any]:
+    return {
+        "action": str(event.action),
+        "uid": None if event.uid is None else int(event.uid),
+        "pid": None if event.pid is None else int(event.pid),
+        "peer": str(event.peer),
+        "selector": str(event.selector),
+        "targets": [str(t) for t in event.targets],
+        "result": str(event.result),
+        "count": int(event.count),
+        "description": str(event.description),
+    }
+
+
 # Event type -> (event name, extra-field builder). UpstreamConnectFailed is deliberately absent:
 # it is a metric only (amqp_proxy_upstream_connect_failures_total), not a connection fact.
 _MAPPING: dict[type, tuple[str, Callable[[Any, float], dict[str, Any]]]] = {
@@ -152,6 +188,9 @@ _MAPPING: dict[type, tuple[str, Callable[[Any, float], dict[str, Any]]]] = {
     MessageDenied: (schema.MESSAGE_DENIED, _message_denied),
     ProtocolViolation: (schema.PROTOCOL_ERROR, _protocol_error),
     PolicyReloaded: (schema.POLICY_RELOADED, _policy_reloaded),
+    OpenDecided: (schema.AUTH_DECISION, _auth_decision),
+    ShadowDenied: (schema.SHADOW_DENIED, _shadow_denied),
+    AdminAction: (schema.ADMIN_ACTION, _admin_action),
 }
 
 
@@ -164,7 +203,9 @@ def to_record(event: object, *, wall_offset: float) -> dict[str, Any] | None:
     then the event's own fields (:data:`~amqp_policy_proxy.eventlog.schema.EVENT_FIELDS`
     order), and nothing else. ``vhost``, ``group``, ``user`` and ``address`` are null when unknown. A
     ``policy_reloaded`` record has ``conn_id`` ``""`` and null ``vhost``, ``group``, ``user``,
-    ``remote_host`` and ``listener``. A non-finite ``duration_seconds`` is written as null.
+    ``remote_host`` and ``listener``; an ``admin_action`` record the same, except ``vhost``
+    for a vhost pause, resume or close by vhost. A non-finite ``duration_seconds`` is written
+    as null.
 
     Args:
         event: an event of :mod:`amqp_policy_proxy.core.events`.
@@ -196,10 +237,12 @@ def to_record(event: object, *, wall_offset: float) -> dict[str, Any] | None:
         record["listener"] = str(event.listener)
         if event.balancer_host is not None:
             record["balancer_host"] = str(event.balancer_host)
-    else:  # PolicyReloaded: not tied to a connection.
+    else:  # PolicyReloaded, AdminAction: not tied to a connection.
         record["conn_id"] = ""
         for field_name in ("vhost", "group", "user", "remote_host", "listener"):
             record[field_name] = None
+        if isinstance(event, AdminAction):
+            record["vhost"] = _opt_str(event.vhost)
     extra = build_extra(event, wall_offset)
     # The allow-list: only schema fields, each exactly once, in schema order.
     for field_name in schema.EVENT_FIELDS[name]:

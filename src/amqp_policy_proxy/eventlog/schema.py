@@ -15,7 +15,9 @@ SCHEMA_VERSION = 2
 it; a field is never removed or retyped, only added):
 
 * 1: the first schema.
-* 2: adds the optional common field ``balancer_host`` (:data:`OPTIONAL_FIELDS`).
+* 2: adds the optional common field ``balancer_host`` (:data:`OPTIONAL_FIELDS`) and the audit
+  trail: ``admin_action``, ``auth_decision`` and ``shadow_denied`` records and the
+  ``close_reason`` ``admin_close``. Every version-1 record is a valid version-2 record.
 """
 
 # Event names (the ``event`` field).
@@ -27,6 +29,12 @@ LINK_DENIED = "link_denied"
 MESSAGE_DENIED = "message_denied"
 PROTOCOL_ERROR = "protocol_error"
 POLICY_RELOADED = "policy_reloaded"
+AUTH_DECISION = "auth_decision"
+"""Every Open decision, allowed or denied, with the rule that decided (since version 2)."""
+SHADOW_DENIED = "shadow_denied"
+"""A denial shadow mode let through (since version 2)."""
+ADMIN_ACTION = "admin_action"
+"""An operator's change through the admin interface (since version 2)."""
 
 EVENT_NAMES: tuple[str, ...] = (
     CONNECTION_OPENED,
@@ -37,7 +45,16 @@ EVENT_NAMES: tuple[str, ...] = (
     MESSAGE_DENIED,
     PROTOCOL_ERROR,
     POLICY_RELOADED,
+    AUTH_DECISION,
+    SHADOW_DENIED,
+    ADMIN_ACTION,
 )
+
+#: The schema version that introduced each event (readers of older logs expect none of the
+#: newer ones).
+EVENT_SINCE: dict[str, int] = {name: 1 for name in EVENT_NAMES} | {
+    AUTH_DECISION: 2, SHADOW_DENIED: 2, ADMIN_ACTION: 2,
+}
 
 #: Fields present in every record, with their JSON type. ``vhost``, ``group``, ``user`` may be
 #: null when not known yet (e.g. a connection denied before its vhost was resolved).
@@ -81,7 +98,18 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     MESSAGE_DENIED: {"address": "string", "reason": "string", "size": "long"},
     PROTOCOL_ERROR: {"side": "string", "condition": "string", "description": "string"},
     POLICY_RELOADED: {"digest": "string", "result": "string", "issues": "array<string>"},
+    AUTH_DECISION: {"decision": "string", "reason": "string", "enforcement": "string",
+                    "rule": "string", "hostname": "string"},
+    SHADOW_DENIED: {"kind": "string", "reason": "string", "role": "string", "address": "string"},
+    ADMIN_ACTION: {"action": "string", "uid": "long", "pid": "long", "peer": "string",
+                   "selector": "string", "targets": "array<string>", "result": "string",
+                   "count": "long", "description": "string"},
 }
+
+#: ``decision`` values of ``auth_decision``.
+DECISIONS: tuple[str, ...] = ("allow", "deny")
+#: ``action`` values of ``admin_action``.
+ADMIN_ACTIONS: tuple[str, ...] = ("connections_close", "vhost_pause", "vhost_resume")
 
 #: Every field that may appear in a record, in a stable order (common fields first, then the
 #: optional ones).
@@ -106,6 +134,7 @@ CLOSE_REASONS: tuple[str, ...] = (
     "shutdown",  # the proxy is draining
     "upstream_unavailable",  # no upstream accepted the connection
     "internal_error",  # a proxy bug contained to this connection
+    "admin_close",  # an operator closed it (connections close; since version 2)
 )
 
 

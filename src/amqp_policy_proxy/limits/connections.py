@@ -95,6 +95,7 @@ class ConnectionLedger:
         group: GroupSettings,
         user: str,
         remote_host: str,
+        enforce: bool = True,
     ) -> ConnectionDenyReason | None:
         """Admit an approved Open against the vhost, per-user and per-host limits.
 
@@ -109,10 +110,14 @@ class ConnectionLedger:
             group: the user's group (its limits override the vhost's).
             user: the authenticated user name.
             remote_host: the client's normalised IP.
+            enforce: False in shadow mode: the connection is counted even over a limit (it
+                is admitted; later connections see the true counts) and the reason is still
+                returned.
 
         Returns:
-            None when admitted, else the first failed reason in QDR's order:
-            ``"vhost_limit"``, ``"user_limit"``, ``"host_limit"``.
+            None when within every limit, else the first failed reason in QDR's order:
+            ``"vhost_limit"``, ``"user_limit"``, ``"host_limit"`` (with ``enforce``, nothing
+            is then counted).
 
         Raises:
             ValueError: ``conn_id`` is already admitted (a caller bug, not a denial).
@@ -128,19 +133,22 @@ class ConnectionLedger:
             per_host = vhost.max_connections_per_host
         user_key = (vname, user)
         host_key = (vname, remote_host)
+        reason = None
         if self._vhost.get(vname, 0) >= vhost.max_connections:
-            return VHOST_LIMIT
-        if self._user.get(user_key, 0) >= per_user:
-            return USER_LIMIT
-        if self._host.get(host_key, 0) >= per_host:
-            return HOST_LIMIT
+            reason = VHOST_LIMIT
+        elif self._user.get(user_key, 0) >= per_user:
+            reason = USER_LIMIT
+        elif self._host.get(host_key, 0) >= per_host:
+            reason = HOST_LIMIT
+        if reason is not None and enforce:
+            return reason
         self._records[conn_id] = (vname, group.name, user, remote_host)
         self._vhost[vname] = self._vhost.get(vname, 0) + 1
         self._user[user_key] = self._user.get(user_key, 0) + 1
         self._host[host_key] = self._host.get(host_key, 0) + 1
         group_key = (vname, group.name)
         self._group[group_key] = self._group.get(group_key, 0) + 1
-        return None
+        return reason
 
     def release(self, conn_id: str) -> bool:
         """Uncount an admitted connection, exactly once.

@@ -6,7 +6,7 @@ gauges and traffic counters that describe live state come from
 :class:`~amqp_policy_proxy.metrics.collectors.LiveCollector` at scrape time.
 
 Label discipline (the contract): labels only from ``vhost``, ``group``, ``reason``, ``role``,
-``side``, ``condition``, ``result``, ``upstream``, ``direction``. Never a user, remote host,
+``side``, ``condition``, ``result``, ``upstream``, ``direction``, ``kind``. Never a user, remote host,
 container-id or address: those go to the event log only.
 
 May import prometheus_client; must not import the daemon.
@@ -21,15 +21,18 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import Metric
 
 from amqp_policy_proxy.core.events import (
+    AdminAction,
     ConnectionApproved,
     ConnectionClosed,
     ConnectionDenied,
     ConnectionDenyReason,
     LinkDenied,
     MessageDenied,
+    OpenDecided,
     PolicyReloaded,
     ProtocolViolation,
     SessionDenied,
+    ShadowDenied,
     UpstreamConnectFailed,
 )
 from amqp_policy_proxy.metrics.collectors import DIRECTIONS
@@ -52,6 +55,7 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_sessions_denied_total",
         "amqp_proxy_links_denied_total",
         "amqp_proxy_messages_denied_total",
+        "amqp_proxy_shadow_denials_total",
         "amqp_proxy_protocol_errors_total",
         "amqp_proxy_bytes_total",
         "amqp_proxy_transfers_total",
@@ -113,6 +117,10 @@ _VHOSTLESS_DENY_REASONS = (
 def _label(value: object) -> str:
     """Return a label value: ``""`` for None, the plain string otherwise (StrEnum → value)."""
     return "" if value is None else str(value)
+
+
+def _no_metric(event: object) -> None:
+    """The handler of an event that is only written to the event log."""
 
 
 class _NoCreatedSeries:
@@ -184,6 +192,11 @@ class MetricsObserver:
             "Deliveries rejected by policy.",
             ("vhost", "reason"),
         )
+        self.shadow_denials = counter(
+            "amqp_proxy_shadow_denials_total",
+            "Denials shadow mode let through (enforcement: shadow): allowed, logged SHADOW DENY.",
+            ("vhost", "kind", "reason"),
+        )
         self.protocol_errors = counter(
             "amqp_proxy_protocol_errors_total",
             "Connections closed because a side broke the AMQP protocol.",
@@ -236,6 +249,7 @@ class MetricsObserver:
                     self.sessions_denied,
                     self.links_denied,
                     self.messages_denied,
+                    self.shadow_denials,
                     self.protocol_errors,
                     self.upstream_connect_failures,
                     self.policy_reloads,
@@ -276,6 +290,10 @@ class MetricsObserver:
             ProtocolViolation: self._on_protocol_violation,
             UpstreamConnectFailed: self._on_upstream_connect_failed,
             PolicyReloaded: self._on_policy_reloaded,
+            ShadowDenied: self._on_shadow_denied,
+            # event log only: the decisions are counted from ConnectionApproved/Denied
+            OpenDecided: _no_metric,
+            AdminAction: _no_metric,
         }
 
     def handle(self, event: object) -> None:
@@ -399,6 +417,11 @@ class MetricsObserver:
 
     def _on_message_denied(self, event: MessageDenied) -> None:
         self.messages_denied.labels(_label(event.vhost), _label(event.reason)).inc()
+
+    def _on_shadow_denied(self, event: ShadowDenied) -> None:
+        self.shadow_denials.labels(
+            _label(event.vhost), _label(event.kind), _label(event.reason)
+        ).inc()
 
     def _on_protocol_violation(self, event: ProtocolViolation) -> None:
         self.protocol_errors.labels(_label(event.side), _label(event.condition)).inc()

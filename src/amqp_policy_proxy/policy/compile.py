@@ -36,6 +36,7 @@ from amqp_policy_proxy.policy.keys import (
     LIST_SEPARATOR,
     MIN_MAX_FRAME_SIZE,
     VHOST_KEYS,
+    Enforcement,
     KeySpec,
     Kind,
     hyphen_to_camel,
@@ -310,11 +311,15 @@ def _compile_vhost(
                                               file, path, issues)
         elif spec.kind is Kind.LIST:
             values[spec.snake] = _aliases(value, v, file, path, issues)
+        elif spec.kind is Kind.CHOICE:
+            values[spec.snake] = _choice_option(value, spec, f"Policy vhost '{v}' option "
+                                                f"'{key}'", file, path, issues)
         elif spec.kind is Kind.GROUPS and not isinstance(value, Mapping):
             issues.error(file, path, f"Policy vhost '{v}' option '{key}' must be of type 'dict' "
                                      f"but is '{_type_name(value)}'")
 
     vhost_mms = values.get("max_message_size", _MISSING)
+    enforcement = Enforcement(values.get("enforcement") or Enforcement.ENFORCE)
     groups: dict[str, GroupSettings] = {}
     raw_groups = attrs.get("groups")
     if isinstance(raw_groups, Mapping):
@@ -328,7 +333,7 @@ def _compile_vhost(
                                           f"must be a mapping, not {_type_name(gattrs)}")
                 continue
             group = _compile_group(v, gname, gattrs, file, gpath, settings, vhost_mms,
-                                   resolver, issues)
+                                   resolver, issues, enforcement)
             if group is not None:
                 groups[gname] = group
 
@@ -359,6 +364,7 @@ def _compile_vhost(
         groups=MappingProxyType(groups),
         user_groups=MappingProxyType(user_groups),
         source_file=file,
+        enforcement=enforcement,
         raw=_freeze(attrs),
     )
 
@@ -433,6 +439,7 @@ def _compile_group(
     vhost_mms: Any,
     resolver: Resolver | None,
     issues: _Issues,
+    vhost_enforcement: Enforcement = Enforcement.ENFORCE,
 ) -> GroupSettings | None:
     mark = len(issues.items)
     prefix = f"Policy vhost '{v}' user group '{g}'"
@@ -461,6 +468,8 @@ def _compile_group(
         elif spec.kind is Kind.LIST:
             values[spec.snake] = frozenset(
                 item for _, item in _list_items(value, option, file, path, issues) if item)
+        elif spec.kind is Kind.CHOICE:
+            values[spec.snake] = _choice_option(value, spec, option, file, path, issues)
         elif spec.kind is Kind.HOSTS:
             has_remote_hosts = True
             remote_hosts = _remote_hosts(value, prefix, file, path, resolver, issues)
@@ -536,6 +545,8 @@ def _compile_group(
         allow_fallback_links=values.get("allow_fallback_links", True),
         allow_dynamic_link_routes=values.get("allow_dynamic_link_routes", True),
         allow_admin_status_update=values.get("allow_admin_status_update", True),
+        # the group's own key, else the vhost's (as maxMessageSize: group -> vhost)
+        enforcement=Enforcement(values.get("enforcement") or vhost_enforcement),
     )
 
 
@@ -701,6 +712,21 @@ def _int_option(
         issues.error(file, path, f"{option} has error '{error}'.")
         return None
     return number
+
+
+def _choice_option(
+    value: Any, spec: KeySpec, option: str, file: str | None, path: str, issues: _Issues
+) -> str | None:
+    """One of ``spec.choices`` (exact, lowercase); None (reported) otherwise."""
+    if isinstance(value, str) and value in spec.choices:
+        return value
+    allowed = " or ".join(f"'{c}'" for c in spec.choices)
+    hint = ""
+    if isinstance(value, str) and value.strip().lower() in spec.choices:
+        hint = f" (write '{value.strip().lower()}')"
+    issues.error(file, path, f"{option} has illegal value '{_show(value)}': must be "
+                             f"{allowed}{hint}")
+    return None
 
 
 def _bool_option(

@@ -30,6 +30,8 @@ class OpenAllowed:
 
     vhost: VhostPolicy
     group: GroupSettings
+    rule: str = ""
+    """How the vhost and the group were found (the audit trail's ``rule``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,8 @@ class OpenDenied:
     group: GroupSettings | None
     log: str
     """QDR's INFO log line for the denial."""
+    rule: str = ""
+    """The rule that denied, in words (the audit trail's ``rule``)."""
 
 
 def _deny_log(user: str, remote_host: str | ClientAddress, vhost: str, why: str) -> str:
@@ -69,20 +73,64 @@ def approve_open(
     """
     vmatch = resolve_vhost(policy, hostname)
     if vmatch is None:
+        default = policy.settings.default_vhost
         return OpenDenied(_C.NO_VHOST, None, None,
-                          _deny_log(user, remote_host, hostname or "", "No policy defined for vhost"))
+                          _deny_log(user, remote_host, hostname or "", "No policy defined for vhost"),
+                          f"no vhost, alias or pattern matches '{hostname or ''}' and defaultVhost "
+                          f"'{default}' is not defined" if default else
+                          f"no vhost, alias or pattern matches '{hostname or ''}' and defaultVhost "
+                          "is empty")
     vhost = vmatch.vhost
+    found = _FOUND[vmatch.how].format(vmatch.via)
     gmatch = resolve_group(vhost, user)
     if gmatch is None:
         return OpenDenied(_C.UNKNOWN_USER, vhost, None, _deny_log(
             user, remote_host, vhost.hostname,
-            "User is not in a user group and unknown users are denied"))
+            "User is not in a user group and unknown users are denied"),
+            f"vhost '{vhost.hostname}' ({found}); user in no group's users, no '*', "
+            "allowUnknownUser false")
     group = gmatch.group
+    member = f"group '{group.name}' ({_MEMBER[gmatch.how]})"
     if not group.remote_hosts.matches(remote_host):
         return OpenDenied(_C.REMOTE_HOST, vhost, group, _deny_log(
             user, remote_host, vhost.hostname,
-            "User is not allowed to connect from this network host"))
-    return OpenAllowed(vhost, group)
+            "User is not allowed to connect from this network host"),
+            f"vhost '{vhost.hostname}' ({found}); {member}; no remoteHosts item of the group "
+            "matches the client")
+    return OpenAllowed(vhost, group,
+                       f"vhost '{vhost.hostname}' ({found}); {member}; remoteHosts matches")
+
+
+#: How the vhost was found (``VhostMatch.how``), for the rule text.
+_FOUND = {"exact": "exact name", "alias": "alias '{}'", "pattern": "hostname pattern '{}'",
+          "default": "defaultVhost '{}'"}
+#: How the user got its group (``GroupMatch.how``).
+_MEMBER = {"user": "user listed", "any_user": "users '*'",
+           "unknown_user": "allowUnknownUser"}
+
+
+def count_rule(reason: ConnectionDenyReason, vhost: VhostPolicy, group: GroupSettings) -> str:
+    """The connection limit behind a ledger denial, in words (the audit trail's ``rule``).
+
+    Args:
+        reason: ``vhost_limit``, ``user_limit`` or ``host_limit``.
+        vhost: the vhost (its limits apply unless the group overrides them).
+        group: the user's group.
+
+    Returns:
+        e.g. ``maxConnectionsPerUser 2 (group 'users') reached``.
+    """
+    if reason is _C.VHOST_LIMIT:
+        return f"maxConnections {vhost.max_connections} (vhost '{vhost.hostname}') reached"
+    if reason is _C.USER_LIMIT:
+        key, value, fallback = ("maxConnectionsPerUser", group.max_connections_per_user,
+                                vhost.max_connections_per_user)
+    else:
+        key, value, fallback = ("maxConnectionsPerHost", group.max_connections_per_host,
+                                vhost.max_connections_per_host)
+    if value is None:
+        return f"{key} {fallback} (vhost '{vhost.hostname}') reached"
+    return f"{key} {value} (group '{group.name}') reached"
 
 
 def approve_sender(

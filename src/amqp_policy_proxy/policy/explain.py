@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from amqp_policy_proxy.ingress.peer import normalise_peer
 from amqp_policy_proxy.policy.addresses import USER_TOKEN, AddressRules
+from amqp_policy_proxy.policy.keys import Enforcement
 from amqp_policy_proxy.policy.lookup import resolve_group, resolve_vhost
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
 from amqp_policy_proxy.policy.reasons import ConnectionDenyReason, LinkDenyReason
@@ -33,6 +34,9 @@ class Explanation:
     """One line per step, ending with ``RESULT: ALLOW`` or ``RESULT: DENY (<reason>)``."""
     reason: str | None = None
     """The denial reason (a metrics ``reason`` label value), None when allowed."""
+    enforcement: Enforcement = Enforcement.ENFORCE
+    """The enforcement that applies (the group's, else the vhost's): in ``shadow`` a denial
+    is reported (``SHADOW DENY``), not enforced."""
 
     def render(self) -> str:
         """The lines joined with newlines (what the CLI prints)."""
@@ -90,10 +94,16 @@ def explain(
     rhost = normalise_peer(host)
     lines: list[str] = []
     requested = vhost or ""
+    # whose enforcement decides: the group's once known, else the vhost's
+    scope: tuple[str, Enforcement] | None = None
 
     def done(allowed: bool, reason: str | None = None) -> Explanation:
+        enforcement = Enforcement.ENFORCE if scope is None else scope[1]
+        if enforcement is Enforcement.SHADOW:
+            lines.append(_shadow_line(scope[0], allowed))  # type: ignore[index]
         lines.append("RESULT: ALLOW" if allowed else f"RESULT: DENY ({reason})")
-        return Explanation(allowed=allowed, lines=tuple(lines), reason=reason)
+        return Explanation(allowed=allowed, lines=tuple(lines), reason=reason,
+                           enforcement=enforcement)
 
     if not policy.settings.enable_vhost_policy:
         lines.append("vhost policy is disabled (enableVhostPolicy false): only the global "
@@ -115,6 +125,7 @@ def explain(
     lines.append(f"vhost: Open hostname '{requested}' -> vhost '{chosen.hostname}' "
                  f"({how}){where}")
 
+    scope = (f"vhost '{chosen.hostname}'", chosen.enforcement)
     gmatch = resolve_group(chosen, user)
     if gmatch is None:
         lines.append(f"group: user '{user}' is in no group's users, no group lists '*', and "
@@ -122,6 +133,7 @@ def explain(
         return done(False, ConnectionDenyReason.UNKNOWN_USER)
     group = gmatch.group
     lines.append(_group_line(user, group, gmatch.how))
+    scope = (f"group '{group.name}'", group.enforcement)
 
     if not _remote_host_step(group, host, rhost, lines):
         return done(False, ConnectionDenyReason.REMOTE_HOST)
@@ -138,6 +150,14 @@ def explain(
         if reason is not None:
             return done(False, reason)
     return done(True)
+
+
+def _shadow_line(whose: str, allowed: bool) -> str:
+    if allowed:
+        return (f"enforcement: shadow ({whose}): nothing here is denied; a denial (counts, "
+                "sessions, messages) would be logged as SHADOW DENY and counted, not enforced")
+    return (f"enforcement: shadow ({whose}): this denial is not enforced: the proxy allows it, "
+            "logs it as SHADOW DENY and counts it in amqp_proxy_shadow_denials_total")
 
 
 def _no_vhost_line(policy: Policy, requested: str) -> str:

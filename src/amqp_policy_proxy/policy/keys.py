@@ -66,6 +66,19 @@ class Kind(StrEnum):
     TOPICS = "topics"
     """Topic authorization keys (docs/topic-authorization.md, an extension over QDR): compiled together
     into ``GroupSettings.topics`` by :mod:`amqp_policy_proxy.policy.topics.config`."""
+    CHOICE = "choice"
+    """One string of a fixed set (``KeySpec.choices``), e.g. ``enforcement``."""
+
+
+class Enforcement(StrEnum):
+    """The values of the ``enforcement`` key (an extension over QDR, docs/policy.md,
+    "Shadow mode")."""
+
+    ENFORCE = "enforce"
+    """Denials are enforced (QDR's behaviour; the default)."""
+    SHADOW = "shadow"
+    """Every decision is computed as usual, but a would-be denial is allowed, logged at INFO
+    as ``SHADOW DENY ...`` and counted in ``amqp_proxy_shadow_denials_total``."""
 
 
 class Level(StrEnum):
@@ -93,6 +106,8 @@ class KeySpec:
     """False: accepted for QDR compatibility, warned about, not enforced by the proxy."""
     zero_means_unlimited: bool = False
     """QDR treats 0 as "no limit / use the listener value"; compiled to ``None``."""
+    choices: tuple[str, ...] = ()
+    """The accepted values of a :attr:`Kind.CHOICE` key."""
     doc: str = ""
 
 
@@ -129,6 +144,9 @@ _VHOST_SPECS: Final = (
           doc="S/MIME-signed DDS Security permissions document; relative to the policy file"),
     _spec("permissionsCa", "permissions_ca", _V, Kind.TOPICS, default=None,
           doc="CA certificate (PEM) that signed permissionsDocument; relative to the file"),
+    _spec("enforcement", "enforcement", _V, Kind.CHOICE, default=Enforcement.ENFORCE,
+          choices=tuple(Enforcement),
+          doc="enforce, or shadow: would-be denials are allowed, logged and counted; extension"),
 )
 
 _GROUP_SPECS: Final = (
@@ -183,6 +201,9 @@ _GROUP_SPECS: Final = (
           doc="ordered topic rules {topic, activity, qos, type}; first match decides; extension"),
     _spec("defaultBehaviour", "default_behaviour", _G, Kind.TOPICS, default=None,
           doc="allow or deny when no permissions rule matches; default allow only when empty"),
+    _spec("enforcement", "enforcement", _G, Kind.CHOICE, default=None,
+          choices=tuple(Enforcement),
+          doc="enforce or shadow for this group; default: the vhost's; extension"),
 )
 
 VHOST_KEYS: Final = MappingProxyType({s.camel: s for s in _VHOST_SPECS})

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqp_policy_proxy.ingress.remote_hosts import RemoteHosts
 from amqp_policy_proxy.policy.addresses import AddressRules
-from amqp_policy_proxy.policy.keys import LINK_LIMIT_MAX
+from amqp_policy_proxy.policy.keys import LINK_LIMIT_MAX, Enforcement
 
 if TYPE_CHECKING:
     from amqp_policy_proxy.policy.errors import ConfigIssue
@@ -98,6 +98,14 @@ class GroupSettings:
     """Topic authorization (docs/topic-authorization.md): the vhost's ``topicTree`` and DDS
     ``permissionsDocument`` and this group's ``permissions``, combined. None when none of
     them applies, so links and messages pay nothing."""
+    enforcement: Enforcement = Enforcement.ENFORCE
+    """Already resolved group -> vhost: ``shadow`` lets this group's would-be denials through
+    (logged ``SHADOW DENY``, counted); docs/policy.md, "Shadow mode"."""
+
+    @property
+    def shadow(self) -> bool:
+        """True when this group's denials are reported, not enforced (shadow mode)."""
+        return self.enforcement is Enforcement.SHADOW
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +133,9 @@ class VhostPolicy:
     """User name (or ``*``) -> group name, built from the groups' ``users``."""
     source_file: str | None = None
     """The file the vhost came from (None for in-memory input)."""
+    enforcement: Enforcement = Enforcement.ENFORCE
+    """The vhost's ``enforcement``: the default of its groups, and what decides a denial made
+    before a group is known (an unknown user)."""
     raw: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
     """The attributes as loaded (camelCase keys), read-only, for explain and export."""
 
@@ -146,6 +157,21 @@ class Policy:
     """Alias -> vhost name."""
     hostname_patterns: HostnamePatterns | None = field(default=None, compare=False, repr=False)
     """Pattern tree of vhost names and aliases; set when name patterns are enabled."""
+
+    def shadowed(self) -> list[tuple[str, Enforcement, tuple[str, ...]]]:
+        """The vhosts with anything in shadow mode, for ``check`` and the start line.
+
+        Returns:
+            ``(vhost, vhost enforcement, groups in shadow)`` for every vhost that is in shadow
+            itself or has a group in shadow, sorted by vhost; the groups sorted by name.
+        """
+        out = []
+        for name in sorted(self.vhosts):
+            vhost = self.vhosts[name]
+            groups = tuple(sorted(g for g, s in vhost.groups.items() if s.shadow))
+            if groups or vhost.enforcement is Enforcement.SHADOW:
+                out.append((name, vhost.enforcement, groups))
+        return out
 
     def limits_table(self) -> list[tuple[str, str, str, int]]:
         """Configured limits for the ``amqp_proxy_limit`` and ``amqp_proxy_limit_bytes`` gauges.

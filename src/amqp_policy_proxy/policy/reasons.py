@@ -36,6 +36,17 @@ class ConnectionDenyReason(StrEnum):
     """Refused on a listener with ``proxy_protocol`` before any byte was written: the peer is
     not in ``proxy_protocol_from``, or its PROXY header was missing, malformed, oversize or
     not complete within the handshake timeout."""
+    VHOST_PAUSED = "vhost_paused"
+    """An operator paused the vhost (``amqp-policy-proxy vhost pause``): new connections get
+    QDR's connection denial until it is resumed; not a policy decision, never shadowed."""
+
+
+class SessionDenyReason(StrEnum):
+    """Why a session was denied (the ``reason`` of a shadowed session denial; the
+    ``amqp_proxy_sessions_denied_total`` counter has one reason only and no label)."""
+
+    SESSION_LIMIT = "session_limit"
+    """A Begin beyond ``maxSessions``."""
 
 
 class LinkDenyReason(StrEnum):
@@ -67,3 +78,12 @@ class MessageDenyReason(StrEnum):
     ROUTER_ANNOTATIONS = "router_annotations"
     """An anonymous-relay message carrying the router's own ``x-opt-qd.*`` annotations (by
     which qdrouterd would route it past the ``to`` the proxy checked)."""
+
+
+class DenialKind(StrEnum):
+    """What a denial refuses: the ``kind`` label of ``amqp_proxy_shadow_denials_total``."""
+
+    CONNECTION = "connection"
+    SESSION = "session"
+    LINK = "link"
+    MESSAGE = "message"

@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 #: The key columns of a connection record (one per scope).
 _DIMS = ("vhost", "group", "user", "remote_host")
+#: The fields of an ``admin_action`` record kept (as one JSON column) by :func:`prepare_events`.
+ADMIN_FIELDS = tuple(ev.EVENT_FIELDS[ev.ADMIN_ACTION])
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,8 +75,8 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True) -> DataFrame:
             null), so that :func:`event_time_range_columns` counts both kinds as skipped.
 
     Returns:
-        Only ``connection_opened``, ``connection_closed`` and ``connection_denied`` records
-        with a parsable ``ts`` (see ``drop_unparsed``), with columns ``proxy``, ``event``, ``t_us`` (long),
+        Only ``connection_opened``, ``connection_closed``, ``connection_denied`` and
+        ``admin_action`` records with a parsable ``ts`` (see ``drop_unparsed``), with columns ``proxy``, ``event``, ``t_us`` (long),
         ``conn_id``, ``vhost``, ``group``, ``user``, ``remote_host``, ``reason``,
         ``opened_us`` (long, closes only: ``opened_ts``, else ``ts - duration_seconds``),
         ``duration_seconds``, ``bytes_in``, ``bytes_out``, ``transfers_in``,
@@ -82,9 +84,12 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True) -> DataFrame:
         ``user``, ``remote_host``) computed in this pass, so that later joins on the key
         combination compare one long instead of five strings (:meth:`Sweep.persist` checks
         that no two combinations share a hash and falls back to comparing the strings if
-        they ever do).
+        they ever do), and ``admin``: an ``admin_action`` record's own fields as one JSON
+        object (null for every other record: one column that costs the connection records
+        nothing but its null; :func:`.traffic.admin_actions` reads it).
     """
-    events = (ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED, ev.CONNECTION_DENIED)
+    events = (ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED, ev.CONNECTION_DENIED,
+              ev.ADMIN_ACTION)
     t_us = F.unix_micros(F.expr("try_cast(ts AS TIMESTAMP)"))
     opened = F.coalesce(F.unix_micros(F.expr("try_cast(opened_ts AS TIMESTAMP)")),
                         t_us - (F.col("duration_seconds") * US_PER_SECOND).cast("long"))
@@ -97,6 +102,8 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True) -> DataFrame:
             F.when(F.col("event") == ev.CONNECTION_CLOSED, opened).alias("opened_us"),
             "duration_seconds", "bytes_in", "bytes_out", "transfers_in", "transfers_out",
             _combo_hash().alias("combo"),
+            F.when(F.col("event") == ev.ADMIN_ACTION,
+                   F.to_json(F.struct(*ADMIN_FIELDS))).alias("admin"),
         )
     )
     return out.where(F.col("t_us").isNotNull()) if drop_unparsed else out
@@ -112,12 +119,15 @@ def event_time_range_columns() -> list[Column]:
 
     Also usable as observed metrics (``DataFrame.observe``) of a query that writes the
     prepared events, so that the range costs no second pass (nulls are ignored).
-    ``skipped`` counts the records without a ``t_us``: with
+    ``min_us`` and ``max_us`` leave ``admin_action`` records out. ``skipped`` counts the
+    records without a ``t_us``: with
     ``prepare_events(drop_unparsed=False)``, the lines that are not JSON objects or have no
     ``event`` and the connection records whose ``ts`` does not parse (a line cut short by a
     crash, a hand edit). The report leaves them out and says how many there were.
     """
-    return [F.min("t_us").alias("min_us"), F.max("t_us").alias("max_us"),
+    # the window is the connection records' (an admin action alone does not make one)
+    t_us = F.when(F.col("event") != ev.ADMIN_ACTION, F.col("t_us"))
+    return [F.min(t_us).alias("min_us"), F.max(t_us).alias("max_us"),
             F.count(F.when(F.col("t_us").isNull(), F.lit(1))).alias("skipped")]
 
 

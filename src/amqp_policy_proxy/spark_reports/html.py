@@ -25,6 +25,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 Series = tuple[list[dt.datetime], list[float]]
 
+#: Admin actions shown on the page at most (the newest); admin_actions.csv has them all.
+ADMIN_ROWS = 500
 #: The chart sections of the page, in page order; see :func:`draw_section`.
 SECTIONS: tuple[str, ...] = ("concurrency", "headroom", "denials", "traffic", "whatif")
 # matplotlib is not thread-safe (shared font and text caches): one chart at a time.
@@ -75,6 +77,9 @@ class ReportData:
     """Connections the what-if policy would have denied."""
     whatif_replayed: list[str] = field(default_factory=list)
     """Vhosts that needed a replay."""
+    admin_actions: list[dict[str, Any]] = field(default_factory=list)
+    """Rows of admin_actions.csv: the operators' changes through the admin interface, oldest
+    first (``targets`` joined with spaces)."""
     charts: dict[str, str | None] = field(default_factory=dict)
     """Charts drawn so far (:func:`draw_section`): name -> path relative to the page, or
     ``None`` when there was nothing to draw."""
@@ -388,6 +393,17 @@ def write_report(out_dir: str, data: ReportData) -> str:
     add(_table(data.recommendations,
                ["vhost", "group", "setting", "current", "recommended", "change"],
                row_class=_lowers))
+    add("<h2>6. Admin actions</h2>")
+    add("<p>Changes operators made through the admin interface (connections closed, vhosts "
+        "paused and resumed), with the peer credentials of the admin client (uid and pid on "
+        "the unix socket; the address over TCP). Full table: <code>admin_actions.csv</code>."
+        "</p>")
+    shown = data.admin_actions[-ADMIN_ROWS:]
+    if len(data.admin_actions) > len(shown):
+        add(f"<p class=note>{len(data.admin_actions):,} admin actions: the last "
+            f"{len(shown):,} are shown.</p>")
+    add(_table(shown, ["ts", "action", "vhost", "selector", "targets", "count", "result", "uid",
+                       "pid", "peer", "description"]))
     if data.whatif is not None:
         add("<h2>What-if replay</h2>")
         add(f"<p>{data.whatif_total:,} connections would have been denied. Vhosts replayed "

@@ -100,3 +100,10 @@ TRAFFIC = _struct(("vhost", _S), ("group", _S), ("connections", _L), ("bytes_in"
 DURATIONS = _struct(("vhost", _S), ("le_seconds", _D), ("label", _S), ("count", _L))
 #: Extra table ``DIR/churn/``: opens and closes per vhost and minute.
 CHURN = _struct(("vhost", _S), ("window_start", _TS), ("opens", _L), ("closes", _L))
+#: ``DIR/admin_actions.csv``: the operators' changes through the admin interface.
+ADMIN_ACTIONS = _struct(("ts", _TS), ("action", _S), ("vhost", _S), ("selector", _S),
+                        ("targets", T.ArrayType(_S)), ("count", _L), ("result", _S),
+                        ("uid", _L), ("pid", _L), ("peer", _S), ("description", _S))
+#: The ``admin`` JSON column of prepared events (an ``admin_action`` record's own fields).
+ADMIN_JSON = T.StructType([T.StructField(n, spark_type(t), True)
+                           for n, t in ev.EVENT_FIELDS[ev.ADMIN_ACTION].items()])

@@ -29,6 +29,7 @@ from amqp_policy_proxy.spark_reports.common import (
     micros_to_timestamp,
 )
 from amqp_policy_proxy.spark_reports.events import records_in_window
+from amqp_policy_proxy.spark_reports.schemas import ADMIN_JSON
 
 #: Upper bounds (seconds) of the connection duration histogram; the last bin is open.
 DURATION_BINS: tuple[tuple[float, str], ...] = (
@@ -39,6 +40,26 @@ DURATION_BINS: tuple[tuple[float, str], ...] = (
 
 # --------------------------------------------------------------------------------------------
 # Denials
+
+
+def admin_actions(events: DataFrame, window: ReportWindow) -> DataFrame:
+    """The ``admin_actions`` table: every operator change through the admin interface in the
+    window (schema version 2 logs; none in older ones), oldest first.
+
+    Args:
+        events: output of :func:`.events.prepare_events`.
+        window: the report window.
+
+    Returns:
+        :data:`~.schemas.ADMIN_ACTIONS` columns: ``ts`` (timestamp), ``action``, ``vhost``,
+        ``selector``, ``targets`` (array of strings), ``count``, ``result``, ``uid``, ``pid``
+        (the admin client's peer credentials; null over TCP), ``peer``, ``description``.
+    """
+    a = records_in_window(events, window, ev.ADMIN_ACTION)
+    fields = F.from_json(F.col("admin"), ADMIN_JSON).alias("a")
+    return (a.select(micros_to_timestamp(F.col("t_us")).alias("ts"), "vhost", fields)
+            .select("ts", "a.action", "vhost", "a.selector", "a.targets", "a.count", "a.result",
+                    "a.uid", "a.pid", "a.peer", "a.description"))
 
 
 def denials(events: DataFrame, window: ReportWindow) -> DataFrame:

@@ -76,10 +76,12 @@ class Script:
     """Drive one ProxyConnection; collects what each side was sent."""
 
     def __init__(self, policy: Any, *, remote_host: str = "127.0.0.1", now: float = 0.0,
-                 ledger: ConnectionLedger | None = None, conn_id: str = "c1") -> None:
+                 ledger: ConnectionLedger | None = None, conn_id: str = "c1",
+                 paused: Any = frozenset()) -> None:
         self.ledger = ledger or ConnectionLedger(100)
         self.conn = ProxyConnection(conn_id, remote_host=remote_host, listener="l",
-                                    policy=policy, ledger=self.ledger, now=now)
+                                    policy=policy, ledger=self.ledger, now=now,
+                                    paused_vhosts=paused)
         self.now = now
         self.sent: dict[Side, bytearray] = {Side.CLIENT: bytearray(), Side.ROUTER: bytearray()}
         self.closed: set[Side] = set()

@@ -198,7 +198,8 @@ class TestAdmission:
                                 PolicySettings(enable_vhost_policy=False))
         s = Script(policy)
         s.open(user="nobody-in-any-group")
-        assert [type(e).__name__ for e in s.events] == ["ConnectionApproved"]
+        assert [type(e).__name__ for e in s.events] == ["OpenDecided", "ConnectionApproved"]
+        assert s.events[0].rule == "enableVhostPolicy is false"
         assert s.ledger.snapshot().global_current == 0
         s.take(Side.CLIENT), s.take(Side.ROUTER)
         s.client(frame(0, Close()))
@@ -533,6 +534,31 @@ class TestShutdown:
         s.client(frame(0, Close()))
         assert conditions(s.take(Side.ROUTER)) == [("Flow", None, None), ("Close", None, None)]
         assert Side.CLIENT in s.closed
+
+    def test_close_by_operator_sends_the_reason_and_ends_the_router_leg_cleanly(self):
+        s = admitted()
+        s.begin(0, router_channel=0)
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
+        s._run(s.conn.close_by_operator("maintenance window", 5.0))
+        assert conditions(s.take(Side.CLIENT)) == [
+            ("Close", "amqp:connection:forced", "maintenance window")]
+        assert s.take(Side.ROUTER) == [] and s.conn.get_timer() == 5.0 + 2.0
+        assert s.ledger.active() == 1  # released when the client's transport is gone
+        s.client(frame(0, Close()))
+        assert conditions(s.take(Side.ROUTER)) == [("Close", None, None)]
+        assert Side.CLIENT in s.closed
+        s._run(s.conn.connection_lost(Side.CLIENT, 5.1))
+        assert s.ledger.active() == 0
+        closed = [e for e in s.events if isinstance(e, ConnectionClosed)]
+        assert [e.close_reason for e in closed] == ["admin_close"]
+
+    def test_close_by_operator_before_admission_closes_at_once(self):
+        s = Script(POLICY)
+        s.sasl_plain("alice")
+        s._run(s.conn.close_by_operator("go away", 0.0))
+        assert s.closed == {Side.CLIENT, Side.ROUTER}
+        assert not any(isinstance(p, Close) for _, p, _ in s.take(Side.CLIENT))
+        assert s.conn.view.close_reason == "admin_close"
 
     def test_upstream_lost_gives_client_clean_close(self):
         s = admitted()

@@ -23,11 +23,14 @@ from hypothesis import strategies as st
 from amqp_policy_proxy.cli import EXIT_CONFIG, EXIT_OK, main
 from amqp_policy_proxy.daemon.config import (
     Address,
+    AdminConfig,
     ConfigError,
     DaemonConfig,
     ListenerConfig,
     UpstreamConfig,
+    admin_socket_from_file,
     config_from_mapping,
+    config_from_sources,
     load_daemon_config,
 )
 from amqp_policy_proxy.policy.model import PolicySettings
@@ -136,6 +139,20 @@ CASES: list[tuple[str, str, list[str]]] = [
      ["event_log.directory: {d}/server.crt: not a directory"]),
     ("duplicate-listeners", LISTENER + BASE,
      ["listener: listener[0] and listener[1] both listen on 127.0.0.1:5672"]),
+    ("admin-unknown-group", BASE + '[admin]\nsocket = "a.sock"\ngroup = "no-such-group"\n',
+     ["admin.group: group 'no-such-group' does not exist"]),
+    ("admin-address-without-token", BASE + '[admin]\naddress = "127.0.0.1:9465"\n',
+     ["admin: address needs token_file (the TCP admin listener only serves requests with a "
+      "bearer token)"]),
+    ("admin-token-without-address", BASE + '[admin]\nsocket = "a.sock"\n'
+     'token_file = "server.key"\n',
+     ["admin: token_file without address has no effect (the unix socket is protected by its "
+      "mode and group)"]),
+    ("admin-token-missing", BASE + '[admin]\naddress = "127.0.0.1:9465"\n'
+     'token_file = "nope.token"\n',
+     ["admin.token_file: {d}/nope.token: no such file"]),
+    ("admin-socket-integer", BASE + "[admin]\nsocket = 1\n",
+     ["admin.socket: expected a string, got an integer (1)"]),
     ("toml-syntax", '[[listener]]\naddress = 127.0.0.1:5672\n' + UPSTREAM + POLICY,
      ["line 2 column 16: invalid TOML: expected newline or end of document after a "
       "statement"]),
@@ -377,6 +394,30 @@ def test_a_port_in_use_names_the_address_and_exits_2(what: str, confdir: Path) -
 
 
 # ---------------------------------------------------------------------------------- docs
+
+
+def test_admin_table_and_its_flag(confdir: Path) -> None:
+    path = write(confdir, BASE + '[admin]\nsocket = "run/admin.sock"\ngroup = "nogroup"\n'
+                                 'address = "127.0.0.1:0"\ntoken_file = "server.key"\n')
+    admin = load_daemon_config(path).admin
+    assert admin == AdminConfig(socket=str(confdir / "run" / "admin.sock"), group="nogroup",
+                                address=Address("127.0.0.1", 0),
+                                token_file=str(confdir / "server.key"))
+    assert load_daemon_config(write(confdir, BASE)).admin is None
+    # run --admin-socket replaces the file's (relative to the working directory)
+    config = config_from_sources(path, overrides={"admin.socket": ("--admin-socket", "/x.sock")})
+    assert config.admin is not None and config.admin.socket == "/x.sock"
+
+
+def test_admin_socket_from_file_reads_only_the_admin_table(confdir: Path) -> None:
+    # the rest of the file is broken: the admin commands must still find the socket
+    path = write(confdir, 'listener = "nonsense"\n[admin]\nsocket = "admin.sock"\n')
+    assert admin_socket_from_file(path) == str(confdir / "admin.sock")
+    assert admin_socket_from_file(write(confdir, BASE)) is None
+    with pytest.raises(ConfigError) as info:
+        admin_socket_from_file(write(confdir, BASE + "[admin]\nsocket = 1\n"))
+    assert info.value.issues == [
+        f"{confdir / 'config.toml'}: admin.socket: expected a string, got an integer (1)"]
 
 
 def test_configuration_reference_is_generated_from_the_schema() -> None:

@@ -1,4 +1,4 @@
-"""to_record: every core event maps to a schema-v1 record with exactly the schema's fields."""
+"""to_record: every core event maps to a schema-v2 record with exactly the schema's fields."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from amqp_policy_proxy.core import events as ev
 from amqp_policy_proxy.core.events import (
+    AdminAction,
     ConnectionApproved,
     ConnectionClosed,
     ConnectionDenied,
@@ -24,9 +25,11 @@ from amqp_policy_proxy.core.events import (
     LinkDenyReason,
     MessageDenied,
     MessageDenyReason,
+    OpenDecided,
     PolicyReloaded,
     ProtocolViolation,
     SessionDenied,
+    ShadowDenied,
     UpstreamConnectFailed,
 )
 from amqp_policy_proxy.eventlog import records, schema
@@ -41,7 +44,7 @@ WHO: dict[str, Any] = {
     "listener": "0.0.0.0:5672",
 }  # fmt: skip
 
-NULLABLE = {"vhost", "group", "user", "address"}
+NULLABLE = {"vhost", "group", "user", "address", "reason", "hostname", "role", "uid", "pid"}
 
 EVENTS = {
     schema.CONNECTION_OPENED: ConnectionApproved(
@@ -73,6 +76,20 @@ EVENTS = {
     schema.POLICY_RELOADED: PolicyReloaded(
         at=1000.0, digest="sha256:00ff", result="error", issues=("vhost 'a': unknown key 'x'",)
     ),
+    schema.AUTH_DECISION: OpenDecided(
+        conn_id="c1", at=1000.0, **WHO, decision="allow", reason="user_limit",
+        enforcement="shadow", rule="maxConnectionsPerUser 2 (group 'g1') reached",
+        hostname="vh1.example",
+    ),
+    schema.SHADOW_DENIED: ShadowDenied(
+        conn_id="c1", at=1000.0, **WHO, kind="link", reason="target", role="sender",
+        address="orders",
+    ),
+    schema.ADMIN_ACTION: AdminAction(
+        at=1000.0, action="connections_close", uid=0, pid=4242, peer="unix",
+        selector="user=alice", targets=("c1", "c7"), result="ok", count=2,
+        description="maintenance", vhost=None,
+    ),
 }  # fmt: skip
 
 
@@ -85,7 +102,7 @@ def check_record(record: dict[str, Any]) -> None:
     assert list(record) == expected  # exactly these fields, in schema order
     types = {**schema.COMMON_FIELDS, **{f: schema.OPTIONAL_FIELDS[f] for f in optional},
              **schema.EVENT_FIELDS[name]}
-    reloaded = name == schema.POLICY_RELOADED
+    reloaded = name in (schema.POLICY_RELOADED, schema.ADMIN_ACTION)
     for field_name, kind in types.items():
         value = record[field_name]
         if value is None:
@@ -187,6 +204,50 @@ def test_policy_reloaded_has_no_connection_fields():
     assert record["digest"] == "sha256:00ff" and record["result"] == "error"
 
 
+def test_audit_records_exact():
+    common = {"ts": "2026-11-21T11:42:00.000Z", "conn_id": "c1", **WHO}
+    assert to_record(EVENTS[schema.AUTH_DECISION], wall_offset=OFFSET) == {
+        "schema_version": 2, "event": "auth_decision", **common, "decision": "allow",
+        "reason": "user_limit", "enforcement": "shadow",
+        "rule": "maxConnectionsPerUser 2 (group 'g1') reached", "hostname": "vh1.example",
+    }
+    assert to_record(EVENTS[schema.SHADOW_DENIED], wall_offset=OFFSET) == {
+        "schema_version": 2, "event": "shadow_denied", **common, "kind": "link",
+        "reason": "target", "role": "sender", "address": "orders",
+    }
+    assert to_record(EVENTS[schema.ADMIN_ACTION], wall_offset=OFFSET) == {
+        "schema_version": 2, "event": "admin_action", "ts": "2026-11-21T11:42:00.000Z",
+        "conn_id": "", "vhost": None, "group": None, "user": None, "remote_host": None,
+        "listener": None, "action": "connections_close", "uid": 0, "pid": 4242,
+        "peer": "unix", "selector": "user=alice", "targets": ["c1", "c7"], "result": "ok",
+        "count": 2, "description": "maintenance",
+    }  # fmt: skip
+
+
+def test_admin_action_on_a_vhost_names_it_and_tcp_has_no_credentials():
+    event = AdminAction(at=1000.0, action="vhost_pause", uid=None, pid=None,
+                        peer="127.0.0.1:40000", selector="vhost=shop", targets=("shop",),
+                        result="ok", vhost="shop")  # fmt: skip
+    record = to_record(event, wall_offset=OFFSET)
+    assert record is not None
+    check_record(record)
+    assert (record["vhost"], record["uid"], record["pid"]) == ("shop", None, None)
+    assert record["action"] in schema.ADMIN_ACTIONS
+
+
+def test_version_2_only_adds_events_and_fields():
+    # every v1 record stays valid: the v1 events keep exactly their fields
+    assert [n for n, v in schema.EVENT_SINCE.items() if v == 1] == [
+        "connection_opened", "connection_denied", "connection_closed", "session_denied",
+        "link_denied", "message_denied", "protocol_error", "policy_reloaded"]
+    assert list(schema.EVENT_FIELDS["connection_denied"]) == [
+        "reason", "condition", "description"]
+    assert set(schema.EVENT_SINCE) == set(schema.EVENT_NAMES)
+    for name, fields in schema.EVENT_FIELDS.items():  # one type per field name, every event
+        for field_name, kind in fields.items():
+            assert schema.ALL_FIELDS[field_name] == kind, (name, field_name)
+
+
 def test_denied_before_vhost_resolution_has_nulls():
     event = ConnectionDenied(conn_id="c9", at=1000.0, reason=ConnectionDenyReason.GLOBAL_LIMIT,
                              remote_host="192.0.2.1", listener="[::]:5672")  # fmt: skip
@@ -202,7 +263,8 @@ def test_upstream_connect_failed_is_not_a_record():
     assert to_record(event, wall_offset=OFFSET) is None
 
 
-@pytest.mark.parametrize("name", [n for n in schema.EVENT_NAMES if n != schema.POLICY_RELOADED])
+@pytest.mark.parametrize("name", [n for n in schema.EVENT_NAMES
+                                  if n not in (schema.POLICY_RELOADED, schema.ADMIN_ACTION)])
 def test_a_proxied_connection_records_the_balancer_after_the_common_fields(name):
     event = dataclasses.replace(EVENTS[name], remote_host="192.0.2.7", balancer_host="10.0.0.2")
     record = to_record(event, wall_offset=OFFSET)

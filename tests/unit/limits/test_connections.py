@@ -47,6 +47,23 @@ def test_user_host_and_vhost_limits_in_qdr_order() -> None:
     assert (ledger.user_active("v", "u"), ledger.host_active("v", "10.0.0.1")) == (2, 3)
 
 
+def test_shadow_mode_counts_over_the_limit_and_still_names_it() -> None:
+    ledger = ConnectionLedger(100)
+    for cid in ("c1", "c2"):
+        assert _admit(ledger, cid, "u") is None
+    # enforce=False (shadow): counted although over maxConnectionsPerUser, reason returned
+    assert ledger.try_admit("c3", vhost=VHOST, group=GROUP, user="u", remote_host="10.0.0.1",
+                            enforce=False) == "user_limit"
+    assert ledger.is_admitted("c3") and ledger.user_active("v", "u") == 3
+    # later connections see the true count: the vhost limit is next
+    assert ledger.try_admit("c4", vhost=VHOST, group=GROUP, user="w", remote_host="10.0.0.2",
+                            enforce=False) is None
+    assert ledger.try_admit("c5", vhost=VHOST, group=GROUP, user="w", remote_host="10.0.0.2",
+                            enforce=False) == "vhost_limit"
+    assert ledger.vhost_active("v") == 5 and ledger.release("c5") and ledger.release("c3")
+    assert ledger.user_active("v", "u") == 2
+
+
 def test_user_count_spans_groups_and_group_limits_override() -> None:
     ledger = ConnectionLedger(100)
     generous = GroupSettings(name="h", max_connections_per_user=3, max_connections_per_host=10)

@@ -34,7 +34,7 @@ from amqp_policy_proxy.metrics.registry import build_registry
 # Label names the contract allows (docs/observability.md: bounded label sets only), plus the histogram's own ``le``.
 ALLOWED_LABELS = {
     "vhost", "group", "reason", "role", "side", "condition", "result", "upstream", "direction",
-    "limit", "digest", "le",
+    "limit", "digest", "le", "kind",
 }  # fmt: skip
 
 WHO = {"user": "alice", "remote_host": "10.1.2.3", "listener": "0.0.0.0:5672"}
@@ -264,7 +264,7 @@ def test_metric_names_are_exactly_what_is_exported():
         exported.add(family.name + "_total" if family.type == "counter" else family.name)
     assert exported == METRIC_NAMES
     assert all(name.startswith("amqp_proxy_") for name in METRIC_NAMES)
-    assert len(METRIC_NAMES) == 20
+    assert len(METRIC_NAMES) == 21
 
 
 def test_second_observer_on_same_registry_is_refused(registry, observer):

@@ -407,7 +407,7 @@ STAGES = {
     "whatif": "what-if replay",
     "branches_wait": "wait for the side tables",
     "html": "HTML report",
-    "denials_traffic": "denials, traffic, durations and churn",
+    "denials_traffic": "denials, traffic, durations, churn and admin actions",
     "html_concurrency": "concurrency charts",
     "headroom": "headroom and recommendations",
     "html_whatif": "what-if charts",
@@ -712,7 +712,8 @@ def _work_events(spark: SparkSession, path: str, schema: Any) -> DataFrame:
 
 def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
                  window: ReportWindow, out: str, report: Any, summary: dict[str, Any]) -> None:
-    """Write denials, top_denied, traffic, durations and churn; fill and draw their sections.
+    """Write denials, top_denied, traffic, durations, churn and admin_actions.csv; fill and
+    draw their sections.
 
     Runs on a branch thread with its own session; reads the events from the work table.
     """
@@ -720,6 +721,7 @@ def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
 
     from amqp_policy_proxy.spark_reports import html
     from amqp_policy_proxy.spark_reports.traffic import (
+        admin_actions,
         churn,
         denials,
         durations,
@@ -738,6 +740,15 @@ def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
                                            ["vhost", "group"])
     dur = _write_parquet(durations(events, window), out, "durations")
     ch = _write_parquet(churn(events, window), out, "churn")
+    # a table for people: targets joined, credentials as plain numbers (no 1,234)
+    admin = (admin_actions(events, window)
+             .withColumn("targets", F.array_join("targets", " "))
+             .withColumn("uid", F.col("uid").cast("string"))
+             .withColumn("pid", F.col("pid").cast("string")))
+    admin_rows: list[dict[str, Any]] = []
+    summary["rows"]["admin_actions"] = write_csv(
+        admin, os.path.join(out, "admin_actions.csv"), ["ts", "action"], admin_rows)
+    report.admin_actions = admin_rows
 
     bin_us = _series_bin_us(window)
     dser = (den.groupBy("reason", _binned("window_start", bin_us))

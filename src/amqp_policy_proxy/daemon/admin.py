@@ -1,0 +1,286 @@
+"""Daemon layer. The admin interface: a small HTTP API with JSON bodies (aiohttp, on the
+daemon's own event loop) on a unix socket, and optionally on TCP with a bearer token.
+
+The socket is made here rather than by aiohttp so that nobody can connect before its mode and
+group are set: it is bound, given mode 0660 and the configured group, and only then listened
+on. Who may use it is decided by the kernel from that mode (connect needs write permission on
+the socket file); the peer credentials of each client (``SO_PEERCRED``: pid, uid) go into the
+``admin_action`` record of every change. Over TCP (``[admin] address``) every request must
+carry ``Authorization: Bearer <token>`` (the content of ``[admin] token_file``).
+
+The API (docs/operations.md, "Admin API"), version 1:
+
+========  ===========================  ==================================================
+GET       ``/v1/status``               the daemon at a glance
+GET       ``/v1/connections``          admitted connections; query ``vhost``, ``user``,
+                                       ``host``, ``group`` filter them
+POST      ``/v1/connections/close``    body ``{"id"|"user"|"vhost"|"host": ..., "reason": ...}``
+POST      ``/v1/vhosts/pause``         body ``{"vhost": ...}``
+POST      ``/v1/vhosts/resume``        body ``{"vhost": ...}``
+========  ===========================  ==================================================
+
+Errors are ``{"error": "..."}`` with 400 (bad request), 401 (TCP without the token), 404
+(no such connection id, vhost or path), 405 (wrong method).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import hmac
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+from typing import Any
+
+from aiohttp import web
+
+from .config import AdminConfig, BindError
+from .control import Control, ControlError, Peer
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/v1"
+#: Mode of the admin socket: owner and group may connect (read and write), nobody else.
+SOCKET_MODE = 0o660
+#: Largest request body accepted, bytes (a close selector and a reason).
+MAX_BODY = 64 * 1024
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+_CONTROL_KEY = web.AppKey("control", Control)
+_TOKEN_KEY = web.AppKey("token", str)
+
+
+def peer_of(request: web.Request) -> Peer:
+    """The admin client: ``SO_PEERCRED`` on a unix socket, the address over TCP."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None and sock.family == socket.AF_UNIX:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        pid, uid, _gid = _PEERCRED.unpack(raw)
+        return Peer(uid=uid, pid=pid)
+    peername = transport.get_extra_info("peername") if transport is not None else None
+    if peername:
+        host, port = peername[0], peername[1]
+        return Peer(address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return Peer(address="unknown")
+
+
+def _error(message: str, status: int) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Who is asking (the bearer token over TCP), and errors as JSON."""
+    peer = peer_of(request)
+    if peer.uid is None:  # TCP: the token is the only credential
+        token = request.app[_TOKEN_KEY]
+        given = request.headers.get("Authorization", "")
+        scheme, _, value = given.partition(" ")
+        if not token or scheme.lower() != "bearer" or not hmac.compare_digest(
+                value.strip().encode(), token.encode()):
+            logger.warning("admin: request from %s without a valid bearer token refused", peer)
+            return _error("a valid bearer token is required (Authorization: Bearer TOKEN)",
+                          401)
+    try:
+        return await handler(request)
+    except ControlError as exc:
+        return _error(str(exc), exc.status)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _error(exc.reason, exc.status)
+        raise
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise ControlError(f"request body larger than {MAX_BODY} bytes")
+    text = await request.text()
+    if not text.strip():
+        return {}
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise ControlError(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ControlError("the body must be a JSON object")
+    return body
+
+
+async def _status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[_CONTROL_KEY].status())
+
+
+async def _connections(request: web.Request) -> web.Response:
+    query = request.query
+    filters = {k: query.get(k) for k in query}
+    control = request.app[_CONTROL_KEY]
+    return web.json_response({"connections": control.connections(**filters)})
+
+
+async def _close(request: web.Request) -> web.Response:
+    body = await _body(request)
+    result = request.app[_CONTROL_KEY].close(body, peer_of(request))
+    return web.json_response(result)
+
+
+async def _pause(request: web.Request) -> web.Response:
+    body = await _body(request)
+    _only(body, "vhost")
+    return web.json_response(request.app[_CONTROL_KEY].pause(body.get("vhost"),
+                                                             peer_of(request)))
+
+
+async def _resume(request: web.Request) -> web.Response:
+    body = await _body(request)
+    _only(body, "vhost")
+    return web.json_response(request.app[_CONTROL_KEY].resume(body.get("vhost"),
+                                                              peer_of(request)))
+
+
+def _only(body: dict[str, Any], key: str) -> None:
+    extra = set(body) - {key}
+    if extra:
+        raise ControlError(f"unknown field {sorted(extra)[0]!r}; expected only {key!r}")
+    if key not in body:
+        raise ControlError(f"missing field {key!r}")
+
+
+def build_app(control: Control, token: str = "") -> web.Application:
+    """The admin API as an aiohttp application (the routes of the module docstring).
+
+    Args:
+        control: what the handlers call.
+        token: the bearer token TCP requests must carry ("" refuses every TCP request).
+    """
+    app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
+    app[_CONTROL_KEY] = control
+    app[_TOKEN_KEY] = token
+    app.router.add_get(f"{API_PREFIX}/status", _status)
+    app.router.add_get(f"{API_PREFIX}/connections", _connections)
+    app.router.add_post(f"{API_PREFIX}/connections/close", _close)
+    app.router.add_post(f"{API_PREFIX}/vhosts/pause", _pause)
+    app.router.add_post(f"{API_PREFIX}/vhosts/resume", _resume)
+    return app
+
+
+def bind_unix_socket(path: str, group: str | None) -> socket.socket:
+    """Create the admin socket at ``path``: bound, mode 0660, group ``group``, listening.
+
+    A stale socket file (nobody accepts on it) is replaced; a live one means another daemon
+    is running, and a path that is not a socket is never removed.
+
+    Raises:
+        OSError: it cannot be made (the message says why), e.g. the directory is missing.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise OSError(f"{path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # stale: left by a process that is gone
+        else:
+            raise OSError(f"{path} is in use (another amqp-policy-proxy is running?)")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        # nobody can connect before listen(): set mode and group first
+        os.chmod(path, SOCKET_MODE)
+        if group is not None:
+            os.chown(path, -1, grp.getgrnam(group).gr_gid)
+        sock.listen(64)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    return sock
+
+
+class AdminServer:
+    """The admin interface of one daemon: started after the listeners, stopped at exit."""
+
+    def __init__(self, control: Control, config: AdminConfig, source: str | None = None) -> None:
+        """Serve ``control`` as ``config`` says; ``source`` names the config file in errors."""
+        self.control = control
+        self.config = config
+        self.source = source
+        self.runner: web.AppRunner | None = None
+        self.socket_path: str | None = None
+        self.tcp_address: str | None = None
+
+    async def start(self) -> None:
+        """Create the socket (and the TCP listener) and serve.
+
+        Raises:
+            BindError: the socket or the TCP address cannot be made or bound, or the token
+                file cannot be read or is empty; nothing stays bound.
+        """
+        config = self.config
+        token = ""
+        if config.token_file is not None:
+            token = self._read_token(config.token_file)
+        self.runner = web.AppRunner(build_app(self.control, token), access_log=None,
+                                    handle_signals=False)
+        await self.runner.setup()
+        try:
+            if config.socket is not None:
+                try:
+                    sock = bind_unix_socket(config.socket, config.group)
+                except OSError as exc:
+                    raise self._error("admin.socket", config.socket, exc) from None
+                await web.SockSite(self.runner, sock).start()
+                self.socket_path = config.socket
+            if config.address is not None:
+                site = web.TCPSite(self.runner, config.address.host, config.address.port,
+                                   reuse_address=True)
+                try:
+                    await site.start()
+                except OSError as exc:
+                    raise self._error("admin.address", str(config.address), exc) from None
+                bound = [a for a in self.runner.addresses if isinstance(a, tuple)][0]
+                host = bound[0]
+                self.tcp_address = (f"[{host}]:{bound[1]}" if ":" in host
+                                    else f"{host}:{bound[1]}")
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _read_token(self, path: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise self._error("admin.token_file", path, exc) from None
+        if not token:
+            where = f"{self.source}: " if self.source else ""
+            raise BindError([f"{where}admin.token_file: {path} is empty"])
+        return token
+
+    def _error(self, key: str, what: str, exc: BaseException) -> BindError:
+        where = f"{self.source}: " if self.source else ""
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return BindError([f"{where}{key}: cannot use {what}: {reason}"])
+
+    async def stop(self) -> None:
+        """Stop serving and remove the socket file."""
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        if self.socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+            self.socket_path = None
