@@ -32,6 +32,15 @@ class ConnectionDenyReason(StrEnum):
     PREAUTH_MEMORY = "preauth_memory"
     """Refused at TCP accept: the bytes held for connections not yet admitted reached the
     pre-authentication memory budget."""
+    GLOBAL_RATE = "global_rate"
+    """Refused at TCP accept, before any byte: over ``[policy] max_connection_rate`` (an
+    extension over QDR, docs/policy.md "Rate limits")."""
+    VHOST_RATE = "vhost_rate"
+    """Denied at the Open: over the vhost's ``maxConnectionRate`` (extension)."""
+    USER_RATE = "user_rate"
+    """Denied at the Open: over ``maxConnectionRatePerUser`` (group, else vhost; extension)."""
+    HOST_RATE = "host_rate"
+    """Denied at the Open: over ``maxConnectionRatePerHost`` (group, else vhost; extension)."""
 
 
 class LinkDenyReason(StrEnum):
