@@ -118,6 +118,7 @@ class FastPath:
                             and not f[4]
                             and not link.inspect
                             and not link.client_detached
+                            and link.shaper is None
                             and (max_size is None or fend - f[5] <= max_size)
                         ):
                             # a whole delivery that needs no decision: forwarded as it came

@@ -277,7 +277,7 @@ class RouterSide:
                 code = is_transfer_descriptor(buf, body, fend)
             if code == Descriptor.TRANSFER:
                 figures.transfers_out += 1
-                if sessions.window_frames is not None:
+                if sessions.window_frames is not None or sessions.shaping is not None:
                     session = sessions.router_sessions.get(channel)
                     if session is not None:
                         session.transfers_out += 1
@@ -297,6 +297,7 @@ class RouterSide:
                 session = sessions.router_sessions.get(channel)
                 if session is None or (
                     not session.dropped_transfers and sessions.window_frames is None
+                    and session.shaping is None
                 ):
                     pos = fend
                     continue
