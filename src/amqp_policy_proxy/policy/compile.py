@@ -384,8 +384,12 @@ def _resolve_connection_rates(
             own = getattr(group, snake)
             changes[snake] = (values.get(snake) or None) if own is None else (own or None)
         out[name] = replace(group, **changes)
-    limited = values.get("max_connection_rate") or any(
-        getattr(g, k) for g in out.values() for k in keys)
+    raw_groups = raw.attrs.get("groups")
+    group_attrs = raw_groups.values() if isinstance(raw_groups, Mapping) else ()
+    limited = values.get("max_connection_rate") or any(getattr(g, k) for g in out.values()
+                                                       for k in keys) or any(
+        a.get(k) not in (None, 0, "0") for a in group_attrs if isinstance(a, Mapping)
+        for k in ("maxConnectionRatePerUser", "maxConnectionRatePerHost"))
     if values.get("connection_rate_burst") is not None and not limited:
         issues.warning(raw.file, f"{raw.label}.connectionRateBurst",
                        "connectionRateBurst has no effect: the vhost and its groups set no "
