@@ -49,3 +49,33 @@ def test_daemon_records_read_back(spark, tmp_path):
     assert (closed.bytes_in, closed.transfers_out, closed.duration_seconds) == (100, 2, 60.5)
     assert rows["connection_denied"].reason == "user_limit"
     assert rows["connection_denied"].t_us == t0_us + 20_250_000
+
+
+def test_rate_denials_reach_the_denials_tables(spark, tmp_path):
+    """Connections over a connection rate (issue 20) are denials like any other: the daemon's
+    records carry their reasons, and the report's denials and top_denied tables count them."""
+    common = {"group": "g1", "user": "alice", "remote_host": "10.0.0.1",
+              "listener": "0.0.0.0:5672"}
+    reasons = [ce.ConnectionDenyReason.USER_RATE, ce.ConnectionDenyReason.USER_RATE,
+               ce.ConnectionDenyReason.HOST_RATE, ce.ConnectionDenyReason.VHOST_RATE]
+    evs = [ce.ConnectionDenied(conn_id=str(i), at=10.0 + i, reason=r, vhost="v1",
+                               condition="amqp:resource-limit-exceeded",
+                               description="connection disallowed by local policy", **common)
+           for i, r in enumerate(reasons)]
+    evs.append(ce.ConnectionDenied(conn_id="g", at=15.0, remote_host="10.0.0.9",
+                                   listener="0.0.0.0:5672",
+                                   reason=ce.ConnectionDenyReason.GLOBAL_RATE))
+    records = [to_record(e, wall_offset=T0) for e in evs]
+    path = tmp_path / "dt=2026-11-21" / "hour=10"
+    path.mkdir(parents=True)
+    (path / schema.partition_path("2026-11-21", 10, "hostA", 42).split("/")[-1]).write_text(
+        "\n".join(dumps_record(r) for r in records) + "\n")
+    events = tf.prepare_events(read_events(spark, str(tmp_path)))
+    window = tf.ReportWindow(int(T0 * 1e6), int((T0 + 3600) * 1e6), 3_600_000_000)
+    denials = {(r.vhost, r.reason): r["count"] for r in tf.denials(events, window).collect()}
+    assert denials == {("v1", "user_rate"): 2, ("v1", "host_rate"): 1, ("v1", "vhost_rate"): 1,
+                       (None, "global_rate"): 1}
+    top = {(r.scope, r.key): (r["count"], r.top_reason)
+           for r in tf.top_denied(events, window).collect()}
+    assert top[("user", "alice")] == (4, "user_rate")
+    assert top[("remote_host", "10.0.0.9")] == (1, "global_rate")
