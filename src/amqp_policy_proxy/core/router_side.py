@@ -260,6 +260,7 @@ class RouterSide:
         rules = deliveries.rules
         sessions = self.sessions
         figures = ctx.figures
+        shaped = sessions.shaping is not None  # set at admission, never while relaying
         while end - pos >= FRAME_HEADER_SIZE and sides.router is RouterState.AMQP:
             size, doff, ftype, channel = unpack(buf, pos)
             if not frame_header_ok(size, doff, ftype, limit):
@@ -277,7 +278,7 @@ class RouterSide:
                 code = is_transfer_descriptor(buf, body, fend)
             if code == Descriptor.TRANSFER:
                 figures.transfers_out += 1
-                if sessions.window_frames is not None or sessions.shaping is not None:
+                if shaped or sessions.window_frames is not None:
                     session = sessions.router_sessions.get(channel)
                     if session is not None:
                         session.transfers_out += 1

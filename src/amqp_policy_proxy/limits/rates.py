@@ -177,13 +177,16 @@ class RateLimits:
         Returns:
             None when admitted (tokens taken), else the first rate that has no token.
         """
+        per_user, per_host = group.max_connection_rate_per_user, group.max_connection_rate_per_host
+        if not (vhost.max_connection_rate or per_user or per_host):
+            return None  # the common case: no rate at all
         vname = vhost.hostname
         burst = vhost.connection_rate_burst
         checks = []
         for table, key, rate, reason in (
             (self._vhosts, vname, vhost.max_connection_rate, VHOST_RATE),
-            (self.users, (vname, user), group.max_connection_rate_per_user, USER_RATE),
-            (self.hosts, (vname, remote_host), group.max_connection_rate_per_host, HOST_RATE),
+            (self.users, (vname, user), per_user, USER_RATE),
+            (self.hosts, (vname, remote_host), per_host, HOST_RATE),
         ):
             if rate:
                 if not table.conforms(key, rate, burst or rate, now):
