@@ -255,7 +255,9 @@ class Shaping:
         if s.drain and s.sent >= s.limit and s.router_limit > s.limit:
             self._drain_done(s, changes)
             return
-        changes["link_credit"] = max(0, s.router_limit - s.sent)
+        credit = max(0, s.router_limit - s.sent)
+        if perf.link_credit is None or int(perf.link_credit) != credit:
+            changes["link_credit"] = credit
         if s.offset:
             changes["delivery_count"] = (s.sent + s.offset) & UINT_MAX
 
