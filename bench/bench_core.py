@@ -70,6 +70,7 @@ from amqp_policy_proxy.amqp.performatives import (  # noqa: E402
 from amqp_policy_proxy.core.commands import SendData, Side  # noqa: E402
 from amqp_policy_proxy.core.connection import ProxyConnection  # noqa: E402
 from amqp_policy_proxy.limits.connections import ConnectionLedger  # noqa: E402
+from amqp_policy_proxy.limits.rates import RateLimits  # noqa: E402
 from amqp_policy_proxy.policy.load import load_policy  # noqa: E402
 from amqp_policy_proxy.policy.model import PolicySettings  # noqa: E402
 
@@ -94,9 +95,15 @@ def _policy(name: str) -> Any:
     return load_policy(POLICY_DIR / POLICIES[name], PolicySettings(default_vhost="$default"))
 
 
+#: The process's rate buckets, shared by every connection as in the daemon. The bench policies
+#: set no rate: their links are not shaped, and what that costs the relay is what is measured.
+RATES = RateLimits()
+
+
 def _connection(policy: Any, conn_id: str = "bench") -> ProxyConnection:
     return ProxyConnection(conn_id, remote_host="127.0.0.1", listener="127.0.0.1:5672",
-                           policy=policy, ledger=ConnectionLedger(1 << 30), now=0.0)
+                           policy=policy, ledger=ConnectionLedger(1 << 30), now=0.0,
+                           rates=RATES)
 
 
 def _handshake(conn: ProxyConnection) -> None:

@@ -10,8 +10,10 @@ from amqp_policy_proxy.core import events as ce
 from amqp_policy_proxy.eventlog import schema
 from amqp_policy_proxy.eventlog.records import to_record
 from amqp_policy_proxy.eventlog.sinks import dumps_record
+from amqp_policy_proxy.spark_reports.common import ReportWindow
 from amqp_policy_proxy.spark_reports.events import prepare_events
 from amqp_policy_proxy.spark_reports.jobs.capacity import read_events
+from amqp_policy_proxy.spark_reports.traffic import denials, top_denied
 
 T0 = 1_795_255_200.0  # 2026-11-21T10:00:00Z; the loop clock is offset by this much
 
@@ -75,3 +77,33 @@ def test_schema_versions_1_and_2_read_together(spark, tmp_path):
                    "2": (2, "10.0.0.3", None)}
     prepared = {r.conn_id: r.remote_host for r in prepare_events(raw).collect()}
     assert prepared == {"9": "10.0.0.9", "1": "192.0.2.7", "2": "10.0.0.3"}
+
+
+def test_rate_denials_reach_the_denials_tables(spark, tmp_path):
+    """Connections over a connection rate (issue 20) are denials like any other: the daemon's
+    records carry their reasons, and the report's denials and top_denied tables count them."""
+    common = {"group": "g1", "user": "alice", "remote_host": "10.0.0.1",
+              "listener": "0.0.0.0:5672"}
+    reasons = [ce.ConnectionDenyReason.USER_RATE, ce.ConnectionDenyReason.USER_RATE,
+               ce.ConnectionDenyReason.HOST_RATE, ce.ConnectionDenyReason.VHOST_RATE]
+    evs = [ce.ConnectionDenied(conn_id=str(i), at=10.0 + i, reason=r, vhost="v1",
+                               condition="amqp:resource-limit-exceeded",
+                               description="connection disallowed by local policy", **common)
+           for i, r in enumerate(reasons)]
+    evs.append(ce.ConnectionDenied(conn_id="g", at=15.0, remote_host="10.0.0.9",
+                                   listener="0.0.0.0:5672",
+                                   reason=ce.ConnectionDenyReason.GLOBAL_RATE))
+    records = [to_record(e, wall_offset=T0) for e in evs]
+    path = tmp_path / "dt=2026-11-21" / "hour=10"
+    path.mkdir(parents=True)
+    (path / schema.partition_path("2026-11-21", 10, "hostA", 42).split("/")[-1]).write_text(
+        "\n".join(dumps_record(r) for r in records) + "\n")
+    events = prepare_events(read_events(spark, str(tmp_path)))
+    window = ReportWindow(int(T0 * 1e6), int((T0 + 3600) * 1e6), 3_600_000_000)
+    counted = {(r.vhost, r.reason): r["count"] for r in denials(events, window).collect()}
+    assert counted == {("v1", "user_rate"): 2, ("v1", "host_rate"): 1, ("v1", "vhost_rate"): 1,
+                       (None, "global_rate"): 1}
+    top = {(r.scope, r.key): (r["count"], r.top_reason)
+           for r in top_denied(events, window).collect()}
+    assert top[("user", "alice")] == (4, "user_rate")
+    assert top[("remote_host", "10.0.0.9")] == (1, "global_rate")

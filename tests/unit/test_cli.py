@@ -151,6 +151,31 @@ def test_check_config_honours_allow_empty(tmp_path: Path) -> None:
     assert main(["check", "--config", str(config)]) == EXIT_OK
 
 
+def test_check_knows_the_rate_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "p.json"
+    vhost = {"hostname": "v", "maxConnectionRatePerHost": 50, "connectionRateBurst": 10,
+             "groups": {"g": {"users": "*", "remoteHosts": "*", "maxMessageRatePerUser": 100,
+                              "maxByteRatePerUser": 1000000, "maxConnectionRatePerUser": 5}}}
+    path.write_text(json.dumps([["vhost", vhost]]))
+    assert main(["check", "--policy", str(path)]) == EXIT_OK
+    capsys.readouterr()
+    vhost["groups"]["g"]["maxByteRatePerUser"] = -1
+    vhost["maxMessageRatePerUser"] = 1
+    path.write_text(json.dumps([["vhost", vhost]]))
+    assert main(["check", "--policy", str(path)]) == EXIT_CONFIG
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[2] for line in out] == [
+        "vhost[v].maxMessageRatePerUser", "vhost[v].groups.g.maxByteRatePerUser"]
+    config = tmp_path / "config.toml"
+    path.write_text(json.dumps([["vhost", {"hostname": "v", "groups": {}}]]))
+    config.write_text('[[listener]]\naddress = "127.0.0.1:5672"\n[[upstream]]\n'
+                      'address = "127.0.0.1:25672"\n[policy]\npath = "p.json"\n'
+                      'max_connection_rate = -3\n')
+    assert main(["check", "--config", str(config)]) == EXIT_CONFIG
+    assert (f"error: {config}: policy.max_connection_rate: must be >= 0"
+            in capsys.readouterr().out)
+
+
 def test_check_hints_to_quote_a_bare_star_in_yaml(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "p.yaml"

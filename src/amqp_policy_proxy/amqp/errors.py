@@ -74,3 +74,10 @@ class ResourceLimitError(AmqpError):
     """A resource the proxy cannot provide (e.g. no reserved channel left for a reply)."""
 
     condition = Condition.RESOURCE_LIMIT_EXCEEDED
+
+
+class TransferLimitError(AmqpError):
+    """A sender that sent (or counted) more deliveries than the link-credit it was given
+    (Part 2 §2.6.7: "a sender MUST NOT send more messages" once link-credit is zero)."""
+
+    condition = Condition.LINK_TRANSFER_LIMIT_EXCEEDED

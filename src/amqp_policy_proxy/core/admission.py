@@ -2,7 +2,10 @@
 
 QDR's order (the rules of :mod:`..policy.decisions`): the vhost from the Open's hostname, the
 user's group, the client's address against the group's ``remoteHosts``, then the connection
-counts (vhost, per user, per host) in the ledger. A denied client gets QDR's Open + Close
+counts (vhost, per user, per host) in the ledger, then (an extension over QDR) the connection
+rates (vhost, per user, per host) in the shared token buckets. Rates come after counts so that
+every connection QDR would deny is denied with QDR's reason; a connection over a rate is
+uncounted at once (it never holds a count slot) and takes no token. A denied client gets QDR's Open + Close
 ``amqp:resource-limit-exceeded`` / ``connection disallowed by local policy`` and the router gets
 nothing of its Open. An admitted client's Open goes to the router (its channel-max lowered by
 the channels kept back for session denials, decision 0003), followed by what the client
@@ -74,10 +77,24 @@ class AdmissionLedger(Protocol):
         """Uncount an admitted connection (exactly once)."""
 
 
+class AdmissionRates(Protocol):
+    """What admission needs from the connection-rate buckets (vhost, per user, per host).
+
+    :class:`~amqp_policy_proxy.limits.rates.RateLimits` is the in-process one.
+    """
+
+    def try_admit(
+        self, *, vhost: VhostPolicy, group: GroupSettings, user: str, remote_host: str,
+        now: float
+    ) -> ConnectionDenyReason | None:
+        """Take a token from each limited bucket if all have one; else the first without."""
+
+
 class Admission:
     """The Open decision of one connection."""
 
-    __slots__ = ("ctx", "wire", "sides", "sessions", "rules", "ledger", "in_ledger", "paused")
+    __slots__ = ("ctx", "wire", "sides", "sessions", "rules", "ledger", "rates", "in_ledger",
+                 "paused")
 
     def __init__(
         self,
@@ -85,10 +102,12 @@ class Admission:
         sessions: Sessions,
         rules: MessageRules,
         ledger: AdmissionLedger,
+        rates: AdmissionRates | None = None,
         paused: Container[str] = frozenset(),
     ) -> None:
-        """Nothing decided yet. ``paused``: the vhost names an operator paused, read at the
-        decision (the daemon's live set: a pause applies to Opens already on their way)."""
+        """Nothing decided yet. Without ``rates`` no connection rate is enforced. ``paused``:
+        the vhost names an operator paused, read at the decision (the daemon's live set: a
+        pause applies to Opens already on their way)."""
         self.ctx = ctx
         self.paused = paused
         self.wire = ctx.wire
@@ -96,6 +115,7 @@ class Admission:
         self.sessions = sessions
         self.rules = rules
         self.ledger = ledger
+        self.rates = rates
         self.in_ledger = False
         """The connection is counted in the ledger (released exactly once at the end)."""
 
@@ -161,6 +181,11 @@ class Admission:
             remote_host=ctx.remote_host,
             enforce=not shadow,
         )
+        if reason is None and would is None and self.rates is not None:
+            reason = self.rates.try_admit(vhost=vhost, group=decision.group, user=user,
+                                          remote_host=ctx.remote_host, now=now)
+            if reason is not None and not shadow:
+                self.ledger.release(ctx.conn_id)  # a denied connection holds no count slot
         if reason is not None and would is None:
             logger.info(
                 "[%s] %s AMQP Open for user '%s', rhost '%s', vhost '%s': %s",

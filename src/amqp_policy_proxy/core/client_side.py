@@ -448,7 +448,8 @@ class ClientSide:
                 if channel in sessions.denied_sessions:
                     return False
                 raise NotAllowedError(f"flow on channel {channel} that was never begun")
-            if not session.denied_handles and not session.dropped_transfers:
+            if (not session.denied_handles and not session.dropped_transfers
+                    and session.shaping is None):
                 return True
         if code == Descriptor.CLOSE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
             perf: Any = EMPTY_CLOSE

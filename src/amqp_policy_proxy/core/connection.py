@@ -14,11 +14,13 @@ one room per concern:
 :mod:`.sessions`       Begin, Attach, Flow, Detach, End: records, counts, session/link denials
 :mod:`.deliveries`     Transfers: message size, per-message checks, withheld deliveries
 :mod:`.fastpath`       admitted client frames that need no decision (with the C scanner)
+:mod:`.shaping`        the user's message and byte rates, enforced through link-credit
 :mod:`.view`           what the shell may read: figures and a read-only view
 =====================  =========================================================================
 
 This module keeps the connection's life: the upstream connecting or failing, transports lost,
-the timers (handshake timeout, linger after a Close), the graceful drain, and the boundary
+the timers (handshake timeout, linger after a Close, credit shaping's refills: the earliest
+deadline wins), the graceful drain, and the boundary
 where a protocol violation (an :class:`~amqp_policy_proxy.amqp.errors.AmqpError` raised deep
 in a handler) becomes a Close of this one connection.
 """
@@ -27,14 +29,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Container
-from typing import Any
+from typing import Any, Protocol
 
 from ..amqp import constants as C
 from ..amqp.constants import Condition
 from ..amqp.errors import AmqpError
 from ..ingress.peer import ClientAddress
 from ..policy.reasons import ConnectionDenyReason
-from .admission import Admission, AdmissionLedger
+from .admission import Admission, AdmissionLedger, AdmissionRates
 from .client_side import ClientSide
 from .commands import Command, Side
 from .context import LINGER_SECONDS, Context
@@ -43,6 +45,7 @@ from .events import ConnectionClosed, ConnectionDenied, ProtocolViolation
 from .router_side import RouterSide
 from .rules import MessageRules
 from .sessions import Sessions
+from .shaping import Shaping, ShapingBuckets
 from .state import CLIENT_AMQP, ROUTER_CONNECTED, ClientState, RouterState
 from .view import ConnectionView
 from .wire import error
@@ -59,6 +62,11 @@ UPSTREAM_UNAVAILABLE = "no upstream available"
 UPSTREAM_LOST = "upstream connection lost"
 
 
+class RateLimits(AdmissionRates, ShapingBuckets, Protocol):
+    """The shared rate buckets: connection rates at the Open, message and byte rates of
+    users (``limits.rates.RateLimits``)."""
+
+
 class ProxyConnection(Context):
     """One client connection and its upstream leg, as a sans-IO state machine.
 
@@ -69,7 +77,8 @@ class ProxyConnection(Context):
     :attr:`view` is what the shell may read.
     """
 
-    __slots__ = ("rules", "sessions", "deliveries", "client", "router", "admission", "view")
+    __slots__ = ("rules", "sessions", "deliveries", "client", "router", "admission", "view",
+                 "rates")
 
     def __init__(
         self,
@@ -86,6 +95,7 @@ class ProxyConnection(Context):
         wall_offset: float = 0.0,
         balancer_host: str | None = None,
         paused_vhosts: Container[str] = frozenset(),
+        rates: RateLimits | None = None,
     ) -> None:
         """Create the state machine for a freshly accepted client transport.
 
@@ -109,6 +119,8 @@ class ProxyConnection(Context):
             paused_vhosts: vhost names an operator paused: an Open to one of them is denied
                 (``vhost_paused``). Read at the Open decision, so the daemon passes its live
                 set.
+            rates: the connection-rate and shaping buckets shared by the daemon's
+                connections; None: no rate limit (connection, message or byte) applies.
         """
         super().__init__(
             conn_id,
@@ -127,8 +139,10 @@ class ProxyConnection(Context):
         self.deliveries = Deliveries(self, self.sessions, self.rules)
         self.client = ClientSide(self, self.sessions, self.deliveries, self._open_received)
         self.router = RouterSide(self, self.sessions, self.deliveries)
-        self.admission = Admission(self, self.sessions, self.rules, ledger, paused_vhosts)
+        self.admission = Admission(self, self.sessions, self.rules, ledger, rates,
+                                   paused_vhosts)
         self.view = ConnectionView(self, self.client, self.router)
+        self.rates = rates
 
     # ------------------------------------------------------------------ the Open decision
 
@@ -157,11 +171,26 @@ class ProxyConnection(Context):
         finally:
             client.open = client.open_body = None  # decided: not kept for the connection's life
         if approved:
+            self._shape(now)
             self.router.release_held(now)
             client.release_held(now)
         else:
             client.held.clear()
             self.router.held.clear()
+
+    def _shape(self, now: float) -> None:
+        """An admitted user whose group has ``maxMessageRatePerUser`` or
+        ``maxByteRatePerUser``: its sending links are shaped (:mod:`.shaping`)."""
+        group = self.group
+        rates = self.rates
+        if group is None or rates is None:
+            return
+        if not (group.max_message_rate_per_user or group.max_byte_rate_per_user):
+            return
+        bucket = rates.acquire(vhost=self.vhost_name or "", group=group.name,
+                               user=self.user or "", message_rate=group.max_message_rate_per_user,
+                               byte_rate=group.max_byte_rate_per_user, now=now)
+        self.sessions.shaping = Shaping(self, rates, bucket)
 
     # ------------------------------------------------------------------ public inputs
 
@@ -306,7 +335,7 @@ class ProxyConnection(Context):
 
     def handle_timer(self, now: float) -> list[Command]:
         """Handle the deadline :meth:`get_timer` gave: the handshake timeout (nothing decided
-        within ``handshake_timeout``) or the end of a linger."""
+        within ``handshake_timeout``), the end of a linger, or tokens for a shaped link."""
         out = self._begin()
         if self.finished:
             return out
@@ -321,14 +350,20 @@ class ProxyConnection(Context):
             self.linger_deadline = None
             wire.close_transport(Side.CLIENT)
             wire.close_transport(Side.ROUTER)
+        if self.rate_deadline is not None:
+            shaping = self.sessions.shaping
+            if shaping is None or self.sides.client is not ClientState.OPENED:
+                self.rate_deadline = None  # closing: no more credit
+            else:
+                shaping.on_timer(now)
         return out
 
     def get_timer(self) -> float | None:
-        """The next deadline (loop-clock seconds), or None."""
-        handshake, linger = self.handshake_deadline, self.linger_deadline
-        if handshake is None:
-            return linger  # the steady state: both None, asked after every read
-        return handshake if linger is None else min(handshake, linger)
+        """The earliest deadline (loop-clock seconds), or None."""
+        handshake, linger, rate = self.handshake_deadline, self.linger_deadline, self.rate_deadline
+        if handshake is None and rate is None:
+            return linger  # the steady state: all None, asked after every read
+        return min(d for d in (handshake, linger, rate) if d is not None)
 
     def begin_shutdown(self, now: float, grace: float | None = None) -> list[Command]:
         """Start a graceful drain: Close(``amqp:connection:forced``, ``proxy shutting down``).
@@ -457,6 +492,8 @@ class ProxyConnection(Context):
         self.handshake_deadline = None
         self.linger_deadline = None
         self.admission.release()
+        if self.sessions.shaping is not None:
+            self.sessions.shaping.close(now)
         if self.opened_at is not None:
             opened = self.opened_at
             f = self.figures

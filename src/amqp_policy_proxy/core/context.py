@@ -48,6 +48,7 @@ class Context:
         "close_reason",
         "handshake_deadline",
         "linger_deadline",
+        "rate_deadline",
         "finished",
         "sides",
         "wire",
@@ -99,6 +100,8 @@ class Context:
         self.close_reason: str | None = None
         self.handshake_deadline: float | None = now + handshake_timeout
         self.linger_deadline: float | None = None
+        self.rate_deadline: float | None = None
+        """When a shaped link waiting for tokens is looked at again (:mod:`.shaping`)."""
         self.finished = False
         """The connection is over and its counts are released."""
         self.sides = Sides()

@@ -107,6 +107,9 @@ class Deliveries:
             link.delivery_settled = True
         if not more or aborted:
             link.in_delivery = False
+        shaper = link.shaper
+        if shaper is not None:  # under the user's message or byte rate: charged
+            shaper.transfer(first, fend - payload_offset, now)
         if link.discarding:
             session.dropped_transfers += 1
             if not link.in_delivery:

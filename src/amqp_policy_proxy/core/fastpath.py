@@ -119,6 +119,7 @@ class FastPath:
                             and not f[3]
                             and not f[4]
                             and not link.client_detached
+                            and link.shaper is None
                             and (max_size is None or fend - f[5] <= max_size)
                         ):
                             n = 0  # deliveries passed from this frame on

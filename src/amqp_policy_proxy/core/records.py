@@ -8,6 +8,11 @@ changes them is in :mod:`.sessions` (Begin, Attach, Detach, End, Flow) and :mod:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .shaping import ShapedLink, ShapedSession
+
 
 class ReservedPool:
     """Numbers kept back from the router for the proxy's synthesized denial replies.
@@ -51,7 +56,7 @@ class LinkRecord:
         "name", "handle", "is_sender", "address", "router_handle", "client_detached",
         "router_detached", "anonymous", "inspect", "delivery_bytes", "delivery_id",
         "delivery_tag", "delivery_settled", "in_delivery", "discarding", "discard_reason",
-        "qos", "topic_filter", "strip_durable", "rewrite_durable",
+        "qos", "topic_filter", "strip_durable", "rewrite_durable", "shaper",
     )
 
     def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
@@ -84,6 +89,9 @@ class LinkRecord:
         """Receiver whose principal lacks the persistent authority: durable delivered as false."""
         self.rewrite_durable = False
         """The router-to-client delivery in progress gets its ``durable`` flag cleared."""
+        self.shaper: ShapedLink | None = None
+        """A sending link under the user's message or byte rate (:mod:`.shaping`): its
+        Transfers leave the fast path and are charged."""
 
 
 class SessionRecord:
@@ -94,7 +102,7 @@ class SessionRecord:
         "reserved_handles", "pending_replies", "dropped_transfers", "client_ended",
         "router_ended", "senders", "receivers", "transfers_in", "transfers_out",
         "client_next_out", "client_window_end", "router_next_out", "router_window_end",
-        "router_out_window",
+        "router_out_window", "shaping",
     )
 
     def __init__(self, channel: int, reserved_handles: ReservedPool,
@@ -131,6 +139,9 @@ class SessionRecord:
         """The first transfer-id (router numbering) the router's own window does not cover."""
         self.router_out_window = 0
         """The router's last outgoing-window."""
+        self.shaping: ShapedSession | None = None
+        """Set on connections under a message or byte rate: both legs' Flows on this session
+        are read (:mod:`.shaping`)."""
 
 
 class Figures:

@@ -250,6 +250,7 @@ class RouterSide:
         rules = deliveries.rules
         sessions = self.sessions
         figures = ctx.figures
+        shaped = sessions.shaping is not None  # set at admission, never while relaying
         while end - pos >= FRAME_HEADER_SIZE and sides.router is RouterState.AMQP:
             size, doff, ftype, channel = unpack(buf, pos)
             if not frame_header_ok(size, doff, ftype, limit):
@@ -267,7 +268,7 @@ class RouterSide:
                 code = is_transfer_descriptor(buf, body, fend)
             if code == Descriptor.TRANSFER:
                 figures.transfers_out += 1
-                if sessions.window_frames is not None:
+                if shaped or sessions.window_frames is not None:
                     session = sessions.router_sessions.get(channel)
                     if session is not None:
                         session.transfers_out += 1
@@ -287,6 +288,7 @@ class RouterSide:
                 session = sessions.router_sessions.get(channel)
                 if session is None or (
                     not session.dropped_transfers and sessions.window_frames is None
+                    and session.shaping is None
                 ):
                     pos = fend
                     continue

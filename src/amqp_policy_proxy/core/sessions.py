@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..amqp import constants as C
 from ..amqp.constants import Condition
@@ -42,6 +42,9 @@ from .records import LinkRecord, ReservedPool, SessionRecord
 from .rules import MessageRules
 from .shadow import shadowed, verb
 from .wire import error, frame, rechannel
+
+if TYPE_CHECKING:
+    from .shaping import Shaping
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +81,7 @@ class Sessions:
         "advertised_channel_max",
         "policy_channel_max",
         "window_frames",
+        "shaping",
     )
 
     def __init__(self, ctx: Context, rules: MessageRules) -> None:
@@ -98,6 +102,8 @@ class Sessions:
         """``maxSessions - 1`` of the group, if set."""
         self.window_frames: int | None = None
         """The group's ``maxSessionWindow`` in transfer frames, if set (at the router's Open)."""
+        self.shaping: Shaping | None = None
+        """The user's message or byte rate, if the group has one (set at admission)."""
 
     def reserve_channels(self, channel_max: int) -> int:
         """Keep the top of the client's ``channel_max`` back for session denials (decision
@@ -162,6 +168,8 @@ class Sessions:
             channel, ReservedPool(hmax, reserve), _int_or_none(perf.next_outgoing_id) or 0
         )
         self.sessions[channel] = session
+        if self.shaping is not None:
+            session.shaping = self.shaping.session(perf)
         figures.active_sessions += 1
         if figures.active_sessions > figures.peak_sessions:
             figures.peak_sessions = figures.active_sessions
@@ -284,6 +292,8 @@ class Sessions:
             rules.topic_receivers = True
         session.links[handle] = link
         if is_sender:
+            if self.shaping is not None:
+                link.shaper = self.shaping.attach(session, link, perf)
             session.senders += 1
             figures.active_senders += 1
             figures.peak_senders = max(figures.peak_senders, figures.active_senders)
@@ -369,9 +379,14 @@ class Sessions:
             return
         if perf.handle is not None and int(perf.handle) in session.denied_handles:
             return
+        changes: dict[str, Any] = {}
         if session.dropped_transfers and perf.next_outgoing_id is not None:
             nxt = (int(perf.next_outgoing_id) - session.dropped_transfers) & UINT_MAX
-            raw = frame(channel, dataclasses.replace(perf, next_outgoing_id=nxt))
+            changes["next_outgoing_id"] = nxt
+        if session.shaping is not None and self.shaping is not None:
+            self.shaping.client_flow(session, perf, changes, now)
+        if changes:
+            raw = frame(channel, dataclasses.replace(perf, **changes))
         self.wire.send(Side.ROUTER, raw)
 
     def on_client_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> None:
@@ -539,6 +554,8 @@ class Sessions:
                 session.client_window_end = nid + session.dropped_transfers + given
                 if iw > self.window_frames:
                     changes["incoming_window"] = given
+        if session is not None and session.shaping is not None and self.shaping is not None:
+            self.shaping.router_flow(session, perf, changes, now)
         if changes:
             return frame(channel, dataclasses.replace(perf, **changes))
         return raw

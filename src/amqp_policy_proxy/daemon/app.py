@@ -23,6 +23,7 @@ from ..core.connection import ProxyConnection
 from ..core.events import ConnectionDenied, PolicyReloaded, ProxyEvent
 from ..ingress.peer import ClientAddress, client_address
 from ..limits.connections import ConnectionLedger
+from ..limits.rates import RateLimits
 from ..policy.errors import ConfigIssue, PolicyError
 from ..policy.load import load_policy
 from ..policy.model import Policy
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 SNAPSHOT_INTERVAL = 1.0
 #: Pending connections the kernel queues on a listener before accept (``listen`` backlog).
 LISTEN_BACKLOG = 4096
+#: Seconds between two log lines about transports refused over ``max_connection_rate``.
+RATE_LOG_INTERVAL = 10.0
 #: Peer addresses remembered (parsed) by :meth:`Daemon.peer_address`.
 PEER_MEMO_SIZE = 4096
 
@@ -60,6 +63,8 @@ class Daemon:
         self.config = config
         self.policy: Policy | None = policy
         self.ledger = ConnectionLedger(config.policy.max_connections)
+        self.rates = RateLimits(config.policy.max_connection_rate)
+        """Connection-rate buckets and the users' shaping buckets, shared by connections."""
         self.upstream_health: UpstreamHealth[UpstreamConfig] = UpstreamHealth()
         """Failed upstreams are tried last for a back-off period (exponential, capped)."""
         self.preauth = PreauthBudget(config.preauth_buffer_bytes)
@@ -100,6 +105,7 @@ class Daemon:
         """Loop-clock seconds of the start and of the last successful policy load."""
         self.admin: Any = None
         """The admin interface (:class:`~.admin.AdminServer`) when ``[admin]`` is set."""
+        self._rate_logged = (-RATE_LOG_INTERVAL, 0)  # (when, global_denied then)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -153,10 +159,15 @@ class Daemon:
     def accept(self, proto: ClientProtocol,
                remote_host: ClientAddress) -> ConnectionDenyReason | None:
         """Count a new client transport, or refuse it before any byte (QDR's global
-        ``maxConnections``; also while draining, and over the pre-authentication budget)."""
+        ``maxConnections``; also while draining; then ``[policy] max_connection_rate``, and
+        the pre-authentication budget)."""
         reason: ConnectionDenyReason | None = None
         if self.draining or not self.ledger.try_accept():
             reason = ConnectionDenyReason.GLOBAL_LIMIT
+        elif not self.rates.try_accept(self.loop.time()):
+            self.ledger.release_accept()
+            reason = ConnectionDenyReason.GLOBAL_RATE
+            self._log_rate_refusals()
         elif not self.preauth.accept():
             self.ledger.release_accept()
             reason = ConnectionDenyReason.PREAUTH_MEMORY
@@ -166,6 +177,20 @@ class Daemon:
                                        reason=reason, balancer_host=_balancer(proto)))
         return reason
 
+    def _log_rate_refusals(self) -> None:
+        """One WARNING line at most every :data:`RATE_LOG_INTERVAL` seconds for transports
+        refused over ``[policy] max_connection_rate`` (a storm must not flood the journal;
+        each refusal is in the metrics and the event log)."""
+        now = self.loop.time()
+        when, before = self._rate_logged
+        if now - when < RATE_LOG_INTERVAL:
+            return
+        denied = self.rates.global_denied
+        self._rate_logged = (now, denied)
+        logger.warning("refusing connections at accept over [policy] max_connection_rate "
+                       "%d/s (%d refused so far, %d since the last line)",
+                       self.rates.max_connection_rate, denied, denied - before)
+
     def open_connection(self, proto: ClientProtocol, remote_host: ClientAddress,
                         tls_subject: str | None) -> ProxyConnection:
         """The core of an accepted transport, under the current policy; registered."""
@@ -174,7 +199,7 @@ class Daemon:
             policy=self.policy, ledger=self.ledger, now=self.loop.time(),
             handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
             wall_offset=self._wall_offset, balancer_host=_balancer(proto),
-            paused_vhosts=self.paused_vhosts)
+            paused_vhosts=self.paused_vhosts, rates=self.rates)
         self.connections[proto.conn_id] = proto
         return conn
 
@@ -370,6 +395,7 @@ class Daemon:
             self.policy = await asyncio.to_thread(self._load_policy)
             _log_policy_warnings(self.policy)
         self.ledger.max_connections = self.config.policy.max_connections
+        self.rates.max_connection_rate = self.config.policy.max_connection_rate
         server_ssl, self._upstream_ssl = await asyncio.to_thread(self.build_tls_contexts)
         self._config_digest = await asyncio.to_thread(self._config_file_digest)
         self._start_observability()
@@ -567,6 +593,7 @@ class Daemon:
             bytes_total=bytes_total,
             transfers_total=transfers_total,
             limits=tuple(policy.limits_table()) if policy is not None else (),
+            shaping=self.rates.totals(self.loop.time()),
             policy_digest=getattr(policy, "digest", ""),
         )
 

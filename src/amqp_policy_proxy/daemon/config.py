@@ -437,6 +437,11 @@ class PolicyTable(_Table):
         _DEFAULT_SETTINGS.max_message_size, toml="integer >= 0 (bytes)", ge=0,
         doc="Global maximum message size; 0 = unlimited. Vhost and group values override it "
             "(QDR maxMessageSize).")
+    max_connection_rate: int = _key(
+        _DEFAULT_SETTINGS.max_connection_rate, toml="integer >= 0 (per second)", ge=0,
+        doc="New client connections accepted per second, checked at TCP accept before any "
+            "byte (burst: one second's worth); over it the socket is closed (reason "
+            "global_rate). 0 = unlimited. An extension over QDR.")
     allow_empty: bool = _key(
         False, toml="boolean",
         doc="Accept a policy that defines no vhost (every connection is then denied); without "
@@ -603,6 +608,7 @@ class ConfigFile(_Table):
                 enable_vhost_name_patterns=pol.enable_vhost_name_patterns,
                 default_vhost=pol.default_vhost,
                 max_message_size=pol.max_message_size,
+                max_connection_rate=pol.max_connection_rate,
             ),
             allow_empty_policy=pol.allow_empty,
             metrics_address=self.metrics.address,

@@ -46,7 +46,8 @@ class UpstreamHealth(Generic[U]):
         """Record a failed connect; return the back-off in seconds now in force."""
         n = self._failures.get(upstream, 0) + 1
         self._failures[upstream] = n
-        backoff = min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** (n - 1))
+        # the exponent is capped: past ~1,000 failures in a row 2**n no longer fits a float
+        backoff = min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** min(n - 1, 32))
         self._until[upstream] = now + backoff
         return backoff
 

@@ -27,6 +27,7 @@ __all__ = ["DIRECTIONS", "LiveCollector", "MetricsSnapshot"]
 DIRECTIONS: tuple[str, str] = ("client_to_broker", "broker_to_client")
 
 _EMPTY: Mapping[tuple[str, str], int] = MappingProxyType({})
+_SHAPING_EMPTY: Mapping[tuple[str, str], tuple[float, int, int]] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,11 @@ class MetricsSnapshot:
     (:meth:`~amqp_policy_proxy.policy.model.Policy.limits_table` does)."""
     policy_digest: str = ""
     """Digest of the running policy; ``""`` before one is loaded (no ``policy_info`` sample)."""
+    shaping: Mapping[tuple[str, str], tuple[float, int, int]] = field(
+        default_factory=lambda: _SHAPING_EMPTY)
+    """Credit shaping per ``(vhost, group)`` since start: seconds users were throttled
+    (summed over users), messages and payload bytes sent on shaped links (never decreasing;
+    ``limits.rates.RateLimits.totals``)."""
 
 
 class LiveCollector:
@@ -63,8 +69,11 @@ class LiveCollector:
     ``amqp_proxy_bytes_total{vhost,direction}`` and ``amqp_proxy_transfers_total{vhost,direction}``
     (counters), ``amqp_proxy_limit{vhost,group,limit}`` (gauge, count limits),
     ``amqp_proxy_limit_bytes{vhost,group,limit}`` (gauge, byte-valued limits: ``maxFrameSize``,
-    ``maxMessageSize``, ``maxSessionWindow``) and ``amqp_proxy_policy_info{digest}`` (gauge,
-    always 1). Families are yielded even when empty; an unlimited setting has no sample.
+    ``maxMessageSize``, ``maxSessionWindow``), ``amqp_proxy_policy_info{digest}`` (gauge,
+    always 1) and, for credit shaping, ``amqp_proxy_throttled_seconds_total{vhost,group}``,
+    ``amqp_proxy_shaped_messages_total{vhost,group}`` and
+    ``amqp_proxy_shaped_bytes_total{vhost,group}`` (counters). Families are yielded even
+    when empty; an unlimited setting has no sample.
 
     Args:
         source: zero-argument callable returning the current snapshot. It is called exactly
@@ -91,7 +100,7 @@ class LiveCollector:
         return list(self._families(MetricsSnapshot()))
 
     def collect(self) -> Iterator[Metric]:
-        """Read the snapshot once and yield the six families built from it."""
+        """Read the snapshot once and yield the families built from it."""
         return self._families(self._source())
 
     @staticmethod
@@ -149,3 +158,28 @@ class LiveCollector:
         if snap.policy_digest:
             info.add_metric((snap.policy_digest,), 1)
         yield info
+
+        throttled = CounterMetricFamily(
+            "amqp_proxy_throttled_seconds",
+            "Seconds users of a group spent throttled by credit shaping (a sending link with "
+            "no credit left waiting for maxMessageRatePerUser / maxByteRatePerUser tokens), "
+            "summed over users.",
+            labels=("vhost", "group"),
+        )
+        messages = CounterMetricFamily(
+            "amqp_proxy_shaped_messages",
+            "Messages sent on links shaped by maxMessageRatePerUser / maxByteRatePerUser.",
+            labels=("vhost", "group"),
+        )
+        nbytes = CounterMetricFamily(
+            "amqp_proxy_shaped_bytes",
+            "Message payload bytes sent on shaped links.",
+            labels=("vhost", "group"),
+        )
+        for (vhost, group), (seconds, n_messages, n_bytes) in snap.shaping.items():
+            throttled.add_metric((vhost, group), seconds)
+            messages.add_metric((vhost, group), n_messages)
+            nbytes.add_metric((vhost, group), n_bytes)
+        yield throttled
+        yield messages
+        yield nbytes

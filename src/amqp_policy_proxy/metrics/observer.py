@@ -70,6 +70,9 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_event_log_errors_total",
         "amqp_proxy_internal_errors_total",
         "amqp_proxy_tls_reload_failures_total",
+        "amqp_proxy_throttled_seconds_total",
+        "amqp_proxy_shaped_messages_total",
+        "amqp_proxy_shaped_bytes_total",
     }
 )
 
@@ -109,6 +112,7 @@ CONNECTION_DURATION_BUCKETS: tuple[float, ...] = (
 #: pre-created at zero so ``rate()`` sees the first increment and dashboards show a flat line.
 _VHOSTLESS_DENY_REASONS = (
     ConnectionDenyReason.GLOBAL_LIMIT,
+    ConnectionDenyReason.GLOBAL_RATE,
     ConnectionDenyReason.NO_VHOST,
     ConnectionDenyReason.HANDSHAKE_TIMEOUT,
 )

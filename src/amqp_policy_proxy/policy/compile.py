@@ -339,6 +339,7 @@ def _compile_vhost(
 
     user_groups = _user_groups(v, label, raw_groups, groups, file, issues)
     groups = _compile_topics(raw, v, raw_groups, groups, dds_loader, issues)
+    groups = _resolve_connection_rates(raw, values, groups, issues)
 
     allow_unknown = values.get("allow_unknown_user")
     if allow_unknown and DEFAULT_GROUP not in (raw_groups or {}):
@@ -359,6 +360,10 @@ def _compile_vhost(
             "max_connections_per_user", VHOST_KEYS["maxConnectionsPerUser"].default),
         max_connections_per_host=values.get(
             "max_connections_per_host", VHOST_KEYS["maxConnectionsPerHost"].default),
+        max_connection_rate=values.get("max_connection_rate") or None,
+        max_connection_rate_per_user=values.get("max_connection_rate_per_user") or None,
+        max_connection_rate_per_host=values.get("max_connection_rate_per_host") or None,
+        connection_rate_burst=values.get("connection_rate_burst"),
         allow_unknown_user=bool(allow_unknown),
         max_message_size=vhost_mms or None,
         groups=MappingProxyType(groups),
@@ -367,6 +372,35 @@ def _compile_vhost(
         enforcement=enforcement,
         raw=_freeze(attrs),
     )
+
+
+def _resolve_connection_rates(
+    raw: _RawVhost, values: Mapping[str, Any], groups: dict[str, GroupSettings], issues: _Issues
+) -> dict[str, GroupSettings]:
+    """Each group's per-user and per-host connection rates: the group's key if present (0 =
+    unlimited), else the vhost's (docs/policy.md "Rate limits"), as for the count limits.
+
+    Warns about a ``connectionRateBurst`` that no connection-rate key uses.
+    """
+    out = {}
+    keys = ("max_connection_rate_per_user", "max_connection_rate_per_host")
+    for name, group in groups.items():
+        changes = {}
+        for snake in keys:
+            own = getattr(group, snake)
+            changes[snake] = (values.get(snake) or None) if own is None else (own or None)
+        out[name] = replace(group, **changes)
+    raw_groups = raw.attrs.get("groups")
+    group_attrs = raw_groups.values() if isinstance(raw_groups, Mapping) else ()
+    limited = values.get("max_connection_rate") or any(getattr(g, k) for g in out.values()
+                                                       for k in keys) or any(
+        a.get(k) not in (None, 0, "0") for a in group_attrs if isinstance(a, Mapping)
+        for k in ("maxConnectionRatePerUser", "maxConnectionRatePerHost"))
+    if values.get("connection_rate_burst") is not None and not limited:
+        issues.warning(raw.file, f"{raw.label}.connectionRateBurst",
+                       "connectionRateBurst has no effect: the vhost and its groups set no "
+                       "maxConnectionRate, maxConnectionRatePerUser or maxConnectionRatePerHost")
+    return out
 
 
 def _aliases(
@@ -530,6 +564,11 @@ def _compile_group(
         remote_hosts=remote_hosts,
         max_connections_per_user=values.get("max_connections_per_user"),
         max_connections_per_host=values.get("max_connections_per_host"),
+        # overrides, None when absent (0 = unlimited): resolved against the vhost afterwards
+        max_connection_rate_per_user=values.get("max_connection_rate_per_user"),
+        max_connection_rate_per_host=values.get("max_connection_rate_per_host"),
+        max_message_rate_per_user=limit("max_message_rate_per_user"),
+        max_byte_rate_per_user=limit("max_byte_rate_per_user"),
         max_frame_size=limit("max_frame_size"),
         max_sessions=limit("max_sessions"),
         max_session_window=limit("max_session_window"),
@@ -857,6 +896,7 @@ def _check_settings(settings: PolicySettings, issues: _Issues) -> None:
     checks: Iterable[tuple[str, Any]] = (
         ("maxConnections", settings.max_connections),
         ("maxMessageSize", settings.max_message_size),
+        ("max_connection_rate", settings.max_connection_rate),
     )
     for key, value in checks:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -113,7 +113,8 @@ def count_rule(reason: ConnectionDenyReason, vhost: VhostPolicy, group: GroupSet
     """The connection limit behind a ledger denial, in words (the audit trail's ``rule``).
 
     Args:
-        reason: ``vhost_limit``, ``user_limit`` or ``host_limit``.
+        reason: ``vhost_limit``, ``user_limit`` or ``host_limit``; or a connection-rate
+            denial (``vhost_rate``, ``user_rate``, ``host_rate``).
         vhost: the vhost (its limits apply unless the group overrides them).
         group: the user's group.
 
@@ -122,6 +123,17 @@ def count_rule(reason: ConnectionDenyReason, vhost: VhostPolicy, group: GroupSet
     """
     if reason is _C.VHOST_LIMIT:
         return f"maxConnections {vhost.max_connections} (vhost '{vhost.hostname}') reached"
+    if reason is _C.VHOST_RATE:
+        return (f"maxConnectionRate {vhost.max_connection_rate}/s "
+                f"(vhost '{vhost.hostname}') exceeded")
+    if reason in (_C.USER_RATE, _C.HOST_RATE):
+        per = "User" if reason is _C.USER_RATE else "Host"
+        key = f"maxConnectionRatePer{per}"
+        attr = f"max_connection_rate_per_{per.lower()}"
+        value = getattr(group, attr)
+        if value is None:
+            return f"{key} {getattr(vhost, attr)}/s (vhost '{vhost.hostname}') exceeded"
+        return f"{key} {value}/s (group '{group.name}') exceeded"
     if reason is _C.USER_LIMIT:
         key, value, fallback = ("maxConnectionsPerUser", group.max_connections_per_user,
                                 vhost.max_connections_per_user)

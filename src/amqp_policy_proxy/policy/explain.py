@@ -6,7 +6,9 @@ vhost was found, why the user got its group, which ``remoteHosts`` item matched,
 address and a role, which ``sources``/``targets`` item or pattern allowed the link, then each
 topic model of the group (docs/topic-authorization.md: ``topicTree`` node, ``permissions`` rule, DDS grant
 and rule) and, for a per-delivery subscription, the decision for one message's address.
-Live counts (connections, sessions, links) are not considered; the output says so.
+Live counts (connections, sessions, links) and the rate buckets are not considered; the output
+says so, and names the connection rates (with the denial reason each would give) and the
+message and byte rates that shape the user's sending links, when any applies.
 """
 
 from __future__ import annotations
@@ -106,8 +108,10 @@ def explain(
                            enforcement=enforcement)
 
     if not policy.settings.enable_vhost_policy:
+        rate = policy.settings.max_connection_rate
+        also = f" and max_connection_rate ({rate}/s)" if rate else ""
         lines.append("vhost policy is disabled (enableVhostPolicy false): only the global "
-                     f"maxConnections ({policy.settings.max_connections}) applies")
+                     f"maxConnections ({policy.settings.max_connections}){also} applies")
         return done(True)
 
     vmatch = resolve_vhost(policy, vhost)
@@ -140,6 +144,7 @@ def explain(
 
     lines.append(_counts_line(chosen, group))
     lines.append(_settings_line(group))
+    lines.extend(_rate_lines(policy, chosen, group))
 
     if role is not None:
         reason = _link_step(group, user, address or "", role, lines)
@@ -220,6 +225,42 @@ def _settings_line(group: GroupSettings) -> str:
             f"maxSessionWindow {show(group.max_session_window, 'not set')}, "
             f"maxMessageSize {show(group.max_message_size)}, "
             f"maxSenders {show(group.max_senders)}, maxReceivers {show(group.max_receivers)}")
+
+
+def _rate_lines(policy: Policy, vhost: VhostPolicy, group: GroupSettings) -> list[str]:
+    """The connection rates and the shaping rates (extensions over QDR), if any applies."""
+    lines = []
+    raw_groups = vhost.raw.get("groups")
+    raw_group = raw_groups.get(group.name, {}) if hasattr(raw_groups, "get") else {}
+    burst = vhost.connection_rate_burst
+    rates = []
+    for key, value, reason in (
+        ("maxConnectionRate", vhost.max_connection_rate, ConnectionDenyReason.VHOST_RATE),
+        ("maxConnectionRatePerUser", group.max_connection_rate_per_user,
+         ConnectionDenyReason.USER_RATE),
+        ("maxConnectionRatePerHost", group.max_connection_rate_per_host,
+         ConnectionDenyReason.HOST_RATE),
+    ):
+        if value:
+            where = "group" if key in raw_group else "vhost"
+            rates.append(f"{key} {value}/s burst {burst or value} ({where}; over it: {reason})")
+    global_rate = policy.settings.max_connection_rate
+    if global_rate:
+        rates.append(f"[policy] max_connection_rate {global_rate}/s at TCP accept (over it: "
+                     f"{ConnectionDenyReason.GLOBAL_RATE})")
+    if rates:
+        lines.append("rates: not considered (explain is static); after the counts the proxy "
+                     "also checks " + ", ".join(rates))
+    messages, nbytes = group.max_message_rate_per_user, group.max_byte_rate_per_user
+    if messages or nbytes:
+        shown = [f"maxMessageRatePerUser {messages}/s" if messages else
+                 "maxMessageRatePerUser unlimited",
+                 f"maxByteRatePerUser {nbytes} B/s" if nbytes else
+                 "maxByteRatePerUser unlimited"]
+        lines.append(f"shaping: {', '.join(shown)}: the user's sending links get link-credit as "
+                     "the user's buckets allow (shared by the user's connections on this "
+                     "proxy); a faster sender waits, nothing is refused")
+    return lines
 
 
 def _link_step(group: GroupSettings, user: str, address: str, role: str,

@@ -38,6 +38,9 @@ UINT32_MAX: Final = 4294967295
 UINT64_MAX: Final = 18446744073709551615
 SESSIONS_MAX: Final = 65536
 """``maxSessions`` becomes ``channel-max = maxSessions - 1``, a ushort (QDR wraps above it)."""
+CONNECTION_RATE_MAX: Final = 1_000_000
+"""Upper bound of the connection-rate keys and ``connectionRateBurst`` (connections per
+second, connections)."""
 MIN_MAX_FRAME_SIZE: Final = 512
 """AMQP 1.0 Part 2 §2.7.1: "MIN-MAX-FRAME-SIZE ... 512"; proton raises smaller values to it."""
 
@@ -128,6 +131,19 @@ _VHOST_SPECS: Final = (
           minimum=0, maximum=CONNECTION_LIMIT_MAX, doc="per user name; 0 denies all"),
     _spec("maxConnectionsPerHost", "max_connections_per_host", _V, Kind.INT, default=65535,
           minimum=0, maximum=CONNECTION_LIMIT_MAX, doc="per remote IP; 0 denies all"),
+    _spec("maxConnectionRate", "max_connection_rate", _V, Kind.INT, default=None, minimum=0,
+          maximum=CONNECTION_RATE_MAX, zero_means_unlimited=True,
+          doc="new connections per second to the vhost; 0 = unlimited; extension"),
+    _spec("maxConnectionRatePerUser", "max_connection_rate_per_user", _V, Kind.INT,
+          default=None, minimum=0, maximum=CONNECTION_RATE_MAX, zero_means_unlimited=True,
+          doc="new connections per second per user name; 0 = unlimited; extension"),
+    _spec("maxConnectionRatePerHost", "max_connection_rate_per_host", _V, Kind.INT,
+          default=None, minimum=0, maximum=CONNECTION_RATE_MAX, zero_means_unlimited=True,
+          doc="new connections per second per remote IP; 0 = unlimited; extension"),
+    _spec("connectionRateBurst", "connection_rate_burst", _V, Kind.INT, default=None,
+          minimum=1, maximum=CONNECTION_RATE_MAX,
+          doc="connections admitted back to back by each connection-rate bucket of the vhost; "
+              "default: the bucket's rate (one second's worth); extension"),
     _spec("allowUnknownUser", "allow_unknown_user", _V, Kind.BOOL, default=False,
           doc="users in no group get group $default"),
     _spec("maxMessageSize", "max_message_size", _V, Kind.INT, default=None, minimum=0,
@@ -157,6 +173,20 @@ _GROUP_SPECS: Final = (
           minimum=0, maximum=CONNECTION_LIMIT_MAX, doc="replaces the vhost per-user limit"),
     _spec("maxConnectionsPerHost", "max_connections_per_host", _G, Kind.INT, default=None,
           minimum=0, maximum=CONNECTION_LIMIT_MAX, doc="replaces the vhost per-host limit"),
+    _spec("maxConnectionRatePerUser", "max_connection_rate_per_user", _G, Kind.INT,
+          default=None, minimum=0, maximum=CONNECTION_RATE_MAX,
+          doc="replaces the vhost per-user connection rate; 0 = unlimited; extension"),
+    _spec("maxConnectionRatePerHost", "max_connection_rate_per_host", _G, Kind.INT,
+          default=None, minimum=0, maximum=CONNECTION_RATE_MAX,
+          doc="replaces the vhost per-host connection rate; 0 = unlimited; extension"),
+    _spec("maxMessageRatePerUser", "max_message_rate_per_user", _G, Kind.INT, default=0,
+          minimum=0, maximum=UINT32_MAX, zero_means_unlimited=True,
+          doc="messages per second the user may send (credit shaping, the user's connections "
+              "share it); 0 = unlimited; extension"),
+    _spec("maxByteRatePerUser", "max_byte_rate_per_user", _G, Kind.INT, default=0,
+          minimum=0, maximum=UINT64_MAX, zero_means_unlimited=True,
+          doc="message payload bytes per second the user may send (credit shaping); "
+              "0 = unlimited; extension"),
     _spec("maxFrameSize", "max_frame_size", _G, Kind.INT, default=0, minimum=0,
           maximum=UINT32_MAX, zero_means_unlimited=True,
           doc="bytes; replaces max-frame-size in the Open sent to the client; 0 = unchanged"),

@@ -48,6 +48,10 @@ class PolicySettings:
     """Vhost used when the Open hostname matches nothing; ignored when empty or undefined."""
     max_message_size: int = 0
     """Global maximum message size in bytes; 0 = unlimited. Vhost and group values override."""
+    max_connection_rate: int = 0
+    """New client transports accepted per second at TCP level, before any byte (a token
+    bucket whose burst is one second's worth); 0 = unlimited. An extension over QDR
+    (``[policy] max_connection_rate``); refused transports count as ``global_rate``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +68,18 @@ class GroupSettings:
     """Replaces the vhost per-user limit; None = use the vhost's. 0 denies every connection."""
     max_connections_per_host: int | None = None
     """Replaces the vhost per-host limit; None = use the vhost's. 0 denies every connection."""
+    max_connection_rate_per_user: int | None = None
+    """New connections per second per user name, already resolved group -> vhost
+    (``maxConnectionRatePerUser``); None = unlimited. An extension over QDR."""
+    max_connection_rate_per_host: int | None = None
+    """New connections per second per remote IP, already resolved group -> vhost
+    (``maxConnectionRatePerHost``); None = unlimited. An extension over QDR."""
+    max_message_rate_per_user: int | None = None
+    """Messages per second the user may send, shared by the user's connections on this
+    proxy (the proxy shapes the link-credit of the user's sender links); None = unlimited."""
+    max_byte_rate_per_user: int | None = None
+    """Message payload bytes per second the user may send, shaped like
+    ``max_message_rate_per_user``; None = unlimited."""
     max_frame_size: int | None = None
     """Bytes; replaces max-frame-size in the Open sent to the client; None = do not rewrite."""
     max_sessions: int | None = None
@@ -122,6 +138,18 @@ class VhostPolicy:
     """Concurrent connections per user name, unless the group overrides it; 0 denies all."""
     max_connections_per_host: int = 65535
     """Concurrent connections per remote IP, unless the group overrides it; 0 denies all."""
+    max_connection_rate: int | None = None
+    """New connections per second admitted to this vhost (``maxConnectionRate``); None =
+    unlimited. An extension over QDR: a token bucket checked at the Open after the counts."""
+    max_connection_rate_per_user: int | None = None
+    """New connections per second per user name unless the group overrides it; None =
+    unlimited. Informative: each group carries its resolved value."""
+    max_connection_rate_per_host: int | None = None
+    """New connections per second per remote IP unless the group overrides it; None =
+    unlimited. Informative: each group carries its resolved value."""
+    connection_rate_burst: int | None = None
+    """Capacity of each of the vhost's connection-rate buckets (connections admitted back to
+    back); None = each bucket's own rate (one second's worth)."""
     allow_unknown_user: bool = False
     """Users in no group (and not caught by a ``*`` user) get group ``$default``."""
     max_message_size: int | None = None

@@ -40,6 +40,16 @@ class ConnectionDenyReason(StrEnum):
     """An operator paused the vhost (``amqp-policy-proxy vhost pause``): new connections get
     QDR's connection denial until it is resumed; not a policy decision, never shadowed."""
 
+    GLOBAL_RATE = "global_rate"
+    """Refused at TCP accept, before any byte: over ``[policy] max_connection_rate`` (an
+    extension over QDR, docs/policy.md "Rate limits")."""
+    VHOST_RATE = "vhost_rate"
+    """Denied at the Open: over the vhost's ``maxConnectionRate`` (extension)."""
+    USER_RATE = "user_rate"
+    """Denied at the Open: over ``maxConnectionRatePerUser`` (group, else vhost; extension)."""
+    HOST_RATE = "host_rate"
+    """Denied at the Open: over ``maxConnectionRatePerHost`` (group, else vhost; extension)."""
+
 
 class SessionDenyReason(StrEnum):
     """Why a session was denied (the ``reason`` of a shadowed session denial; the

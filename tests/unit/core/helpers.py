@@ -30,6 +30,7 @@ from amqp_policy_proxy.amqp.performatives import (
 from amqp_policy_proxy.core.commands import CloseTransport, ConnectRouter, Emit, SendData, Side
 from amqp_policy_proxy.core.connection import ProxyConnection
 from amqp_policy_proxy.limits.connections import ConnectionLedger
+from amqp_policy_proxy.limits.rates import RateLimits
 from amqp_policy_proxy.policy.compile import compile_policy
 from amqp_policy_proxy.policy.model import PolicySettings
 
@@ -77,11 +78,12 @@ class Script:
 
     def __init__(self, policy: Any, *, remote_host: str = "127.0.0.1", now: float = 0.0,
                  ledger: ConnectionLedger | None = None, conn_id: str = "c1",
-                 paused: Any = frozenset()) -> None:
+                 paused: Any = frozenset(), rates: RateLimits | None = None) -> None:
         self.ledger = ledger or ConnectionLedger(100)
+        self.rates = rates
         self.conn = ProxyConnection(conn_id, remote_host=remote_host, listener="l",
                                     policy=policy, ledger=self.ledger, now=now,
-                                    paused_vhosts=paused)
+                                    paused_vhosts=paused, rates=rates)
         self.now = now
         self.sent: dict[Side, bytearray] = {Side.CLIENT: bytearray(), Side.ROUTER: bytearray()}
         self.closed: set[Side] = set()
@@ -107,6 +109,14 @@ class Script:
     def router(self, data: bytes) -> list[Any]:
         """The router sends ``data``."""
         return self._run(self.conn.receive_data(Side.ROUTER, data, self.now))
+
+    def timer(self, now: float) -> list[Any]:
+        """Move the clock to ``now`` and fire the connection's timer if it is due."""
+        self.now = now
+        deadline = self.conn.get_timer()
+        if deadline is not None and deadline <= now:
+            return self._run(self.conn.handle_timer(now))
+        return []
 
     def take(self, side: Side) -> list[tuple[int, Any, bytes]]:
         """Frames sent to ``side`` since the last take, parsed."""

@@ -252,3 +252,21 @@ def test_enforced_allow_names_how_the_vhost_and_group_were_found() -> None:
     assert decided.rule == ("vhost 'test' (exact name); group 'g' (user listed); remoteHosts "
                             "matches; counts within limits")
     assert s.conn.view.enforcement == "enforce"
+
+
+def test_connection_rate_in_shadow_is_reported_and_the_connection_stays_counted() -> None:
+    from amqp_policy_proxy.limits.rates import RateLimits
+
+    rated = make_policy({"g": {"users": "alice", "remoteHosts": "*", "sources": "*",
+                               "targets": "*", "maxConnectionRatePerUser": 1}},
+                        enforcement="shadow")
+    ledger, rates = ConnectionLedger(100), RateLimits()
+    first, second = (Script(rated, ledger=ledger, rates=rates, conn_id=c) for c in ("c1", "c2"))
+    first.open(user="alice")
+    second.open(user="alice")  # the same instant: over 1 connection per second
+    assert shadows(first) == []
+    assert shadows(second) == [("connection", "user_rate", None, None)]
+    assert [(e.decision, e.reason, e.rule) for e in second.events
+            if isinstance(e, OpenDecided)] == [
+        ("allow", "user_rate", "maxConnectionRatePerUser 1/s (group 'g') exceeded")]
+    assert ledger.user_active("test", "alice") == 2  # admitted: both hold their count

@@ -27,3 +27,10 @@ def test_when_every_upstream_rests_the_soonest_to_recover_comes_first():
     h.failed("a", 0.0)  # 2 s
     h.failed("b", 0.0)  # 1 s
     assert h.order(["a", "b"], 0.5) == ["b", "a"]
+
+
+def test_thousands_of_failures_in_a_row_keep_the_capped_backoff():
+    health: UpstreamHealth[str] = UpstreamHealth()
+    for _ in range(5000):  # 2**1024 would not fit a float
+        backoff = health.failed("a", 0.0)
+    assert backoff == BACKOFF_MAX

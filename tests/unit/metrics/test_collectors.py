@@ -115,8 +115,21 @@ def test_empty_snapshot_yields_empty_families():
         "amqp_proxy_limit",
         "amqp_proxy_limit_bytes",
         "amqp_proxy_policy_info",
+        "amqp_proxy_throttled_seconds",
+        "amqp_proxy_shaped_messages",
+        "amqp_proxy_shaped_bytes",
     ]
     assert all(not f.samples for f in families)
+
+
+def test_shaping_counters_per_vhost_and_group():
+    registry = CollectorRegistry()
+    snap = MetricsSnapshot(shaping={("v", "g"): (2.5, 10, 1000)})
+    LiveCollector(lambda: snap, registry=registry)
+    labels = {"vhost": "v", "group": "g"}
+    assert registry.get_sample_value("amqp_proxy_throttled_seconds_total", labels) == 2.5
+    assert registry.get_sample_value("amqp_proxy_shaped_messages_total", labels) == 10
+    assert registry.get_sample_value("amqp_proxy_shaped_bytes_total", labels) == 1000
 
 
 def test_snapshot_is_immutable():

@@ -396,3 +396,70 @@ def test_raw_is_read_only() -> None:
     assert vhost.raw["groups"]["g"]["users"] == ("a",)
     with pytest.raises(TypeError):
         vhost.raw["hostname"] = "x"  # type: ignore[index]
+
+
+# ----------------------------------------------------------------- rate limits (extension)
+
+_ANY = {"users": "*", "remoteHosts": "*"}
+
+
+def test_connection_rates_resolve_group_over_vhost_and_zero_is_unlimited() -> None:
+    policy = _compile({
+        "hostname": "v", "maxConnectionRate": 100, "maxConnectionRatePerUser": 5,
+        "maxConnectionRatePerHost": 50, "connectionRateBurst": 20,
+        "groups": {"a": {**_ANY, "maxConnectionRatePerHost": 0},
+                   "b": {"users": "x", "remoteHosts": "*", "maxConnectionRatePerUser": 2}}})
+    vhost = policy.vhosts["v"]
+    assert (vhost.max_connection_rate, vhost.max_connection_rate_per_user,
+            vhost.max_connection_rate_per_host, vhost.connection_rate_burst) == (100, 5, 50, 20)
+    a, b = vhost.groups["a"], vhost.groups["b"]
+    assert (a.max_connection_rate_per_user, a.max_connection_rate_per_host) == (5, None)
+    assert (b.max_connection_rate_per_user, b.max_connection_rate_per_host) == (2, 50)
+    unlimited = _compile({"hostname": "w", "maxConnectionRate": 0, "groups": {"g": _ANY}})
+    assert unlimited.vhosts["w"].max_connection_rate is None
+
+
+def test_message_and_byte_rates_are_group_keys() -> None:
+    policy = _compile({"hostname": "v", "groups": {
+        "g": {**_ANY, "maxMessageRatePerUser": 100, "maxByteRatePerUser": 0}}})
+    group = policy.vhosts["v"].groups["g"]
+    assert (group.max_message_rate_per_user, group.max_byte_rate_per_user) == (100, None)
+    assert _compile_errors({"hostname": "v", "maxMessageRatePerUser": 5, "groups": {}}) == [
+        ("vhost[v].maxMessageRatePerUser",
+         "Policy vhost 'v' option 'maxMessageRatePerUser' is not a known option (QDR ignores "
+         "unknown options; the proxy rejects them); 'maxMessageRatePerUser' is a group-level "
+         "option")]
+
+
+def test_bad_rate_values_name_the_key() -> None:
+    assert _compile_errors({
+        "hostname": "v", "maxConnectionRatePerHost": -1, "connectionRateBurst": 0,
+        "groups": {"g": {**_ANY, "maxMessageRatePerUser": "fast",
+                         "maxConnectionRatePerUser": 2000000}}}) == [
+        ("vhost[v].maxConnectionRatePerHost",
+         "Policy vhost 'v' option 'maxConnectionRatePerHost' has error 'Value '-1' is below "
+         "minimum '0'.'."),
+        ("vhost[v].connectionRateBurst",
+         "Policy vhost 'v' option 'connectionRateBurst' has error 'Value '0' is below minimum "
+         "'1'.'."),
+        ("vhost[v].groups.g.maxMessageRatePerUser",
+         "Policy vhost 'v' user group 'g' option 'maxMessageRatePerUser' has error 'Value "
+         "'fast' does not resolve to an integer.'."),
+        ("vhost[v].groups.g.maxConnectionRatePerUser",
+         "Policy vhost 'v' user group 'g' option 'maxConnectionRatePerUser' has error 'Value "
+         "'2000000' is above maximum '1000000'.'."),
+    ]
+
+
+def test_a_burst_without_a_rate_is_a_warning() -> None:
+    policy = _compile({"hostname": "v", "connectionRateBurst": 10, "groups": {"g": _ANY}})
+    assert [(w.path, w.message) for w in policy.warnings] == [
+        ("vhost[v].connectionRateBurst",
+         "connectionRateBurst has no effect: the vhost and its groups set no maxConnectionRate, "
+         "maxConnectionRatePerUser or maxConnectionRatePerHost")]
+
+
+def test_global_connection_rate_is_validated() -> None:
+    assert _compile_errors({"hostname": "v", "groups": {}},
+                           settings=PolicySettings(max_connection_rate=-5)) == [
+        ("policy.max_connection_rate", "must be an integer >= 0, not -5")]

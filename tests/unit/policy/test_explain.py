@@ -245,3 +245,29 @@ def test_dds_needs_a_time() -> None:
     late = explain(policy, user="u", host="10.0.0.1", vhost="v", address="t", role="sender",
                    wall_now=50)
     assert late.reason == "topic"
+
+
+def test_rates_are_named_with_the_reason_each_would_give() -> None:
+    policy = compile_policy([(None, [["vhost", {
+        "hostname": "v", "maxConnectionRate": 100, "maxConnectionRatePerHost": 50,
+        "connectionRateBurst": 20,
+        "groups": {"g": {"users": "*", "remoteHosts": "*", "maxConnectionRatePerUser": 5,
+                         "maxMessageRatePerUser": 100}}}]])],
+        PolicySettings(max_connection_rate=1000))
+    result = explain(policy, user="u", host="10.0.0.1", vhost="v")
+    assert result.allowed
+    assert result.lines[-3:-1] == (
+        "rates: not considered (explain is static); after the counts the proxy also checks "
+        "maxConnectionRate 100/s burst 20 (vhost; over it: vhost_rate), "
+        "maxConnectionRatePerUser 5/s burst 20 (group; over it: user_rate), "
+        "maxConnectionRatePerHost 50/s burst 20 (vhost; over it: host_rate), "
+        "[policy] max_connection_rate 1000/s at TCP accept (over it: global_rate)",
+        "shaping: maxMessageRatePerUser 100/s, maxByteRatePerUser unlimited: the user's sending "
+        "links get link-credit as the user's buckets allow (shared by the user's connections on "
+        "this proxy); a faster sender waits, nothing is refused",
+    )
+
+
+def test_no_rate_line_without_rates() -> None:
+    result = explain(POLICY, user="zed", host="8.8.8.8", vhost="photoserver")
+    assert not any(line.startswith(("rates:", "shaping:")) for line in result.lines)
