@@ -393,3 +393,50 @@ def is_transfer_descriptor(buf: bytes | bytearray | memoryview, pos: int, end: i
     if kind == 0x44:  # ulong0
         return 0
     return None
+
+
+def _uint(value: int, like: int) -> bytes:
+    """``value`` as an AMQP uint: in the encoding ``like`` (a constructor byte) when it fits,
+    else the smallest one."""
+    if like == 0x70 or value > 0xFF:
+        return b"\x70" + _U32.pack(value)
+    if value or like == 0x52:
+        return bytes((0x52, value))
+    return b"\x43"
+
+
+def transfer_with_delivery_id(buf: bytes | bytearray | memoryview, body: int, fend: int,
+                              channel: int, delivery_id: int) -> bytes:
+    """A copy of the Transfer frame whose performative starts at ``buf[body]`` (its payload
+    runs to ``fend``), sent on ``channel``, with its delivery-id set to ``delivery_id``.
+
+    Only the delivery-id changes (Part 2 §2.7.5): it keeps its encoding's width when the new
+    value fits (``0x70`` always does), else takes the smallest that does; the list size
+    follows (a list8 that would pass 255 bytes becomes a list32) and so does the frame size.
+    The new frame has the plain 8-byte header (DOFF 2): an extended header carries nothing.
+
+    Args:
+        buf: the client's bytes; body: offset of the performative (descriptor constructor);
+        fend: one past the frame's last byte; channel: the frame's channel;
+        delivery_id: the new value, 0 to 2**32 - 1.
+
+    Raises:
+        DecodeError: the Transfer cannot be read, or it has no delivery-id to replace.
+    """
+    p = body + 3 if buf[body + 1] == 0x53 else body + 10
+    first, count, lend = list_bounds(buf, p, fend)
+    if count < 2:
+        raise DecodeError("transfer without a delivery-id to renumber")
+    q = skip_value(buf, first, lend)  # past the handle
+    r = skip_value(buf, q, lend)  # past the delivery-id
+    if buf[q] == 0x40:
+        raise DecodeError("transfer without a delivery-id to renumber")
+    fields = bytes(buf[first:q]) + _uint(delivery_id, buf[q]) + bytes(buf[r:lend])
+    if buf[p] == 0xC0 and len(fields) + 1 <= 0xFF:
+        lst = bytes((0xC0, len(fields) + 1, count)) + fields
+    else:
+        lst = b"\xd0" + _U32X2.pack(len(fields) + 4, count) + fields
+    perf = bytes(buf[body:p]) + lst
+    size = 8 + len(perf) + (fend - lend)
+    return b"".join((_U32.pack(size), b"\x02\x00", _U16.pack(channel), perf,
+                     bytes(buf[lend:fend])))

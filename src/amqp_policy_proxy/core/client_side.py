@@ -439,9 +439,11 @@ class ClientSide:
         if code == Descriptor.DISPOSITION:
             if channel in sessions.denied_sessions:
                 return False
-            if channel not in sessions.sessions:
+            session = sessions.sessions.get(channel)
+            if session is None:
                 raise NotAllowedError(f"disposition on channel {channel} that was never begun")
-            return True
+            if session.numbering is None:
+                return True
         if code == Descriptor.FLOW:
             session = sessions.sessions.get(channel)
             if session is None:

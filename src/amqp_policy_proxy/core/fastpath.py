@@ -109,7 +109,9 @@ class FastPath:
                     transfers += 1
                     session = sessions.get(channel)
                     f = None
-                    if session is not None:
+                    if session is not None and session.numbering is None:
+                        # (a session that withheld a delivery renumbers every Transfer after
+                        # it: the general handler does, and the scanner never sees them)
                         f = read_fields(buf, body, fend)
                         link = session.links.get(f[0])
                         if (

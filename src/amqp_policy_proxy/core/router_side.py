@@ -42,6 +42,7 @@ from ..amqp.performatives import (
     Begin,
     Close,
     Detach,
+    Disposition,
     End,
     Flow,
     Open,
@@ -282,8 +283,10 @@ class RouterSide:
                 pos = fend
                 continue
             if code == Descriptor.DISPOSITION:
-                pos = fend
-                continue
+                session = sessions.router_sessions.get(channel) if sessions.renumbering else None
+                if session is None or session.numbering is None:
+                    pos = fend
+                    continue
             if code == Descriptor.FLOW:
                 session = sessions.router_sessions.get(channel)
                 if session is None or (
@@ -390,6 +393,7 @@ _HANDLERS: dict[type, tuple[bool, Callable[..., bytes | None]]] = {
     Attach: (True, Sessions.on_router_attach),
     Flow: (True, Sessions.on_router_flow),
     Detach: (True, Sessions.on_router_detach),
+    Disposition: (True, Sessions.on_router_disposition),
     End: (True, Sessions.on_router_end),
     Close: (False, RouterSide.on_close),
 }

@@ -38,6 +38,7 @@ from ..policy.reasons import DenialKind, LinkDenyReason, SessionDenyReason
 from .commands import Side
 from .context import Context
 from .events import LinkDenied, SessionDenied
+from .numbering import disposition_to_client, disposition_to_router, flow_to_client, flow_to_router
 from .records import LinkRecord, ReservedPool, SessionRecord
 from .rules import MessageRules
 from .shadow import shadowed, verb
@@ -82,6 +83,7 @@ class Sessions:
         "policy_channel_max",
         "window_frames",
         "shaping",
+        "renumbering",
     )
 
     def __init__(self, ctx: Context, rules: MessageRules) -> None:
@@ -104,6 +106,8 @@ class Sessions:
         """The group's ``maxSessionWindow`` in transfer frames, if set (at the router's Open)."""
         self.shaping: Shaping | None = None
         """The user's message or byte rate, if the group has one (set at admission)."""
+        self.renumbering = False
+        """Some session withheld a client delivery: the router's Dispositions are read."""
 
     def reserve_channels(self, channel_max: int) -> int:
         """Keep the top of the client's ``channel_max`` back for session denials (decision
@@ -373,13 +377,19 @@ class Sessions:
 
     def on_client_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> None:
         """A client Flow (Part 2 §2.7.4) that needs a look: one for a denied handle is consumed;
-        its next-outgoing-id is renumbered past the Transfer frames the router never got."""
+        its next-outgoing-id is renumbered past the Transfer frames the router never got, and
+        a sender link's delivery-count past the deliveries it never got."""
         session = self.session(channel, "flow")
         if session is None:
             return
-        if perf.handle is not None and int(perf.handle) in session.denied_handles:
-            return
         changes: dict[str, Any] = {}
+        if perf.handle is not None:
+            handle = int(perf.handle)
+            if handle in session.denied_handles:
+                return
+            link = session.links.get(handle)
+            if link is not None and link.withheld and link.is_sender and link.shaper is None:
+                changes = flow_to_router(perf, link.withheld)  # (shaping keeps its own offset)
         if session.dropped_transfers and perf.next_outgoing_id is not None:
             nxt = (int(perf.next_outgoing_id) - session.dropped_transfers) & UINT_MAX
             changes["next_outgoing_id"] = nxt
@@ -442,10 +452,16 @@ class Sessions:
         self.wire.send(Side.ROUTER, raw)
 
     def on_client_disposition(self, perf: Any, raw: bytes, channel: int, now: float) -> None:
-        """A client Disposition (Part 2 §2.7.6): forwarded, unless its session was denied."""
-        if self.session(channel, "disposition") is None:
+        """A client Disposition (Part 2 §2.7.6): forwarded, unless its session was denied;
+        on a session that withheld deliveries, the ids of the client's own deliveries in the
+        router's numbering (:func:`.numbering.disposition_to_router`)."""
+        session = self.session(channel, "disposition")
+        if session is None:
             return
-        self.wire.send(Side.ROUTER, raw)
+        if session.numbering is not None:
+            raw = disposition_to_router(session.numbering, perf, raw, channel)
+        if raw:
+            self.wire.send(Side.ROUTER, raw)
 
     # ------------------------------------------------------------------ counting
 
@@ -469,6 +485,8 @@ class Sessions:
         """Forget the link under both legs' handles (the handles may be reused afterwards)."""
         if session.links.get(link.handle) is link:
             del session.links[link.handle]
+            if session.numbering is not None:
+                session.numbering.forget_handle(link.handle)
         if link.router_handle is not None and session.router_links.get(link.router_handle) is link:
             del session.router_links[link.router_handle]
 
@@ -533,13 +551,18 @@ class Sessions:
 
     def on_router_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> bytes:
         """The router's Flow: next-incoming-id renumbered past the Transfer frames the router
-        never got, incoming-window lowered to ``maxSessionWindow``."""
+        never got, a client sender link's delivery-count past the deliveries it never got,
+        incoming-window lowered to ``maxSessionWindow``."""
         session = self.router_sessions.get(channel)
         changes: dict[str, Any] = {}
         if session is not None and session.dropped_transfers and perf.next_incoming_id is not None:
             changes["next_incoming_id"] = (
                 int(perf.next_incoming_id) + session.dropped_transfers
             ) & UINT_MAX
+        if session is not None and session.numbering is not None and perf.handle is not None:
+            link = session.router_links.get(int(perf.handle))
+            if link is not None and link.withheld and link.is_sender and link.shaper is None:
+                changes.update(flow_to_client(perf, link.withheld))
         if session is not None and self.window_frames is not None:
             if perf.outgoing_window is not None:
                 session.router_out_window = int(perf.outgoing_window)
@@ -559,6 +582,14 @@ class Sessions:
         if changes:
             return frame(channel, dataclasses.replace(perf, **changes))
         return raw
+
+    def on_router_disposition(self, perf: Any, raw: bytes, channel: int, now: float) -> bytes:
+        """The router's Disposition on a session that withheld client deliveries: its outcome
+        for them in the client's numbering (:func:`.numbering.disposition_to_client`)."""
+        session = self.router_sessions.get(channel)
+        if session is None or session.numbering is None:
+            return raw
+        return disposition_to_client(session.numbering, perf, raw, channel)
 
     def on_router_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> bytes:
         """The router's Detach: the link is counted down (once)."""

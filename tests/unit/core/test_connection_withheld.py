@@ -1,0 +1,306 @@
+"""Transcripts of refused client deliveries: nothing of them reaches the router, and both ends
+keep numbering consistently (decision 0002, core/numbering.py).
+
+Every test runs with the C relay scanner and with the pure-Python loop (conftest.py).
+"""
+
+from __future__ import annotations
+
+from proton import Message
+
+from amqp_policy_proxy.amqp.performatives import Accepted, Disposition, Rejected
+from amqp_policy_proxy.core.commands import Side
+from amqp_policy_proxy.core.events import MessageDenied
+
+from .helpers import Attach, Flow, Script, Target, Transfer, frame, make_policy, parse_frames
+
+#: bob: named links pass without a look (the fast path), the anonymous relay is checked.
+POLICY = make_policy({
+    "trusted": {"users": "bob", "remoteHosts": "*", "sources": "*", "targets": "public.*",
+                "allowUserIdProxy": True, "allowAnonymousSender": True,
+                "maxMessageSize": 3000},
+    "checked": {"users": "alice", "remoteHosts": "*", "sources": "*", "targets": "public.*",
+                "allowAnonymousSender": True, "maxMessageSize": 3000},
+})
+NAMED, RELAY = 0, 1
+#: the router's handles for the client's 0 and 1
+ROUTER_HANDLE = {NAMED: 10, RELAY: 11}
+
+
+def session(user: str = "bob", *, channel: int = 0) -> Script:
+    """A session on ``channel`` with a named sender (public.a) and an anonymous relay."""
+    s = Script(POLICY)
+    s.open(user=user)
+    s.begin(channel, router_channel=channel)
+    for handle, address in ((NAMED, "public.a"), (RELAY, None)):
+        s.client(frame(channel, Attach(name=f"l{handle}", handle=handle, role=False,
+                                       target=Target(address=address),
+                                       initial_delivery_count=0)))
+        s.router(frame(channel, Attach(name=f"l{handle}", handle=ROUTER_HANDLE[handle],
+                                       role=True, target=Target(address=address))))
+    s.take(Side.CLIENT), s.take(Side.ROUTER)
+    return s
+
+
+def payload(body: str, to: str | None = None, user_id: bytes | None = None) -> bytes:
+    msg = Message(body=body, address=to)
+    if user_id is not None:
+        msg.user_id = user_id
+    return msg.encode()
+
+
+def transfer(handle: int, delivery_id: int | None, body: str, *, to: str | None = None,
+             settled: bool = False, channel: int = 0, user_id: bytes | None = None) -> bytes:
+    return frame(channel, Transfer(handle=handle, delivery_id=delivery_id,
+                                   delivery_tag=body.encode(), message_format=0,
+                                   settled=settled or None),
+                 payload(body, to, user_id))
+
+
+def refused(delivery_id: int, body: str, **kw) -> bytes:
+    """A relay message to an address the policy refuses."""
+    return transfer(RELAY, delivery_id, body, to="private.x", **kw)
+
+
+def transfers(frames):
+    return [(int(p.handle), p.delivery_id if p.delivery_id is None else int(p.delivery_id),
+             p.delivery_tag, body) for _, p, body in frames if isinstance(p, Transfer)]
+
+
+def dispositions(frames):
+    return [(bool(p.role), int(p.first), None if p.last is None else int(p.last),
+             bool(p.settled), type(p.state).__name__) for _, p, _ in frames
+            if isinstance(p, Disposition)]
+
+
+class TestSeveralWithheldInFlight:
+    def test_router_sees_contiguous_ids_and_its_outcomes_reach_the_right_deliveries(self):
+        s = session()
+        s.client(transfer(NAMED, 0, "d0")
+                 + refused(1, "d1")
+                 + transfer(RELAY, 2, "d2", to="public.q")
+                 + transfer(NAMED, 3, "d3", settled=True)
+                 + refused(4, "d4")
+                 + refused(5, "d5", settled=True)
+                 + transfer(NAMED, 6, "d6"))
+        sent = s.take(Side.ROUTER)
+        assert [(h, i, tag) for h, i, tag, _ in transfers(sent)] == [
+            (NAMED, 0, b"d0"), (RELAY, 1, b"d2"), (NAMED, 2, b"d3"), (NAMED, 3, b"d6")]
+        assert [body for *_, body in transfers(sent)] == [
+            payload("d0"), payload("d2", "public.q"), payload("d3"), payload("d6")]
+        assert not any(p.aborted for _, p, _ in sent if isinstance(p, Transfer))
+        # the client hears QDR's rejection of 1 and 4 (5 was sent settled: nothing to say)
+        assert dispositions(s.take(Side.CLIENT)) == [
+            (True, 1, None, True, "Rejected"), (True, 4, None, True, "Rejected")]
+        assert [e.reason for e in s.events if isinstance(e, MessageDenied)] == [
+            "relay_target"] * 3
+        # the router settles its deliveries 0..3 at once (as RabbitMQ's confirms do)
+        s.router(frame(0, Disposition(role=True, first=0, last=3, settled=True,
+                                      state=Accepted())))
+        assert dispositions(s.take(Side.CLIENT)) == [
+            (True, 0, None, True, "Accepted"), (True, 2, 3, True, "Accepted"),
+            (True, 6, None, True, "Accepted")]
+        # settled everywhere: the map keeps nothing of those eras
+        numbering = s.conn.sessions.sessions[0].numbering
+        assert numbering.live == {} and len(numbering.eras) == 2
+
+    def test_unsettled_deliveries_of_earlier_eras_still_map_later(self):
+        s = session()
+        s.client(transfer(NAMED, 0, "a") + refused(1, "x") + transfer(NAMED, 2, "b")
+                 + refused(3, "y") + transfer(NAMED, 4, "c") + refused(5, "z"))
+        s.take(Side.ROUTER), s.take(Side.CLIENT)
+        s.router(frame(0, Disposition(role=True, first=2, settled=True, state=Accepted())))
+        s.router(frame(0, Disposition(role=True, first=1, settled=True, state=Accepted())))
+        s.router(frame(0, Disposition(role=True, first=0, settled=True, state=Accepted())))
+        assert dispositions(s.take(Side.CLIENT)) == [
+            (True, 4, None, True, "Accepted"), (True, 2, None, True, "Accepted"),
+            (True, 0, None, True, "Accepted")]
+
+    def test_a_late_disposition_for_a_forgotten_delivery_is_dropped(self):
+        s = session()
+        s.client(refused(0, "x") + transfer(NAMED, 1, "a") + refused(2, "y")
+                 + transfer(NAMED, 3, "b"))
+        s.take(Side.ROUTER), s.take(Side.CLIENT)
+        # the client settles its delivery 1 first (router id 0): the router is told
+        s.client(frame(0, Disposition(role=False, first=1, settled=True, state=Accepted())))
+        assert dispositions(s.take(Side.ROUTER)) == [(False, 0, None, True, "Accepted")]
+        # the router's answer for it comes later: nobody can use it, it is not passed on
+        s.router(frame(0, Disposition(role=True, first=0, last=1, settled=True,
+                                      state=Accepted())))
+        assert dispositions(s.take(Side.CLIENT)) == [(True, 3, None, True, "Accepted")]
+
+
+class TestRanges:
+    def test_client_settling_a_range_over_withheld_ids_is_trimmed_and_split(self):
+        s = session()
+        s.client(transfer(NAMED, 0, "a") + refused(1, "x") + refused(2, "y")
+                 + transfer(NAMED, 3, "b") + transfer(RELAY, 4, "c", to="public.z")
+                 + refused(5, "w") + transfer(NAMED, 6, "d"))
+        s.take(Side.ROUTER), s.take(Side.CLIENT)
+        s.client(frame(0, Disposition(role=False, first=0, last=6, settled=True,
+                                      state=Accepted())))
+        assert dispositions(s.take(Side.ROUTER)) == [
+            (False, 0, None, True, "Accepted"), (False, 1, 2, True, "Accepted"),
+            (False, 3, None, True, "Accepted")]
+        s.client(frame(0, Disposition(role=False, first=1, last=2, settled=True,
+                                      state=Accepted())))
+        assert s.take(Side.ROUTER) == []  # only withheld ids: nothing for the router
+
+    def test_dispositions_about_router_deliveries_are_not_renumbered(self):
+        s = session()
+        s.client(refused(0, "x"))
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
+        theirs = frame(0, Disposition(role=False, first=0, last=5, settled=True,
+                                      state=Accepted()))
+        s.router(theirs)  # the router settling deliveries it sent the client
+        assert bytes(s.sent[Side.CLIENT]) == theirs
+        ours = frame(0, Disposition(role=True, first=0, last=5, settled=True,
+                                    state=Accepted()))
+        s.client(ours)  # the client's outcome for the router's deliveries
+        assert bytes(s.sent[Side.ROUTER]) == ours
+
+    def test_wraparound_at_two_to_the_32(self):
+        s = session()
+        top = 0xFFFFFFFF
+        s.client(transfer(NAMED, top - 1, "a") + refused(top, "x") + transfer(NAMED, 0, "b")
+                 + transfer(NAMED, 1, "c"))
+        assert [i for _, i, _, _ in transfers(s.take(Side.ROUTER))] == [top - 1, top, 0]
+        s.take(Side.CLIENT)
+        s.router(frame(0, Disposition(role=True, first=top - 1, last=0, settled=True,
+                                      state=Accepted())))
+        assert dispositions(s.take(Side.CLIENT)) == [
+            (True, top - 1, None, True, "Accepted"), (True, 0, 1, True, "Accepted")]
+
+
+class TestFrames:
+    def test_multi_frame_deliveries_forwarded_and_withheld(self):
+        s = session()
+        big = payload("m" * 400, "public.q")
+        withheld = payload("n" * 400, "private.x")
+
+        def frames(handle, did, data, tag):
+            parts = [data[i:i + 150] for i in range(0, len(data), 150)]
+            return b"".join(frame(0, Transfer(handle=handle, delivery_id=did,
+                                              delivery_tag=tag if k == 0 else None,
+                                              message_format=0 if k == 0 else None,
+                                              more=k < len(parts) - 1), part)
+                            for k, part in enumerate(parts))
+
+        s.client(frames(RELAY, 0, withheld, b"w"))
+        assert s.take(Side.ROUTER) == []
+        assert dispositions(s.take(Side.CLIENT)) == [(True, 0, None, True, "Rejected")]
+        s.client(frames(RELAY, 1, big, b"f") + frames(NAMED, 2, big, b"g"))
+        sent = transfers(s.take(Side.ROUTER))
+        # every frame repeats the delivery-id (as proton does): each is renumbered
+        assert {(h, i) for h, i, _, _ in sent} == {(RELAY, 0), (NAMED, 1)}
+        assert b"".join(body for h, *_, body in sent if h == RELAY) == big
+        dropped = len(range(0, len(withheld), 150))
+        s.router(frame(0, Flow(next_incoming_id=2 * len(range(0, len(big), 150)),
+                               incoming_window=100, next_outgoing_id=0, outgoing_window=100)))
+        [(_, flow, _)] = s.take(Side.CLIENT)
+        assert int(flow.next_incoming_id) == dropped + 2 * len(range(0, len(big), 150))
+
+    def test_a_frame_whose_new_id_needs_a_wider_encoding(self):
+        s = session()
+        s.client(transfer(NAMED, 0xFFFFFFFF, "a") + refused(0, "x"))
+        s.take(Side.ROUTER)
+        original = transfer(NAMED, 1, "b")  # id 1: 0x52 01; becomes 0, then 256 - 1 ...
+        s.client(original)
+        [(_, t, body)] = s.take(Side.ROUTER)
+        assert int(t.delivery_id) == 0 and body == payload("b")
+        s.client(b"".join(transfer(NAMED, i, f"c{i}") for i in range(2, 300)))
+        sent = transfers(s.take(Side.ROUTER))
+        assert [i for _, i, _, _ in sent] == list(range(1, 299))
+        assert [tag for _, _, tag, _ in sent] == [f"c{i}".encode() for i in range(2, 300)]
+
+    def test_an_implicit_delivery_id_stays_implicit(self):
+        s = session()
+        s.client(refused(0, "x"))
+        s.take(Side.CLIENT)
+        s.client(transfer(NAMED, None, "a", settled=True) + transfer(NAMED, 2, "b"))
+        assert [i for _, i, _, _ in transfers(s.take(Side.ROUTER))] == [None, 1]
+
+    def test_no_delivery_id_on_the_first_refused_delivery_closes_the_connection(self):
+        s = session()
+        s.client(transfer(NAMED, 0, "a") + refused(None, "x"))
+        closes = [p for _, p, _ in s.take(Side.CLIENT) if type(p).__name__ == "Close"]
+        assert str(closes[0].error.condition) == "amqp:invalid-field"
+
+
+class TestFastPath:
+    def test_a_run_of_plain_transfers_after_a_withheld_delivery_is_renumbered(self):
+        s = session()
+        before = b"".join(transfer(NAMED, i, f"p{i}", settled=True) for i in range(5))
+        s.client(before)
+        assert bytes(s.sent[Side.ROUTER]) == before  # as it came, in one run
+        s.take(Side.ROUTER)
+        after = b"".join(transfer(NAMED, i, f"q{i}", settled=True) for i in range(6, 20))
+        s.client(refused(5, "x") + after)
+        sent = transfers(s.take(Side.ROUTER))
+        assert [i for _, i, _, _ in sent] == list(range(5, 19))
+        assert [tag for _, _, tag, _ in sent] == [f"q{i}".encode() for i in range(6, 20)]
+
+    def test_other_sessions_keep_the_fast_path(self):
+        s = session()
+        s.begin(1, router_channel=1)
+        s.client(frame(1, Attach(name="other", handle=0, role=False,
+                                 target=Target(address="public.b"))))
+        s.router(frame(1, Attach(name="other", handle=0, role=True,
+                                 target=Target(address="public.b"))))
+        s.client(refused(0, "x"))
+        s.take(Side.ROUTER)
+        run = b"".join(transfer(0, i, f"r{i}", channel=1, settled=True) for i in range(8))
+        s.client(run)
+        assert bytes(s.sent[Side.ROUTER]) == run
+        assert s.conn.sessions.sessions[1].numbering is None
+
+
+class TestCredit:
+    def test_delivery_count_in_flows_counts_what_each_end_counted(self):
+        s = session()
+        s.client(transfer(RELAY, 0, "a", to="public.q") + refused(1, "x") + refused(2, "y"))
+        s.take(Side.ROUTER), s.take(Side.CLIENT)
+        # the router counted 1 delivery on the relay link, the client 3
+        s.router(frame(0, Flow(next_incoming_id=1, incoming_window=100, next_outgoing_id=0,
+                               outgoing_window=100, handle=ROUTER_HANDLE[RELAY],
+                               delivery_count=1, link_credit=10)))
+        [(_, flow, _)] = s.take(Side.CLIENT)
+        assert int(flow.delivery_count) == 3 and int(flow.link_credit) == 10
+        assert int(flow.next_incoming_id) == 3  # the two dropped frames
+        s.router(frame(0, Flow(next_incoming_id=1, incoming_window=100, next_outgoing_id=0,
+                               outgoing_window=100, handle=ROUTER_HANDLE[NAMED],
+                               delivery_count=0, link_credit=10)))
+        [(_, flow, _)] = s.take(Side.CLIENT)
+        assert int(flow.delivery_count) == 0  # nothing withheld on that link
+        # the client drains its relay link: its delivery-count in the router's terms
+        s.client(frame(0, Flow(next_incoming_id=0, incoming_window=100, next_outgoing_id=3,
+                               outgoing_window=100, handle=RELAY, delivery_count=13,
+                               link_credit=0, drain=True)))
+        [(_, flow, _)] = s.take(Side.ROUTER)
+        assert int(flow.delivery_count) == 11 and int(flow.next_outgoing_id) == 1
+
+
+class TestChecked:
+    def test_user_id_violations_with_the_general_path_only(self):
+        s = session("alice")
+        s.client(transfer(NAMED, 0, "a", user_id=b"alice")
+                 + transfer(NAMED, 1, "b", user_id=b"mallory")
+                 + transfer(NAMED, 2, "c", user_id=b"alice"))
+        assert [(i, tag) for _, i, tag, _ in transfers(s.take(Side.ROUTER))] == [
+            (0, b"a"), (1, b"c")]
+        frames = s.take(Side.CLIENT)
+        [(_, disp, _)] = frames
+        assert isinstance(disp.state, Rejected) and int(disp.first) == 1
+        assert disp.state.error.description == "user_id proxy violation"
+
+
+def test_many_refusals_keep_the_map_small():
+    s = session()
+    for i in range(0, 400, 2):
+        s.client(refused(i, "x") + transfer(NAMED, i + 1, "a"))
+        s.router(frame(0, Disposition(role=True, first=i // 2, settled=True,
+                                      state=Accepted())))
+    numbering = s.conn.sessions.sessions[0].numbering
+    assert len(numbering.eras) <= 3 and not numbering.live
+    assert [d[1] for d in dispositions(parse_frames(bytes(s.sent[Side.CLIENT])))
+            if d[4] == "Accepted"] == list(range(1, 400, 2))
