@@ -214,6 +214,8 @@ class ClientSide:
             ):
                 if self.amqp_frame(buf, pos, doff, ftype, channel, fend, now):
                     self.wire.extend_run(pos, fend)
+                elif self.wire.run_start >= 0:
+                    self.wire.flush_run()  # consumed: a run never stretches over it
             else:
                 self._preopen_frame(buf, pos, doff, ftype, channel, fend, now)
             pos = fend

@@ -95,7 +95,10 @@ class Deliveries:
         link = session.links.get(handle)
         if link is None:
             if handle in session.denied_handles:
+                # pipelined on a link the proxy denied: dropped, and its delivery-id withheld
                 session.dropped_transfers += 1
+                if delivery_id is not None:
+                    self._withhold_id(session, delivery_id)
                 return False
             raise UnattachedHandleError(f"transfer on handle {handle} that is not attached")
         if not link.is_sender:
@@ -229,13 +232,22 @@ class Deliveries:
         """
         session.dropped_transfers += 1
         link.withheld = (link.withheld + 1) & 0xFFFFFFFF
+        self._withhold_id(session, link.delivery_id)
+
+    def _withhold_id(self, session: SessionRecord, delivery_id: int | None) -> None:
+        """The client delivery-id ``delivery_id`` (None: the implicit next one) is never
+        forwarded: renumber the session from here on (an id seen before changes nothing).
+
+        Raises:
+            InvalidFieldError: ``delivery_id`` None on a session not renumbered yet.
+        """
         numbering = session.numbering
         if numbering is not None:
-            numbering.withhold(link.delivery_id)
-        elif link.delivery_id is None:
+            numbering.withhold(delivery_id)
+        elif delivery_id is None:
             raise InvalidFieldError("delivery-id required on the first transfer of a delivery")
         else:
-            session.numbering = DeliveryNumbering(link.delivery_id)
+            session.numbering = DeliveryNumbering(delivery_id)
             self.sessions.renumbering = True
 
     def _finish_denied(self, session: SessionRecord, link: LinkRecord, now: float) -> None:

@@ -171,6 +171,11 @@ class FastPath:
                     if run_start < 0:
                         run_start = pos
                     run_end = fend
+                elif run_start >= 0:
+                    # consumed (a refused delivery, a frame for a denied link): the run is
+                    # one contiguous slice, so it ends before this frame
+                    wire.flush_run()
+                    run_start, run_end = wire.run_start, wire.run_end
                 pos = fend
                 if sides.client is not ClientState.OPENED:
                     break

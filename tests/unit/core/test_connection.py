@@ -582,3 +582,24 @@ def test_any_split_of_the_client_bytes_gives_the_same_result(chunk):
     for i in range(0, len(data), chunk):
         split.client(data[i : i + chunk])
     assert bytes(split.sent[Side.ROUTER]) == bytes(whole.sent[Side.ROUTER]) == data
+
+
+HEARTBEAT = bytes.fromhex("0000000802000000")
+
+
+@pytest.mark.parametrize("consumed", ["flow", "transfer"])
+def test_a_consumed_frame_inside_a_run_is_not_forwarded(consumed):
+    # A run of forwarded frames is one slice of the client's bytes: a frame between two
+    # forwarded ones that the proxy consumes (here, for a link it denied) ends the run
+    # instead of riding along inside it.
+    s = admitted()
+    _sender(s, "public.a")
+    s.client(frame(0, Attach(name="b", handle=1, role=False, target=Target(address="public.b"))))
+    assert conditions(s.take(Side.CLIENT))[-1][0] == "Detach"  # maxSenders 1: denied
+    if consumed == "flow":
+        middle = frame(0, Flow(next_incoming_id=0, incoming_window=9, next_outgoing_id=0,
+                               outgoing_window=9, handle=1, delivery_count=0, link_credit=1))
+    else:
+        middle = frame(0, Transfer(handle=1, delivery_id=0, delivery_tag=b"t"), b"x")
+    s.client(HEARTBEAT + middle + HEARTBEAT)
+    assert bytes(s.sent[Side.ROUTER]) == HEARTBEAT + HEARTBEAT
