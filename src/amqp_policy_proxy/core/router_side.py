@@ -325,7 +325,8 @@ class RouterSide:
         """The router's Open (Part 2 §2.7.1), relayed with the group's limits applied: its
         max-frame-size lowered to ``maxFrameSize``, its channel-max to ``maxSessions - 1``;
         ``maxSessionWindow`` becomes a window in frames of the max-frame-size in force. In
-        shadow mode nothing is rewritten (the sessions over ``maxSessions`` are reported).
+        shadow mode nothing is rewritten (the sessions over ``maxSessions`` are reported). The
+        session denials of Begins pipelined behind the client's Open follow it.
 
         Raises:
             IllegalStateError: a second Open.
@@ -353,14 +354,19 @@ class RouterSide:
         ctx.client_frame_limit = max(C.MIN_MAX_FRAME_SIZE, mfs)
         sessions.advertised_channel_max = cmax
         self.wire.open_sent = True
+        data = raw
         if changes:
             patched = patch_open(raw[raw[4] * DOFF_UNIT :], **changes)
             if patched is not None:
-                return encode_frame(0, patched)
-            if not isinstance(perf, Open):  # read from bytes, yet not patchable
-                perf, _ = decode_performative(raw[raw[4] * DOFF_UNIT :])
-            return frame(0, dataclasses.replace(perf, **changes))
-        return raw
+                data = encode_frame(0, patched)
+            else:
+                if not isinstance(perf, Open):  # read from bytes, yet not patchable
+                    perf, _ = decode_performative(raw[raw[4] * DOFF_UNIT :])
+                data = frame(0, dataclasses.replace(perf, **changes))
+        if sessions.early_denials:  # session denials that had to wait for this Open
+            data += b"".join(sessions.early_denials)
+            sessions.early_denials.clear()
+        return data
 
     def on_close(self, perf: Close, raw: bytes, channel: int, now: float) -> bytes | None:
         """The router's Close: relayed to the client (whose answer is awaited for the linger

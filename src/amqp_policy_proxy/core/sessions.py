@@ -84,6 +84,7 @@ class Sessions:
         "window_frames",
         "shaping",
         "renumbering",
+        "early_denials",
     )
 
     def __init__(self, ctx: Context, rules: MessageRules) -> None:
@@ -108,6 +109,9 @@ class Sessions:
         """The user's message or byte rate, if the group has one (set at admission)."""
         self.renumbering = False
         """Some session withheld a client delivery: the router's Dispositions are read."""
+        self.early_denials: list[bytes] = []
+        """Session denials answered before the router's Open reached the client (Begins
+        pipelined behind the client's Open): sent right after that Open."""
 
     def reserve_channels(self, channel_max: int) -> int:
         """Keep the top of the client's ``channel_max`` back for session denials (decision
@@ -214,7 +218,10 @@ class Sessions:
             reply,
             Begin(remote_channel=channel, next_outgoing_id=0, incoming_window=0, outgoing_window=0),
         ) + frame(reply, End(error=err))
-        self.wire.send(Side.CLIENT, data)
+        if self.wire.open_sent:
+            self.wire.send(Side.CLIENT, data)
+        else:  # nothing may precede the Open (Part 2 §2.4.1): the router's is on its way
+            self.early_denials.append(data)
         self.wire.emit(SessionDenied(**conn.event_fields(now), channel=channel))
         return True
 

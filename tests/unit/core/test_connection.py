@@ -242,6 +242,25 @@ class TestSessions:
         s.begin(0, router_channel=0)
         assert [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)] == ["Begin"]
 
+    def test_a_denial_of_a_begin_pipelined_behind_the_open_follows_the_routers_open(self):
+        # The client's Open and three Begins in one write (proton does this): the third Begin
+        # is denied before the router's Open has reached the client, which must see that
+        # Open first (Part 2 §2.4.1). RabbitMQ's AMQP header arrived, its Open not yet.
+        s = Script(POLICY)
+        s.sasl_plain("alice")
+        s.client(C.AMQP_HEADER)
+        s.router(C.AMQP_HEADER)
+        begins = b"".join(frame(ch, Begin(next_outgoing_id=0, incoming_window=10,
+                                          outgoing_window=10)) for ch in range(3))
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
+        s.client(frame(0, Open(container_id="client", hostname="test")) + begins)
+        assert s.take(Side.CLIENT) == []
+        assert [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)] == ["Open", "Begin", "Begin"]
+        s.router(frame(0, Open(container_id="router")))
+        assert conditions(s.take(Side.CLIENT)) == [
+            ("Open", None, None), ("Begin", None, None),
+            ("End", "amqp:resource-limit-exceeded", "session disallowed by local policy")]
+
     def test_session_count_limit(self):
         s = admitted()
         s.begin(0, router_channel=0)
