@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,10 +24,9 @@ from typing import Any
 
 import pytest
 from proton import ConnectionException, Message, Timeout
-from proton.handlers import MessagingHandler
-from proton.reactor import Container
 from proton.utils import BlockingConnection, LinkDetached
 
+from tests.support.burst import Burst, run
 from tests.support.proxy import ProxyThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq, pytest.mark.slow]
@@ -201,68 +199,13 @@ def test_wildcard_subscriber_never_sees_a_restricted_topic_without_to(proxy):
 # ---------------------------------------------------------------------- refused deliveries
 
 
-class Burst(MessagingHandler):
-    """One connection, one session, a sender per address: every message is sent at once, as
-    soon as its link has credit (several deliveries in flight, some refused by the proxy),
-    and each outcome is recorded by the message's body."""
-
-    def __init__(self, url: str, plan: list[tuple[str, Message]], **connect: Any) -> None:
-        super().__init__(auto_settle=True)
-        self.url, self.plan, self.connect = url, list(plan), connect
-        self.total = len(plan)
-        self.outcomes: dict[str, str] = {}
-        self.senders: dict[str, Any] = {}
-        self.error: str | None = None
-
-    def on_start(self, event: Any) -> None:
-        conn = event.container.connect(self.url, **self.connect)
-        for address in dict.fromkeys(a for a, _ in self.plan):
-            self.senders[address] = event.container.create_sender(conn, address)
-
-    def on_sendable(self, event: Any) -> None:
-        for address, message in list(self.plan):
-            sender = self.senders[address]
-            if sender.credit > 0:
-                sender.send(message)
-                self.plan.remove((address, message))
-            else:
-                break
-
-    def _outcome(self, event: Any, outcome: str) -> None:
-        tag = event.delivery.tag
-        self.outcomes[tag.decode() if isinstance(tag, bytes) else str(tag)] = outcome
-        if len(self.outcomes) == self.total:
-            event.connection.close()
-
-    def on_accepted(self, event: Any) -> None:
-        self._outcome(event, "accepted")
-
-    def on_rejected(self, event: Any) -> None:
-        self._outcome(event, f"rejected: {event.delivery.remote.condition.description}")
-
-    def on_session_error(self, event: Any) -> None:
-        self.error = str(event.session.remote_condition)
-        event.connection.close()
-
-    def on_transport_error(self, event: Any) -> None:
-        self.error = str(event.transport.condition)
-
-
-def run(handler: MessagingHandler, timeout: float = 20) -> None:
-    container = Container(handler)
-    container.timeout = timeout
-    thread = threading.Thread(target=container.run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), "the client did not finish"
-
-
 def tagged(body: str, **props: Any) -> Message:
-    """A message whose delivery-tag will be its body (proton tags by a counter otherwise)."""
+    """A message whose delivery-tag will be its body (:class:`Burst` tags by body)."""
     return Message(body=body, **props)
 
 
 def drain(port: int, address: str, *, vhost: str = "rabbit", expected: int) -> list[Any]:
+    """Receive what ``address`` holds (``expected`` messages, then 1 s for any more)."""
     c = connect(port, vhost=vhost)
     rcv = c.create_receiver(address, credit=expected + 5)
     got = []
@@ -275,16 +218,6 @@ def drain(port: int, address: str, *, vhost: str = "rabbit", expected: int) -> l
         pass
     c.close()
     return got
-
-
-class _TagByBody(Burst):
-    def on_sendable(self, event: Any) -> None:
-        for address, message in list(self.plan):
-            sender = self.senders[address]
-            if sender.credit <= 0:
-                break
-            sender.send(message, tag=message.body.encode())
-            self.plan.remove((address, message))
 
 
 def test_refused_deliveries_in_flight_leave_the_session_usable(proxy):
@@ -300,7 +233,7 @@ def test_refused_deliveries_in_flight_leave_the_session_usable(proxy):
         m = tagged(f"{'bad' if bad else 'ok'}-{i}")
         m.user_id = b"mallory" if bad else b"guest"
         plan.append((address, m))
-    h = _TagByBody(f"127.0.0.1:{proxy.port}", plan, user="guest", password="guest",
+    h = Burst(f"127.0.0.1:{proxy.port}", plan, user="guest", password="guest",
                    allowed_mechs="PLAIN", allow_insecure_mechs=True, virtual_host="rabbit")
     run(h)
     assert h.error is None

@@ -440,3 +440,35 @@ def transfer_with_delivery_id(buf: bytes | bytearray | memoryview, body: int, fe
     size = 8 + len(perf) + (fend - lend)
     return b"".join((_U32.pack(size), b"\x02\x00", _U16.pack(channel), perf,
                      bytes(buf[lend:fend])))
+
+
+def read_flow_fields(
+    buf: bytes | bytearray | memoryview, pos: int, end: int
+) -> tuple[int | None, int | None, int | None, int | None, int | None, int | None, int | None,
+           bool]:
+    """Read the fields of a Flow (Part 2 §2.7.4) whose descriptor starts at ``buf[pos]``
+    without decoding it: ``(next-incoming-id, incoming-window, next-outgoing-id,
+    outgoing-window, handle, delivery-count, link-credit, drain)``, None for an absent or null
+    field. The uints may be in any of their encodings; ``available``, ``echo`` and
+    ``properties`` are not read.
+
+    Args:
+        buf: frame bytes; pos: offset of the descriptor constructor (0x00); end: one past the
+            frame's last byte.
+
+    Raises:
+        DecodeError: not a list of those types.
+    """
+    p = pos + 3 if buf[pos + 1] == 0x53 else pos + 10
+    p, count, lend = list_bounds(buf, p, end)
+    values: list[int | None] = []
+    for _ in range(min(count, 7)):
+        value, p = _read_uint(buf, p, lend)
+        values.append(value)
+    values.extend([None] * (7 - len(values)))
+    drain = False
+    if count > 8:
+        p = skip_value(buf, p, lend)  # available
+        drain, p = _read_bool(buf, p, lend)
+    return (values[0], values[1], values[2], values[3], values[4], values[5], values[6],
+            drain)

@@ -35,7 +35,7 @@ from ..policy.reasons import DenialKind, MessageDenyReason
 from .commands import Side
 from .context import Context
 from .events import MessageDenied
-from .numbering import DeliveryNumbering
+from .numbering import DeliveryNumbering, credit_back
 from .records import LinkRecord, SessionRecord
 from .rules import MessageRules
 from .sessions import Sessions
@@ -253,8 +253,9 @@ class Deliveries:
     def _finish_denied(self, session: SessionRecord, link: LinkRecord, now: float) -> None:
         """The denied delivery's last frame arrived: reject it toward the client, as QDR does
         (``amqp:unauthorized-access``, "policy violation on target" or "user_id proxy
-        violation"), unless the client sent it settled. A size denial goes on to
-        :meth:`_finish_oversize`."""
+        violation"), unless the client sent it settled, and give back the link credit it used
+        (:func:`.numbering.credit_back`: QDR, which received it, would have). A size denial
+        goes on to :meth:`_finish_oversize`."""
         reason = link.discard_reason
         link.discarding = False
         if reason == MessageDenyReason.MESSAGE_SIZE:
@@ -263,6 +264,7 @@ class Deliveries:
         description = (
             C.USER_ID_VIOLATION if reason == MessageDenyReason.USER_ID else C.TARGET_VIOLATION
         )  # relay target, by address rules or topics
+        frames = []
         if not link.delivery_settled and link.delivery_id is not None:
             disp = Disposition(
                 role=True,
@@ -270,7 +272,12 @@ class Deliveries:
                 settled=True,
                 state=Rejected(error=error(Condition.UNAUTHORIZED_ACCESS, description)),
             )
-            self.sessions.reply_on_session(session, frame(0, disp))
+            frames.append(frame(0, disp))
+        flow = credit_back(session, link, self.sessions.window_frames)
+        if flow is not None:  # the credit the refused delivery used, given back
+            frames.append(frame(0, flow))
+        if frames:
+            self.sessions.reply_on_session(session, *frames)
 
     def _oversize(
         self, session: SessionRecord, link: LinkRecord, first: bool, now: float

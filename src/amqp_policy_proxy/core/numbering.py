@@ -28,7 +28,10 @@ any). So the map holds at most one era per live delivery, plus two.
 Link credit (Part 2 §2.6.7) counts deliveries per link the same way: :func:`flow_to_client`
 and :func:`flow_to_router` add or subtract the deliveries withheld on the link
 (:attr:`~.records.LinkRecord.withheld`) to the ``delivery-count`` of Flows for client sender
-links, so that the link-credit each end computes is the one the other end meant.
+links, so that the link-credit each end computes is the one the other end meant; and
+:func:`credit_back` gives the client back, after each withheld delivery, the unit of credit
+it spent on it, from the router's flow state the proxy keeps (:func:`note_router_flow`) on
+sessions where deliveries may be withheld.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..amqp.performatives import Disposition, Flow
+from ..amqp.errors import AmqpError
+from ..amqp.performatives import Disposition, Flow, decode_performative
+from ..amqp.transfer import read_flow_fields
+from .records import LinkRecord, SessionRecord
 from .wire import frame
 
 SERIAL = 1 << 32
@@ -259,12 +265,15 @@ def disposition_to_router(numbering: DeliveryNumbering, perf: Disposition, raw: 
     return b"".join(frame(channel, _range(perf, a - s, b - s)) for a, b, s in parts)
 
 
-def flow_to_client(perf: Flow, withheld: int) -> dict[str, Any]:
+def flow_to_client(perf: Flow, withheld: int, initial: int = 0) -> dict[str, Any]:
     """The change a router Flow for a client sender link needs: its ``delivery-count`` (the
-    router's count of the link's deliveries) plus the ``withheld`` ones the client counted."""
-    if not withheld or perf.delivery_count is None:
+    router's count of the link's deliveries) plus the ``withheld`` ones the client counted.
+    A Flow without one (the router had not read the sender's Attach yet: its count is the
+    sender's ``initial`` one, Part 2 §2.6.7) gets it."""
+    if not withheld:
         return {}
-    return {"delivery_count": (int(perf.delivery_count) + withheld) & MASK}
+    count = initial if perf.delivery_count is None else int(perf.delivery_count)
+    return {"delivery_count": (count + withheld) & MASK}
 
 
 def flow_to_router(perf: Flow, withheld: int) -> dict[str, Any]:
@@ -277,3 +286,96 @@ def flow_to_router(perf: Flow, withheld: int) -> dict[str, Any]:
 
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+# ---------------------------------------------------------------------- link credit
+
+FlowFields = tuple[int | None, int | None, int | None, int | None, int | None, int | None,
+                   int | None, bool]
+"""``(next-incoming-id, incoming-window, next-outgoing-id, outgoing-window, handle,
+delivery-count, link-credit, drain)`` of a Flow (:func:`~..amqp.transfer.read_flow_fields`)."""
+
+
+def note_router_flow(session: SessionRecord, fields: FlowFields) -> None:
+    """Keep the router's flow state from one of its Flows on ``session``: its incoming window
+    (the first transfer-id, router numbering, it does not cover), its outgoing window, and
+    for a client sender link its delivery-count and link-credit (a count it left out is the
+    sender's initial one)."""
+    nin, iw, _, ow, handle, count, credit, drain = fields
+    if ow is not None:
+        session.router_out_window = ow
+    if iw is not None:
+        sent = session.client_next_out + session.transfers_in - session.dropped_transfers
+        nid = session.client_next_out if nin is None else near(nin, sent)
+        session.router_window_end = nid + iw
+    if handle is not None and credit is not None:
+        link = session.router_links.get(handle)
+        if link is not None and link.is_sender:
+            link.router_flow = (link.initial_count if count is None else count, credit, drain)
+
+
+def note_router_flow_bytes(session: SessionRecord, buf: Any, body: int, fend: int) -> None:
+    """:func:`note_router_flow` from a router Flow's bytes (its performative at
+    ``buf[body:fend]``), read without decoding it; one the fast reader cannot read goes
+    through the codec, one nothing can read is left unrecorded (the router's frames are
+    relayed as they are, not judged)."""
+    try:
+        fields = read_flow_fields(buf, body, fend)
+    except AmqpError:
+        try:
+            perf, _ = decode_performative(memoryview(buf)[body:fend])
+        except AmqpError:
+            return
+        if not isinstance(perf, Flow):
+            return
+        fields = flow_fields(perf)
+    note_router_flow(session, fields)
+
+
+def flow_fields(perf: Flow) -> FlowFields:
+    """The :data:`FlowFields` of a decoded Flow."""
+    return (_int(perf.next_incoming_id), _int(perf.incoming_window), _int(perf.next_outgoing_id),
+            _int(perf.outgoing_window), _int(perf.handle), _int(perf.delivery_count),
+            _int(perf.link_credit), bool(perf.drain))
+
+
+def credit_back(session: SessionRecord, link: LinkRecord, window_frames: int | None
+                ) -> Flow | None:
+    """The Flow that gives the client back the credit a withheld delivery used on ``link``.
+
+    The client spent one unit of link-credit on it; the router, which never saw it, still
+    counts that unit as unused and, if it grants more only when its own count runs low (a
+    window it tops up: RabbitMQ 4, ActiveMQ Artemis, the demo broker), never will: a client
+    whose credit went on refused deliveries would wait forever. So the proxy sends, as the
+    router would have after receiving and refusing the delivery, the router's own latest link
+    state in the client's numbering (its delivery-count plus the withheld deliveries, its
+    link-credit), with the session state the router stands at now: every Transfer the client
+    sent counted as received (the dropped ones too, in the client's numbering), the window
+    the router gave (or the one ``maxSessionWindow`` lets the client have), the router's
+    next-outgoing-id counted from its Begin (Part 2 §2.5.6).
+
+    Returns:
+        None when the router's state is not known (the session did not keep it, or the router
+        never granted this link credit yet) or the link or session is ending.
+    """
+    state = link.router_flow
+    if (state is None or not session.tracks_router or session.router_channel is None
+            or link.router_handle is None or link.router_detached or session.router_ended
+            or session.client_ended):
+        return None
+    count, credit, drain = state
+    next_in = session.client_next_out + session.transfers_in
+    if window_frames is not None:
+        end = session.client_window_end
+    else:
+        end = session.router_window_end + session.dropped_transfers
+    return Flow(
+        next_incoming_id=next_in & MASK,
+        incoming_window=min(max(0, end - next_in), MASK),
+        next_outgoing_id=(session.router_next_out + session.transfers_out) & MASK,
+        outgoing_window=session.router_out_window,
+        handle=link.router_handle,
+        delivery_count=(count + link.withheld) & MASK,
+        link_credit=credit,
+        drain=drain or None,
+    )

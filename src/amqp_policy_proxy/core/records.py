@@ -58,6 +58,7 @@ class LinkRecord:
         "router_detached", "anonymous", "inspect", "delivery_bytes", "delivery_id",
         "delivery_tag", "delivery_settled", "in_delivery", "discarding", "discard_reason",
         "qos", "topic_filter", "strip_durable", "rewrite_durable", "shaper", "withheld",
+        "initial_count", "router_flow",
     )
 
     def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
@@ -96,6 +97,11 @@ class LinkRecord:
         self.withheld = 0
         """Client deliveries on this sender link the router never saw (decision 0002): the
         router's ``delivery-count`` is this much behind the client's (mod 2**32)."""
+        self.initial_count = 0
+        """The client's initial-delivery-count (sender Attach)."""
+        self.router_flow: tuple[int, int, bool] | None = None
+        """The router's last link state for this sender link: ``(delivery-count, link-credit,
+        drain)`` from its latest Flow (recorded on sessions that may withhold deliveries)."""
 
 
 class SessionRecord:
@@ -106,7 +112,7 @@ class SessionRecord:
         "reserved_handles", "pending_replies", "dropped_transfers", "client_ended",
         "router_ended", "senders", "receivers", "transfers_in", "transfers_out",
         "client_next_out", "client_window_end", "router_next_out", "router_window_end",
-        "router_out_window", "shaping", "numbering",
+        "router_out_window", "shaping", "numbering", "tracks_router",
     )
 
     def __init__(self, channel: int, reserved_handles: ReservedPool,
@@ -149,6 +155,9 @@ class SessionRecord:
         self.numbering: DeliveryNumbering | None = None
         """The client's and the router's delivery-ids once a delivery was withheld
         (:mod:`.numbering`); None while they are the same."""
+        self.tracks_router = False
+        """The router's flow state (window, link credit, transfers sent) is kept from the
+        start, so that the proxy can give back the credit of a withheld delivery."""
 
 
 class Figures:

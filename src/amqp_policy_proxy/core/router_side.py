@@ -55,6 +55,7 @@ from .commands import Side
 from .context import PRE_OPEN_FRAME_LIMIT, ROUTER_FRAME_LIMIT, Context
 from .deliveries import Deliveries
 from .framebuf import feed
+from .numbering import disposition_to_client, note_router_flow_bytes
 from .sessions import Sessions
 from .state import ClientState, RouterState
 from .wire import frame, run_data
@@ -269,7 +270,7 @@ class RouterSide:
                 code = is_transfer_descriptor(buf, body, fend)
             if code == Descriptor.TRANSFER:
                 figures.transfers_out += 1
-                if shaped or sessions.window_frames is not None:
+                if shaped or sessions.count_router_transfers:
                     session = sessions.router_sessions.get(channel)
                     if session is not None:
                         session.transfers_out += 1
@@ -293,6 +294,8 @@ class RouterSide:
                     not session.dropped_transfers and sessions.window_frames is None
                     and session.shaping is None
                 ):
+                    if session is not None and session.tracks_router:
+                        note_router_flow_bytes(session, buf, body, fend)
                     pos = fend
                     continue
             # a frame the proxy looks at: flush the run before it
@@ -351,6 +354,7 @@ class RouterSide:
                     changes["channel_max"] = cmax = new
             if group.max_session_window:
                 sessions.window_frames = max(1, group.max_session_window // mfs)
+                sessions.count_router_transfers = True
         ctx.client_frame_limit = max(C.MIN_MAX_FRAME_SIZE, mfs)
         sessions.advertised_channel_max = cmax
         self.wire.open_sent = True
@@ -367,6 +371,14 @@ class RouterSide:
             data += b"".join(sessions.early_denials)
             sessions.early_denials.clear()
         return data
+
+    def on_disposition(self, perf: Disposition, raw: bytes, channel: int, now: float) -> bytes:
+        """The router's Disposition on a session that withheld client deliveries: its outcome
+        for them in the client's numbering (:func:`.numbering.disposition_to_client`)."""
+        session = self.sessions.router_sessions.get(channel)
+        if session is None or session.numbering is None:
+            return raw
+        return disposition_to_client(session.numbering, perf, raw, channel)
 
     def on_close(self, perf: Close, raw: bytes, channel: int, now: float) -> bytes | None:
         """The router's Close: relayed to the client (whose answer is awaited for the linger
@@ -399,7 +411,7 @@ _HANDLERS: dict[type, tuple[bool, Callable[..., bytes | None]]] = {
     Attach: (True, Sessions.on_router_attach),
     Flow: (True, Sessions.on_router_flow),
     Detach: (True, Sessions.on_router_detach),
-    Disposition: (True, Sessions.on_router_disposition),
+    Disposition: (False, RouterSide.on_disposition),
     End: (True, Sessions.on_router_end),
     Close: (False, RouterSide.on_close),
 }

@@ -38,7 +38,13 @@ from ..policy.reasons import DenialKind, LinkDenyReason, SessionDenyReason
 from .commands import Side
 from .context import Context
 from .events import LinkDenied, SessionDenied
-from .numbering import disposition_to_client, disposition_to_router, flow_to_client, flow_to_router
+from .numbering import (
+    disposition_to_router,
+    flow_fields,
+    flow_to_client,
+    flow_to_router,
+    note_router_flow,
+)
 from .records import LinkRecord, ReservedPool, SessionRecord
 from .rules import MessageRules
 from .shadow import shadowed, verb
@@ -85,6 +91,7 @@ class Sessions:
         "shaping",
         "renumbering",
         "early_denials",
+        "count_router_transfers",
     )
 
     def __init__(self, ctx: Context, rules: MessageRules) -> None:
@@ -109,6 +116,9 @@ class Sessions:
         """The user's message or byte rate, if the group has one (set at admission)."""
         self.renumbering = False
         """Some session withheld a client delivery: the router's Dispositions are read."""
+        self.count_router_transfers = False
+        """The router's Transfers are counted per session (``maxSessionWindow``, or sessions
+        that keep the router's flow state, :attr:`~.records.SessionRecord.tracks_router`)."""
         self.early_denials: list[bytes] = []
         """Session denials answered before the router's Open reached the client (Begins
         pipelined behind the client's Open): sent right after that Open."""
@@ -175,6 +185,11 @@ class Sessions:
         session = SessionRecord(
             channel, ReservedPool(hmax, reserve), _int_or_none(perf.next_outgoing_id) or 0
         )
+        rules = self.rules
+        if rules.check_user_id or rules.topics is not None or (
+                group is not None and group.allow_anonymous_sender):
+            # a delivery may be withheld here: keep the router's flow state (numbering.py)
+            session.tracks_router = self.count_router_transfers = True
         self.sessions[channel] = session
         if self.shaping is not None:
             session.shaping = self.shaping.session(perf)
@@ -290,6 +305,7 @@ class Sessions:
                         return
                     verdict = None  # allowed in shadow: no per-delivery filter either
         link = LinkRecord(str(perf.name), handle, is_sender, address)
+        link.initial_count = _int_or_none(perf.initial_delivery_count) or 0
         link.qos = qos
         link.inspect = is_sender and group is not None and rules.inspects(link)
         if (
@@ -532,10 +548,10 @@ class Sessions:
         session.router_out_window = _int_or_none(perf.outgoing_window) or 0
         self.router_sessions[channel] = session
         data = raw
+        iw = 0 if perf.incoming_window is None else int(perf.incoming_window)
+        # the router's next-incoming-id is the client's next-outgoing-id (Part 2 §2.5.6)
+        session.router_window_end = session.client_next_out + iw
         if self.window_frames is not None:
-            iw = 0 if perf.incoming_window is None else int(perf.incoming_window)
-            # the router's next-incoming-id is the client's next-outgoing-id (Part 2 §2.5.6)
-            session.router_window_end = session.client_next_out + iw
             given = min(iw, self.window_frames)
             session.client_window_end = session.client_next_out + given
             if iw > self.window_frames:
@@ -569,17 +585,13 @@ class Sessions:
         if session is not None and session.numbering is not None and perf.handle is not None:
             link = session.router_links.get(int(perf.handle))
             if link is not None and link.withheld and link.is_sender and link.shaper is None:
-                changes.update(flow_to_client(perf, link.withheld))
-        if session is not None and self.window_frames is not None:
-            if perf.outgoing_window is not None:
-                session.router_out_window = int(perf.outgoing_window)
-            if perf.incoming_window is not None and perf.next_incoming_id is not None:
+                changes.update(flow_to_client(perf, link.withheld, link.initial_count))
+        if session is not None and (self.window_frames is not None or session.tracks_router):
+            note_router_flow(session, flow_fields(perf))
+            if (self.window_frames is not None and perf.incoming_window is not None
+                    and perf.next_incoming_id is not None):
                 iw = int(perf.incoming_window)
-                # next-incoming-id (router numbering) as an unbounded id near the ones sent
-                sent = session.client_next_out + session.transfers_in - session.dropped_transfers
-                ahead = (int(perf.next_incoming_id) - sent) & UINT_MAX
-                nid = sent + (ahead - (1 << 32) if ahead >= 1 << 31 else ahead)
-                session.router_window_end = nid + iw
+                nid = session.router_window_end - iw  # router numbering, unbounded
                 given = min(iw, self.window_frames)
                 session.client_window_end = nid + session.dropped_transfers + given
                 if iw > self.window_frames:
@@ -589,14 +601,6 @@ class Sessions:
         if changes:
             return frame(channel, dataclasses.replace(perf, **changes))
         return raw
-
-    def on_router_disposition(self, perf: Any, raw: bytes, channel: int, now: float) -> bytes:
-        """The router's Disposition on a session that withheld client deliveries: its outcome
-        for them in the client's numbering (:func:`.numbering.disposition_to_client`)."""
-        session = self.router_sessions.get(channel)
-        if session is None or session.numbering is None:
-            return raw
-        return disposition_to_client(session.numbering, perf, raw, channel)
 
     def on_router_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> bytes:
         """The router's Detach: the link is counted down (once)."""

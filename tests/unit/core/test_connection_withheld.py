@@ -12,7 +12,17 @@ from amqp_policy_proxy.amqp.performatives import Accepted, Disposition, Rejected
 from amqp_policy_proxy.core.commands import Side
 from amqp_policy_proxy.core.events import MessageDenied
 
-from .helpers import Attach, Flow, Script, Target, Transfer, frame, make_policy, parse_frames
+from .helpers import (
+    Attach,
+    Flow,
+    Script,
+    Source,
+    Target,
+    Transfer,
+    frame,
+    make_policy,
+    parse_frames,
+)
 
 #: bob: named links pass without a look (the fast path), the anonymous relay is checked.
 POLICY = make_policy({
@@ -278,6 +288,81 @@ class TestCredit:
                                link_credit=0, drain=True)))
         [(_, flow, _)] = s.take(Side.ROUTER)
         assert int(flow.delivery_count) == 11 and int(flow.next_outgoing_id) == 1
+
+
+def router_grants(s: Script, handle: int, *, count: int | None, credit: int,
+                  next_in: int = 0) -> None:
+    s.router(frame(0, Flow(next_incoming_id=next_in, incoming_window=1000, next_outgoing_id=0,
+                           outgoing_window=500, handle=ROUTER_HANDLE[handle],
+                           delivery_count=count, link_credit=credit)))
+    s.take(Side.CLIENT)
+
+
+def flows(frames):
+    return [p for _, p, _ in frames if isinstance(p, Flow)]
+
+
+class TestCreditBack:
+    """The proxy gives the client back the link credit a withheld delivery used, as the
+    router would have after receiving and refusing it (numbering.credit_back)."""
+
+    def test_the_client_gets_the_routers_link_state_after_a_refusal(self):
+        s = session()
+        router_grants(s, RELAY, count=0, credit=10)
+        s.client(transfer(RELAY, 0, "a", to="public.q") + refused(1, "x"))
+        [flow] = flows(s.take(Side.CLIENT))
+        # the client counted 2 deliveries; with delivery-count 1 + credit 10 it has 9 left,
+        # as the router, which received 1 of its 10, has
+        assert (int(flow.handle), int(flow.delivery_count), int(flow.link_credit)) == (
+            ROUTER_HANDLE[RELAY], 1, 10)
+        # session state as the router stands: both client frames counted as received (one
+        # dropped), its window end 0 + 1000 in its numbering, 1001 in the client's
+        assert (int(flow.next_incoming_id), int(flow.incoming_window)) == (2, 999)
+        assert (int(flow.next_outgoing_id), int(flow.outgoing_window)) == (0, 500)
+
+    def test_next_outgoing_id_counts_the_routers_transfers_on_the_session(self):
+        s = session()
+        s.client(frame(0, Attach(name="rx", handle=2, role=True,
+                                 source=Source(address="public.r"))))
+        s.router(frame(0, Attach(name="rx", handle=12, role=False,
+                                 source=Source(address="public.r"),
+                                 initial_delivery_count=0)))
+        for i in range(3):
+            s.router(frame(0, Transfer(handle=12, delivery_id=i, delivery_tag=b"r",
+                                       message_format=0, settled=True), payload("r")))
+        router_grants(s, RELAY, count=0, credit=10)
+        s.client(refused(0, "x"))
+        [flow] = flows(s.take(Side.CLIENT))
+        assert int(flow.next_outgoing_id) == 3
+
+    def test_a_flow_without_delivery_count_stands_for_the_initial_one(self):
+        s = session()  # RabbitMQ grants credit at attach without a delivery-count
+        router_grants(s, RELAY, count=None, credit=65536)
+        s.client(refused(0, "x"))
+        [flow] = flows(s.take(Side.CLIENT))
+        assert (int(flow.delivery_count), int(flow.link_credit)) == (1, 65536)
+
+    def test_no_flow_while_the_router_never_granted_credit(self):
+        s = session()
+        s.client(refused(0, "x"))
+        assert flows(s.take(Side.CLIENT)) == []
+
+    def test_with_max_session_window_the_window_is_the_proxys(self):
+        policy = make_policy({"w": {"users": "bob", "remoteHosts": "*", "sources": "*",
+                                    "targets": "public.*", "allowAnonymousSender": True,
+                                    "maxSessionWindow": 10 * 65536}})
+        s = Script(policy)
+        s.open(user="bob")
+        s.begin(0, router_channel=0)
+        s.client(frame(0, Attach(name="l1", handle=RELAY, role=False, target=Target(),
+                                 initial_delivery_count=0)))
+        s.router(frame(0, Attach(name="l1", handle=ROUTER_HANDLE[RELAY], role=True,
+                                 target=Target())))
+        router_grants(s, RELAY, count=0, credit=10)
+        s.client(refused(0, "x"))
+        [flow] = flows(s.take(Side.CLIENT))
+        session_ = s.conn.sessions.sessions[0]
+        assert int(flow.incoming_window) == session_.client_window_end - 1 <= 10
 
 
 class TestChecked:

@@ -137,7 +137,9 @@ def test_flows_of_a_sender_link_carry_its_withheld_count():
     assert flow_to_client(flow, 2) == {"delivery_count": 1}
     assert flow_to_router(Flow(handle=0, delivery_count=1), 2) == {
         "delivery_count": 0xFFFFFFFF}
-    assert flow_to_client(flow, 0) == {} and flow_to_client(Flow(handle=0), 3) == {}
+    assert flow_to_client(flow, 0) == {}
+    # no delivery-count (the router had not read the Attach): the sender's initial one
+    assert flow_to_client(Flow(handle=0, link_credit=9), 3, initial=5) == {"delivery_count": 8}
 
 
 # ---------------------------------------------------------------------- model check
