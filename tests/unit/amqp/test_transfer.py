@@ -5,10 +5,13 @@ readers are not only checked against the project's own encoder.
 """
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amqp_policy_proxy.amqp.errors import DecodeError
 from amqp_policy_proxy.amqp.transfer import (
     delivery_tag_at,
+    read_flow_fields,
     read_transfer,
     read_transfer_fields,
     skip_value,
@@ -143,3 +146,31 @@ def test_renumbering_needs_a_delivery_id(hexbytes):
     buf = _framed(bytes.fromhex(hexbytes))
     with pytest.raises(DecodeError):
         transfer_with_delivery_id(buf, 8, len(buf), 0, 1)
+
+
+flow_values = st.one_of(st.none(), st.integers(0, 0xFFFFFFFF))
+
+
+@given(st.tuples(*[flow_values] * 7), st.one_of(st.none(), st.booleans()),
+       st.one_of(st.none(), st.integers(0, 0xFFFFFFFF)))
+@settings(max_examples=300, deadline=None)
+def test_flow_fields_read_without_decoding_match_the_codec(values, drain, available):
+    from amqp_policy_proxy.amqp.performatives import Flow, decode_performative
+    from amqp_policy_proxy.core.numbering import flow_fields
+
+    names = ("next_incoming_id", "incoming_window", "next_outgoing_id", "outgoing_window",
+             "handle", "delivery_count", "link_credit")
+    body = Flow(**dict(zip(names, values, strict=True)), available=available,
+                drain=drain).encode()
+    decoded, _ = decode_performative(body)
+    assert read_flow_fields(body, 0, len(body)) == flow_fields(decoded)
+
+
+@given(st.binary(max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_flow_reader_raises_only_decode_error(tail):
+    buf = bytes.fromhex("005313") + tail
+    try:
+        read_flow_fields(buf, 0, len(buf))
+    except DecodeError:
+        pass
