@@ -431,7 +431,13 @@ def transfer_with_delivery_id(buf: bytes | bytearray | memoryview, body: int, fe
     r = skip_value(buf, q, lend)  # past the delivery-id
     if buf[q] == 0x40:
         raise DecodeError("transfer without a delivery-id to renumber")
-    fields = bytes(buf[first:q]) + _uint(delivery_id, buf[q]) + bytes(buf[r:lend])
+    value = _uint(delivery_id, buf[q])
+    if len(value) == r - q:  # the same width: one copy, patched in place
+        out = bytearray(_U32.pack(8 + fend - body) + b"\x02\x00" + _U16.pack(channel))
+        out += buf[body:fend]
+        out[8 + q - body:8 + r - body] = value
+        return bytes(out)
+    fields = bytes(buf[first:q]) + value + bytes(buf[r:lend])
     if buf[p] == 0xC0 and len(fields) + 1 <= 0xFF:
         lst = bytes((0xC0, len(fields) + 1, count)) + fields
     else:

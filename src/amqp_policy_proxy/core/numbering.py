@@ -297,11 +297,14 @@ delivery-count, link-credit, drain)`` of a Flow (:func:`~..amqp.transfer.read_fl
 
 
 def note_router_flow(session: SessionRecord, fields: FlowFields) -> None:
-    """Keep the router's flow state from one of its Flows on ``session``: its incoming window
-    (the first transfer-id, router numbering, it does not cover), its outgoing window, and
-    for a client sender link its delivery-count and link-credit (a count it left out is the
-    sender's initial one)."""
-    nin, iw, _, ow, handle, count, credit, drain = fields
+    """Keep the router's flow state from one of its Flows on ``session``: its next-outgoing-id
+    (its Transfers are counted from there on), its incoming window (the first transfer-id,
+    router numbering, it does not cover), its outgoing window, and for a client sender link
+    its delivery-count and link-credit (a count it left out is the sender's initial one)."""
+    nin, iw, nout, ow, handle, count, credit, drain = fields
+    if nout is not None:
+        # every router Transfer before this Flow is counted: anchor the count on its id
+        session.router_next_out = nout - session.transfers_out
     if ow is not None:
         session.router_out_window = ow
     if iw is not None:
@@ -352,7 +355,7 @@ def credit_back(session: SessionRecord, link: LinkRecord, window_frames: int | N
     link-credit), with the session state the router stands at now: every Transfer the client
     sent counted as received (the dropped ones too, in the client's numbering), the window
     the router gave (or the one ``maxSessionWindow`` lets the client have), the router's
-    next-outgoing-id counted from its Begin (Part 2 §2.5.6).
+    next-outgoing-id: its latest Flow's, plus its Transfers since (Part 2 §2.5.6).
 
     Returns:
         None when the router's state is not known (the session did not keep it, or the router

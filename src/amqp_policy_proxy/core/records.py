@@ -156,8 +156,9 @@ class SessionRecord:
         """The client's and the router's delivery-ids once a delivery was withheld
         (:mod:`.numbering`); None while they are the same."""
         self.tracks_router = False
-        """The router's flow state (window, link credit, transfers sent) is kept from the
-        start, so that the proxy can give back the credit of a withheld delivery."""
+        """A sender link where a delivery may be withheld is attached: the router's flow state
+        (windows, link credit, next-outgoing-id and Transfers since) is kept from its Flows,
+        so that the proxy can give back the credit of a withheld delivery."""
 
 
 class Figures:

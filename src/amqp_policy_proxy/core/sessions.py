@@ -185,11 +185,6 @@ class Sessions:
         session = SessionRecord(
             channel, ReservedPool(hmax, reserve), _int_or_none(perf.next_outgoing_id) or 0
         )
-        rules = self.rules
-        if rules.check_user_id or rules.topics is not None or (
-                group is not None and group.allow_anonymous_sender):
-            # a delivery may be withheld here: keep the router's flow state (numbering.py)
-            session.tracks_router = self.count_router_transfers = True
         self.sessions[channel] = session
         if self.shaping is not None:
             session.shaping = self.shaping.session(perf)
@@ -308,6 +303,9 @@ class Sessions:
         link.initial_count = _int_or_none(perf.initial_delivery_count) or 0
         link.qos = qos
         link.inspect = is_sender and group is not None and rules.inspects(link)
+        if link.inspect:
+            # a delivery may be withheld here: keep the router's flow state (numbering.py)
+            session.tracks_router = self.count_router_transfers = True
         if (
             verdict is not None
             and not is_sender

@@ -291,10 +291,11 @@ class TestCredit:
 
 
 def router_grants(s: Script, handle: int, *, count: int | None, credit: int,
-                  next_in: int = 0) -> None:
-    s.router(frame(0, Flow(next_incoming_id=next_in, incoming_window=1000, next_outgoing_id=0,
-                           outgoing_window=500, handle=ROUTER_HANDLE[handle],
-                           delivery_count=count, link_credit=credit)))
+                  next_in: int = 0, next_out: int = 0) -> None:
+    s.router(frame(0, Flow(next_incoming_id=next_in, incoming_window=1000,
+                           next_outgoing_id=next_out, outgoing_window=500,
+                           handle=ROUTER_HANDLE[handle], delivery_count=count,
+                           link_credit=credit)))
     s.take(Side.CLIENT)
 
 
@@ -327,13 +328,24 @@ class TestCreditBack:
         s.router(frame(0, Attach(name="rx", handle=12, role=False,
                                  source=Source(address="public.r"),
                                  initial_delivery_count=0)))
-        for i in range(3):
-            s.router(frame(0, Transfer(handle=12, delivery_id=i, delivery_tag=b"r",
-                                       message_format=0, settled=True), payload("r")))
         router_grants(s, RELAY, count=0, credit=10)
+
+        def router_sends(ids):
+            for i in ids:
+                s.router(frame(0, Transfer(handle=12, delivery_id=i, delivery_tag=b"r",
+                                           message_format=0, settled=True), payload("r")))
+            s.take(Side.CLIENT)
+
+        router_sends(range(3))
         s.client(refused(0, "x"))
         [flow] = flows(s.take(Side.CLIENT))
-        assert int(flow.next_outgoing_id) == 3
+        assert int(flow.next_outgoing_id) == 3  # its Flow's 0, and 3 Transfers since
+        router_sends(range(3, 5))
+        router_grants(s, RELAY, count=0, credit=10, next_out=5)
+        router_sends(range(5, 7))
+        s.client(refused(1, "y"))
+        [flow] = flows(s.take(Side.CLIENT))
+        assert int(flow.next_outgoing_id) == 7
 
     def test_a_flow_without_delivery_count_stands_for_the_initial_one(self):
         s = session()  # RabbitMQ grants credit at attach without a delivery-count
