@@ -7,7 +7,7 @@ from proton import Message
 
 from amqp_policy_proxy.amqp import constants as C
 from amqp_policy_proxy.amqp.framing import encode_frame
-from amqp_policy_proxy.amqp.performatives import Disposition, Rejected
+from amqp_policy_proxy.amqp.performatives import Disposition, Error, Rejected
 from amqp_policy_proxy.core.commands import Side
 from amqp_policy_proxy.core.events import (
     ConnectionApproved,
@@ -474,6 +474,21 @@ class TestMessages:
         assert kinds[2] == ("Close", "amqp:connection:forced", "Message size exceeded")
         assert [str(e.reason) for e in s.events if isinstance(e, MessageDenied)] == [
             "message_size"]
+
+    def test_nothing_the_router_sends_after_the_proxys_close_reaches_the_client(self):
+        # RabbitMQ 3.10 used to answer the aborted stand-in with an End; whatever the router
+        # sends once the client has the proxy's Close (an End, a Disposition, its Close)
+        # stays out of the client's leg (Part 2 §2.4.3: nothing follows a Close).
+        s = admitted()
+        _sender(s, "public.a")
+        for f in _message_frames(self._sized(1001), delivery_id=0, chunk=300):
+            s.client(f)
+        assert conditions(s.take(Side.CLIENT))[-1][0] == "Close"
+        s.router(frame(0, End(error=Error(condition="amqp:internal-error",
+                                          description="Unexpected frame")))
+                 + frame(0, Disposition(role=True, first=0, settled=True))
+                 + frame(0, Close()))
+        assert s.take(Side.CLIENT) == []
 
     def test_two_pipelined_oversize_messages_get_one_close(self):
         # Two whole oversize deliveries in one read: QDR answers the first (reject, detach,
