@@ -207,7 +207,7 @@ class Deliveries:
         link.discarding = True
         link.discard_reason = reason
         self._log_denial(reason, address)
-        self._withhold(session, link)
+        self._withhold(session, link, now)
         self.wire.emit(
             MessageDenied(
                 **self.ctx.event_fields(now),
@@ -219,10 +219,11 @@ class Deliveries:
         if not link.in_delivery:
             self._finish_denied(session, link, now)
 
-    def _withhold(self, session: SessionRecord, link: LinkRecord) -> None:
+    def _withhold(self, session: SessionRecord, link: LinkRecord, now: float) -> None:
         """The delivery whose first frame this is never reaches the router: the frame is
         dropped (the session's transfer-ids are renumbered in Flows), the link's
-        ``delivery-count`` falls one behind the client's, and the session's delivery-ids
+        ``delivery-count`` falls one behind the client's (on a shaped link, shaping's own
+        offset takes it, :meth:`.shaping.Shaping.withheld`), and the session's delivery-ids
         from here on are the client's minus the deliveries withheld (:mod:`.numbering`).
 
         Raises:
@@ -233,6 +234,9 @@ class Deliveries:
         session.dropped_transfers += 1
         link.withheld = (link.withheld + 1) & 0xFFFFFFFF
         self._withhold_id(session, link.delivery_id)
+        shaper = link.shaper
+        if shaper is not None:
+            shaper.shaping.withheld(shaper, now)
 
     def _withhold_id(self, session: SessionRecord, delivery_id: int | None) -> None:
         """The client delivery-id ``delivery_id`` (None: the implicit next one) is never
@@ -273,7 +277,8 @@ class Deliveries:
                 state=Rejected(error=error(Condition.UNAUTHORIZED_ACCESS, description)),
             )
             frames.append(frame(0, disp))
-        flow = credit_back(session, link, self.sessions.window_frames)
+        flow = None if link.shaper is not None else credit_back(
+            session, link, self.sessions.window_frames)  # (shaping gives it back itself)
         if flow is not None:  # the credit the refused delivery used, given back
             frames.append(frame(0, flow))
         if frames:
@@ -299,7 +304,7 @@ class Deliveries:
         link.discarding = True
         link.discard_reason = MessageDenyReason.MESSAGE_SIZE
         if first:
-            self._withhold(session, link)
+            self._withhold(session, link, now)
         else:
             session.dropped_transfers += 1
         self.wire.emit(

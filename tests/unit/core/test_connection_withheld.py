@@ -401,3 +401,32 @@ def test_many_refusals_keep_the_map_small():
     assert len(numbering.eras) <= 3 and not numbering.live
     assert [d[1] for d in dispositions(parse_frames(bytes(s.sent[Side.CLIENT])))
             if d[4] == "Accepted"] == list(range(1, 400, 2))
+
+
+class TestShapedLink:
+    """On a link under a message rate (core/shaping.py), the withheld delivery goes into
+    shaping's own delivery-count offset: one translation, not two."""
+
+    def test_delivery_counts_and_credit_of_a_shaped_link_after_a_refusal(self):
+        from .test_shaping import client_flow, router_flow, shaped
+
+        s = shaped()  # alice, 100 msgs/s: bursts of 10 credits; user-id checked
+        s.router(router_flow(credit=1000))
+        s.take(Side.CLIENT)
+        ok = frame(0, Transfer(handle=0, delivery_id=0, delivery_tag=b"a", message_format=0,
+                               settled=True), payload("a", user_id=b"alice"))
+        bad = frame(0, Transfer(handle=0, delivery_id=1, delivery_tag=b"b", message_format=0,
+                                settled=True), payload("b", user_id=b"mallory"))
+        s.client(ok + bad)
+        assert [i for _, i, _, _ in transfers(s.take(Side.ROUTER))] == [0]
+        s.take(Side.CLIENT)
+        # the router received 1 delivery: its Flow reaches the client in its numbering (2)
+        s.router(router_flow(dc=1, credit=999, nid=1))
+        [flow] = flows(s.take(Side.CLIENT))
+        assert int(flow.delivery_count) == 2
+        assert int(flow.delivery_count) + int(flow.link_credit) <= 1 + 999 + 1
+        # and the client's Flow reaches the router in the router's (1)
+        s.client(client_flow(dc=2, credit=int(flow.link_credit), nout=2))
+        [to_router] = flows(s.take(Side.ROUTER))
+        assert int(to_router.delivery_count) == 1
+        assert int(to_router.delivery_count) + int(to_router.link_credit) == 1000
