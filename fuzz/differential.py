@@ -17,7 +17,13 @@ engine answers goes back into the proxy. Then, for everything the engine accepte
   qdrouterd's own section walker) and the one proton's decoder reads are the ``to`` the
   proxy read (:func:`~amqp_policy_proxy.amqp.message.read_message_head`), are allowed by the
   relay rules, and no router annotation is present; with ``allowUserIdProxy`` false the
-  router's ``user-id`` is the authenticated user's.
+  router's ``user-id`` is the authenticated user's;
+- *numbering* (decision 0002: refused deliveries are withheld and the session renumbered):
+  when the client numbered its deliveries 0, 1, 2... on each session, the engine never
+  reports a delivery-id sequencing error; it never receives an aborted delivery the client
+  did not abort itself; every ``accepted`` outcome the client reads (the engine accepts all
+  it receives, the proxy maps its ids back) names a client delivery whose tag the engine
+  received, and no delivery is both accepted and rejected.
 
 A violation raises :class:`Divergence`. Exceptions escaping the core are findings too.
 
@@ -39,7 +45,13 @@ from amqp_policy_proxy.amqp import constants as C
 from amqp_policy_proxy.amqp.errors import AmqpError
 from amqp_policy_proxy.amqp.framing import encode_frame
 from amqp_policy_proxy.amqp.message import read_message_head
-from amqp_policy_proxy.amqp.performatives import Begin, Open
+from amqp_policy_proxy.amqp.performatives import (
+    Begin,
+    Disposition,
+    Open,
+    Transfer,
+    decode_performative,
+)
 from amqp_policy_proxy.core.commands import CloseTransport, ConnectRouter, SendData, Side
 from amqp_policy_proxy.core.connection import ProxyConnection
 from amqp_policy_proxy.limits.connections import ConnectionLedger
@@ -125,6 +137,9 @@ class Router:
         self.closed = False
         self.links: list[tuple[Any, dict[str, Any]]] = []
         self.deliveries: list[tuple[dict[str, Any], bytes]] = []
+        self.tags: set[bytes] = set()
+        """Delivery-tags of the deliveries received whole."""
+        self.aborted_tags: set[bytes] = set()
         self._partial: dict[Any, bytearray] = {}
         self.on_link_open: Any = None
 
@@ -213,7 +228,8 @@ class Router:
             delivery = link.current
             if delivery is None or not delivery.readable:
                 return
-            if delivery.aborted:  # the proxy withheld it: nothing of it is a message
+            if delivery.aborted:  # the client aborted it: nothing of it is a message
+                self.aborted_tags.add(_tag_bytes(delivery.tag))
                 self._partial.pop(delivery, None)
                 delivery.settle()
                 link.advance()
@@ -225,6 +241,7 @@ class Router:
             if delivery.partial:
                 return
             self.deliveries.append((seen, bytes(self._partial.pop(delivery))))
+            self.tags.add(_tag_bytes(delivery.tag))
             delivery.update(Delivery.ACCEPTED)
             delivery.settle()
             link.advance()
@@ -237,6 +254,19 @@ class Router:
             return self.transport.user
         except Exception:
             return None
+
+    @property
+    def error(self) -> str:
+        """The engine's own error description, if it closed on one ("" otherwise)."""
+        try:
+            condition = self.transport.condition
+        except Exception:
+            return ""
+        return "" if condition is None else f"{condition.name}: {condition.description}"
+
+
+def _tag_bytes(tag: Any) -> bytes:
+    return tag.encode("utf-8", "surrogateescape") if isinstance(tag, str) else bytes(tag)
 
 
 def _chunks(data: bytes) -> Iterable[bytes]:
@@ -268,6 +298,9 @@ class Run:
         self.router.on_link_open = self._link_opened
         self.now = 0.0
         self.connected = False
+        self.client_bytes = bytearray()
+        """The client's frames after its Begin (the fuzz chunks), for the numbering checks."""
+        self.to_client = bytearray()
 
     def _link_opened(self, seen: dict[str, Any]) -> None:
         """Compare the link the engine just saw with the proxy's record of it, then."""
@@ -306,6 +339,8 @@ class Run:
 
     def _run(self, commands: list[Any]) -> None:
         for cmd in commands:
+            if type(cmd) is SendData and cmd.side is Side.CLIENT:
+                self.to_client += bytes(cmd.data)
             if type(cmd) is SendData and cmd.side is Side.ROUTER:
                 self.router.push(bytes(cmd.data))
             elif type(cmd) is CloseTransport and cmd.side is Side.ROUTER:
@@ -345,6 +380,34 @@ class Run:
                     raise Divergence(f"the router read user-id {view.user_id!r} for user "
                                      f"{conn.user!r}")
 
+    def check_numbering(self) -> None:
+        """The engine and the client agree on the deliveries the proxy let through."""
+        client = _client_deliveries(bytes(self.client_bytes))
+        if client is None:
+            return  # the client's own bytes do not parse: nothing to compare with
+        error = self.router.error
+        if client.contiguous and ("sequencing error" in error or "delivery-id" in error):
+            raise Divergence(f"the router lost count of delivery-ids the client numbered "
+                             f"in order: {error}")
+        for tag in self.router.aborted_tags - client.aborted_tags:
+            raise Divergence(f"the router got an aborted delivery {tag!r} the client did "
+                             "not abort")
+        session = self.proxy.sessions.sessions.get(0)
+        if session is None or session.router_channel is None:
+            return
+        outcomes = _client_outcomes(bytes(self.to_client), session.router_channel)
+        if outcomes is None:
+            return
+        accepted, rejected = outcomes
+        if accepted & rejected:
+            raise Divergence(f"deliveries {sorted(accepted & rejected)} were both accepted "
+                             "and rejected")
+        for delivery_id in accepted:
+            tag = client.tags.get(delivery_id)
+            if tag is None or tag not in self.router.tags:
+                raise Divergence(f"the client read 'accepted' for its delivery {delivery_id} "
+                                 f"(tag {tag!r}), which the router never received")
+
     def _check_relay(self, view: Any, message: bytes) -> None:
         conn = self.proxy
         if not view.valid:
@@ -371,6 +434,91 @@ class Run:
             raise Divergence(f"a relay message to {theirs!r} reached the router")
 
 
+class ClientDeliveries:
+    """What the client's own frames say about its deliveries on channel 0."""
+
+    def __init__(self) -> None:
+        self.tags: dict[int, bytes | None] = {}
+        """delivery-id -> delivery-tag (channel 0)."""
+        self.aborted_tags: set[bytes] = set()
+        self.contiguous = True
+        """On every channel, each delivery's id is the one after the previous delivery's."""
+
+
+def _frames(data: bytes) -> Iterable[tuple[int, Any]] | None:
+    """``(channel, performative)`` of each frame in ``data``; None if any does not decode."""
+    out = []
+    pos = 0
+    try:
+        while pos + 8 <= len(data):
+            size = int.from_bytes(data[pos:pos + 4], "big")
+            doff = data[pos + 4]
+            if size < 8 or doff < 2 or pos + size > len(data):
+                return None
+            body = data[pos + doff * 4:pos + size]
+            if body:
+                out.append((int.from_bytes(data[pos + 6:pos + 8], "big"),
+                            decode_performative(body)[0]))
+            pos += size
+    except Exception:
+        return None
+    return out
+
+
+def _client_deliveries(data: bytes) -> ClientDeliveries | None:
+    """The client's deliveries, read from its frames (None: they do not all decode)."""
+    frames = _frames(data)
+    if frames is None:
+        return None
+    found = ClientDeliveries()
+    nxt: dict[int, int | None] = {}  # channel -> next delivery-id
+    streaming: dict[tuple[int, int], bytes | None] = {}  # (channel, handle) -> its tag
+    for channel, perf in frames:
+        if isinstance(perf, Begin):
+            nxt[channel] = None
+            continue
+        if not isinstance(perf, Transfer) or perf.handle is None:
+            continue
+        key = (channel, int(perf.handle))
+        tag = None if perf.delivery_tag is None else bytes(perf.delivery_tag)
+        if key not in streaming:
+            expected = nxt.get(channel)
+            did = expected if perf.delivery_id is None else int(perf.delivery_id)
+            if perf.delivery_id is not None and expected is not None and did != expected:
+                found.contiguous = False
+            if did is not None:
+                nxt[channel] = (did + 1) & 0xFFFFFFFF
+                if channel == 0:
+                    found.tags[did] = tag
+            streaming[key] = tag
+        tag = streaming[key]
+        if perf.aborted and tag is not None:
+            found.aborted_tags.add(tag)
+        if perf.aborted or not perf.more:
+            del streaming[key]
+    return found
+
+
+def _client_outcomes(data: bytes, channel: int) -> tuple[set[int], set[int]] | None:
+    """Client delivery-ids the client read ``accepted`` / ``rejected`` for on ``channel``."""
+    frames = _frames(data)
+    if frames is None:
+        return None
+    accepted: set[int] = set()
+    rejected: set[int] = set()
+    for ch, perf in frames:
+        if ch != channel or not isinstance(perf, Disposition) or not perf.role:
+            continue
+        first = int(perf.first)
+        last = first if perf.last is None else int(perf.last)
+        ids = {(first + i) & 0xFFFFFFFF for i in range(min((last - first) & 0xFFFFFFFF, 4096) + 1)}
+        if type(perf.state).__name__ == "Accepted":
+            accepted |= ids
+        elif type(perf.state).__name__ == "Rejected":
+            rejected |= ids
+    return accepted, rejected
+
+
 def opening_bytes(index: int) -> list[bytes]:
     """The client's bytes up to its Begin for opening ``index``."""
     sasl = OPENINGS[index % len(OPENINGS)]
@@ -394,10 +542,13 @@ def run_differential(data: bytes) -> None:
     try:
         for step in opening_bytes(index):
             run.feed(step)
+        run.to_client.clear()  # protocol headers, SASL, Open: only frames after the Begin
         for chunk in _chunks(data):
             if chunk:
+                run.client_bytes += chunk
                 run.feed(chunk)
         run.check()
+        run.check_numbering()
     finally:
         run.router.close()
 
@@ -447,6 +598,19 @@ def seeds() -> list[bytes]:
          hostile.transfer(0, 11, 2, hostile.message_router_annotation("public.ok",
                                                                       "secret.z")),
          hostile.transfer(0, 11, 3, hostile.message_to("public.after"))],
+        # refused deliveries among allowed ones on two links, one of them multi-frame: the
+        # router must read ids 0, 1, 2... and its outcomes must reach the right deliveries
+        [_attach(12, "relay3", sender=True, address=None),
+         _attach(13, "s13", sender=True, address="public.n"),
+         hostile.transfer(0, 13, 0, hostile.message_to(None) + body),
+         hostile.transfer(0, 12, 1, hostile.message_to("secret.a")),
+         hostile.transfer(0, 12, 2, hostile.message_to("public.b")),
+         hostile.transfer(0, 12, 3, hostile.message_to("secret.c"), more=True),
+         hostile.transfer(0, 12, 3, b"\x00\x53\x75\xa0\x02zz"),
+         hostile.transfer(0, 13, 4, hostile.message_to(None, user_id=CAROL.encode()) + body,
+                          more=True),
+         hostile.transfer(0, 13, 4, b"\x00\x53\x75\xa0\x02yy"),
+         hostile.transfer(0, 13, 5, hostile.message_to(None) + body)],
     ]
     out = []
     for opening in range(len(OPENINGS)):

@@ -43,8 +43,12 @@ from typing import Any
 from amqp_policy_proxy.amqp.errors import AmqpError
 from amqp_policy_proxy.amqp.framing import FrameDecoder
 from amqp_policy_proxy.amqp.message import read_message_head
-from amqp_policy_proxy.amqp.performatives import Attach, decode_performative
-from amqp_policy_proxy.amqp.transfer import is_transfer_descriptor, read_transfer
+from amqp_policy_proxy.amqp.performatives import Attach, Flow, decode_performative
+from amqp_policy_proxy.amqp.transfer import (
+    is_transfer_descriptor,
+    read_flow_fields,
+    read_transfer,
+)
 from amqp_policy_proxy.core.commands import CloseTransport, ConnectRouter, Emit, SendData, Side
 from amqp_policy_proxy.core.connection import ProxyConnection
 from amqp_policy_proxy.core.context import PRE_OPEN_FRAME_LIMIT
@@ -53,6 +57,7 @@ from amqp_policy_proxy.core.events import (
     ConnectionClosed,
     ConnectionDenied,
 )
+from amqp_policy_proxy.core.numbering import flow_fields
 from amqp_policy_proxy.limits.connections import ConnectionLedger
 from amqp_policy_proxy.policy import decisions
 from amqp_policy_proxy.policy.compile import compile_policy
@@ -160,9 +165,17 @@ def _check_frame(raw: bytes, body: int, size: int) -> None:
         if not body < hdr.payload_offset <= size:
             raise Finding(f"transfer payload offset {hdr.payload_offset} outside ({body}, {size}]")
         read_message_head(raw, hdr.payload_offset, size, last=not hdr.more)
+    flow = None
+    if code == 0x13:  # the router's Flows are read without decoding on some sessions
+        try:
+            flow = read_flow_fields(raw, body, size)
+        except AmqpError:
+            flow = None
     perf, consumed = decode_performative(raw[body:size])
     if not 0 < consumed <= size - body:
         raise Finding(f"performative consumed {consumed} of {size - body} bytes")
+    if flow is not None and isinstance(perf, Flow) and flow != flow_fields(perf):
+        raise Finding(f"fast Flow read {flow}, the codec {flow_fields(perf)}")
     if code is not None and code != perf.DESCRIPTOR and code in (0x10, 0x11, 0x12, 0x13, 0x14):
         raise Finding(f"fast descriptor read 0x{code:x} but codec says 0x{perf.DESCRIPTOR:x}")
     # re-encoding what we decoded (the proxy rewrites Open/Begin/Flow/Attach) must work or be

@@ -8,7 +8,9 @@ connection figures must be identical. The traffic mixes everything the fast path
 back: multi-frame deliveries, messages over maxMessageSize (alone and across frames),
 anonymous-relay messages with allowed and denied ``to``, ``user-id`` checks, aborted and
 pre-settled deliveries, heartbeats, Flows and Dispositions, transfers on a denied link and,
-optionally, a protocol error at the end.
+optionally, a protocol error at the end. Refused deliveries are withheld: in both runs the
+router reads delivery-ids 0, 1, 2... with no aborted stand-in, and its Disposition settling
+everything at the end reaches the client renumbered the same way.
 
 Every comparison runs twice: with the C scanner of ``amqp.accel`` (runs of plain Transfers
 on one link skipped in C) and with the pure-Python loop alone; and under two policies, one
@@ -28,7 +30,7 @@ from proton import Message
 
 import amqp_policy_proxy.core.fastpath as fastpath
 from amqp_policy_proxy.amqp import accel
-from amqp_policy_proxy.amqp.performatives import Disposition
+from amqp_policy_proxy.amqp.performatives import Accepted, Disposition
 from amqp_policy_proxy.core.commands import SendData, Side
 
 from ..unit.core.helpers import (
@@ -41,6 +43,7 @@ from ..unit.core.helpers import (
     Transfer,
     frame,
     make_policy,
+    parse_frames,
 )
 
 POLICY = make_policy({"all": {
@@ -153,6 +156,10 @@ def _drive(stream: bytes, cuts: list[int], policy: Any) -> tuple[Any, ...]:
         if cut > prev:
             commands += s.client(stream[prev:cut])
         prev = cut
+    _router_numbering_is_contiguous(commands)
+    # the router settles everything it got at once: its outcomes reach the client's ids
+    commands.extend(s.router(frame(0, Disposition(role=True, first=0, last=1000, settled=True,
+                                                  state=Accepted()))))
     merged: list[Any] = []
     for cmd in commands:
         if (type(cmd) is SendData and merged and type(merged[-1]) is list
@@ -166,6 +173,21 @@ def _drive(stream: bytes, cuts: list[int], policy: Any) -> tuple[Any, ...]:
     figures = (c.figures.transfers_in, c.figures.bytes_in, c.view.client_state, c.close_reason,
                c.figures.active_senders)
     return [m if isinstance(m, str) else (m[0], bytes(m[1])) for m in merged], figures
+
+
+def _router_numbering_is_contiguous(commands: list[Any]) -> None:
+    """What the router reads numbers deliveries 0, 1, 2... (the client's ids minus the ones
+    withheld, decision 0002), and no aborted Transfer stands in for a refused delivery (the
+    client's own aborts, continuation frames without an id, pass)."""
+    data = b"".join(bytes(c.data) for c in commands
+                    if type(c) is SendData and c.side is Side.ROUTER)
+    ids = []
+    for _, perf, _ in parse_frames(data):
+        if isinstance(perf, Transfer) and perf.delivery_id is not None:
+            assert not perf.aborted
+            if not ids or int(perf.delivery_id) != ids[-1]:  # a continuation repeats its id
+                ids.append(int(perf.delivery_id))
+    assert ids == list(range(len(ids)))
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
@@ -233,7 +255,8 @@ def test_fast_path_is_taken(scanner):
             fast = _run(stream, [], fast=True, policy=POLICY_TRUSTED)
     finally:
         fastpath.FastPath.relay = original  # type: ignore[method-assign]
-    assert calls and fast[0][-1][0] is Side.ROUTER
+    assert calls and any(not isinstance(m, str) and m[0] is Side.ROUTER
+                         and m[1].endswith(stream[-60:]) for m in fast[0])
     assert fast == _run(stream, [], fast=False, policy=POLICY_TRUSTED)
     if scanner == "c":
         assert sum(scanned) == 4  # the first Transfer in Python, the next four in C

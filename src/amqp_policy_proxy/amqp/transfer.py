@@ -393,3 +393,88 @@ def is_transfer_descriptor(buf: bytes | bytearray | memoryview, pos: int, end: i
     if kind == 0x44:  # ulong0
         return 0
     return None
+
+
+def _uint(value: int, like: int) -> bytes:
+    """``value`` as an AMQP uint: in the encoding ``like`` (a constructor byte) when it fits,
+    else the smallest one."""
+    if like == 0x70 or value > 0xFF:
+        return b"\x70" + _U32.pack(value)
+    if value or like == 0x52:
+        return bytes((0x52, value))
+    return b"\x43"
+
+
+def transfer_with_delivery_id(buf: bytes | bytearray | memoryview, body: int, fend: int,
+                              channel: int, delivery_id: int) -> bytes:
+    """A copy of the Transfer frame whose performative starts at ``buf[body]`` (its payload
+    runs to ``fend``), sent on ``channel``, with its delivery-id set to ``delivery_id``.
+
+    Only the delivery-id changes (Part 2 §2.7.5): it keeps its encoding's width when the new
+    value fits (``0x70`` always does), else takes the smallest that does; the list size
+    follows (a list8 that would pass 255 bytes becomes a list32) and so does the frame size.
+    The new frame has the plain 8-byte header (DOFF 2): an extended header carries nothing.
+
+    Args:
+        buf: the client's bytes; body: offset of the performative (descriptor constructor);
+        fend: one past the frame's last byte; channel: the frame's channel;
+        delivery_id: the new value, 0 to 2**32 - 1.
+
+    Raises:
+        DecodeError: the Transfer cannot be read, or it has no delivery-id to replace.
+    """
+    p = body + 3 if buf[body + 1] == 0x53 else body + 10
+    first, count, lend = list_bounds(buf, p, fend)
+    if count < 2:
+        raise DecodeError("transfer without a delivery-id to renumber")
+    q = skip_value(buf, first, lend)  # past the handle
+    r = skip_value(buf, q, lend)  # past the delivery-id
+    if buf[q] == 0x40:
+        raise DecodeError("transfer without a delivery-id to renumber")
+    value = _uint(delivery_id, buf[q])
+    if len(value) == r - q:  # the same width: one copy, patched in place
+        out = bytearray(_U32.pack(8 + fend - body) + b"\x02\x00" + _U16.pack(channel))
+        out += buf[body:fend]
+        out[8 + q - body:8 + r - body] = value
+        return bytes(out)
+    fields = bytes(buf[first:q]) + value + bytes(buf[r:lend])
+    if buf[p] == 0xC0 and len(fields) + 1 <= 0xFF:
+        lst = bytes((0xC0, len(fields) + 1, count)) + fields
+    else:
+        lst = b"\xd0" + _U32X2.pack(len(fields) + 4, count) + fields
+    perf = bytes(buf[body:p]) + lst
+    size = 8 + len(perf) + (fend - lend)
+    return b"".join((_U32.pack(size), b"\x02\x00", _U16.pack(channel), perf,
+                     bytes(buf[lend:fend])))
+
+
+def read_flow_fields(
+    buf: bytes | bytearray | memoryview, pos: int, end: int
+) -> tuple[int | None, int | None, int | None, int | None, int | None, int | None, int | None,
+           bool]:
+    """Read the fields of a Flow (Part 2 §2.7.4) whose descriptor starts at ``buf[pos]``
+    without decoding it: ``(next-incoming-id, incoming-window, next-outgoing-id,
+    outgoing-window, handle, delivery-count, link-credit, drain)``, None for an absent or null
+    field. The uints may be in any of their encodings; ``available``, ``echo`` and
+    ``properties`` are not read.
+
+    Args:
+        buf: frame bytes; pos: offset of the descriptor constructor (0x00); end: one past the
+            frame's last byte.
+
+    Raises:
+        DecodeError: not a list of those types.
+    """
+    p = pos + 3 if buf[pos + 1] == 0x53 else pos + 10
+    p, count, lend = list_bounds(buf, p, end)
+    values: list[int | None] = []
+    for _ in range(min(count, 7)):
+        value, p = _read_uint(buf, p, lend)
+        values.append(value)
+    values.extend([None] * (7 - len(values)))
+    drain = False
+    if count > 8:
+        p = skip_value(buf, p, lend)  # available
+        drain, p = _read_bool(buf, p, lend)
+    return (values[0], values[1], values[2], values[3], values[4], values[5], values[6],
+            drain)

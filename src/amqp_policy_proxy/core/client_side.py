@@ -214,6 +214,8 @@ class ClientSide:
             ):
                 if self.amqp_frame(buf, pos, doff, ftype, channel, fend, now):
                     self.wire.extend_run(pos, fend)
+                elif self.wire.run_start >= 0:
+                    self.wire.flush_run()  # consumed: a run never stretches over it
             else:
                 self._preopen_frame(buf, pos, doff, ftype, channel, fend, now)
             pos = fend
@@ -439,9 +441,11 @@ class ClientSide:
         if code == Descriptor.DISPOSITION:
             if channel in sessions.denied_sessions:
                 return False
-            if channel not in sessions.sessions:
+            session = sessions.sessions.get(channel)
+            if session is None:
                 raise NotAllowedError(f"disposition on channel {channel} that was never begun")
-            return True
+            if session.numbering is None:
+                return True
         if code == Descriptor.FLOW:
             session = sessions.sessions.get(channel)
             if session is None:

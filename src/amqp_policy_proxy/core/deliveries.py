@@ -4,10 +4,10 @@ router's.
 Client to router: each delivery is counted across its frames against ``maxMessageSize``, and
 its first frame goes through the per-message checks on links that need them (``user-id`` when
 ``allowUserIdProxy`` is false, the anonymous-relay ``to``, router annotations, a topic
-publisher's ``to``). A refused delivery never reaches the router: the router gets an aborted,
-settled stand-in for its first frame and nothing of the rest (decision 0002); the client gets
-QDR's answer (``rejected`` for a relay or user-id violation; rejected, detach and Close for an
-oversize message).
+publisher's ``to``). A refused delivery never reaches the router, not even as an aborted
+Transfer: its frames are dropped and the session's later delivery-ids, Flows and Dispositions
+are renumbered (:mod:`.numbering`, decision 0002); the client gets QDR's answer (``rejected``
+for a relay or user-id violation; rejected, detach and Close for an oversize message).
 
 Router to client, on connections with topic-filtered receivers: a delivery a wildcard subscriber
 may not see is replaced by payload-less frames that abort it, and ``durable`` is cleared for a
@@ -21,14 +21,21 @@ from typing import Any
 
 from ..amqp import constants as C
 from ..amqp.constants import Condition
-from ..amqp.errors import DecodeError, IllegalStateError, NotAllowedError, UnattachedHandleError
+from ..amqp.errors import (
+    DecodeError,
+    IllegalStateError,
+    InvalidFieldError,
+    NotAllowedError,
+    UnattachedHandleError,
+)
 from ..amqp.message import cleared_durable_byte, durable_flag_offset, read_message_head
 from ..amqp.performatives import Accepted, Detach, Disposition, Rejected, Transfer
-from ..amqp.transfer import delivery_tag_at, read_transfer_fields
+from ..amqp.transfer import delivery_tag_at, read_transfer_fields, transfer_with_delivery_id
 from ..policy.reasons import DenialKind, MessageDenyReason
 from .commands import Side
 from .context import Context
 from .events import MessageDenied
+from .numbering import DeliveryNumbering, credit_back
 from .records import LinkRecord, SessionRecord
 from .rules import MessageRules
 from .sessions import Sessions
@@ -88,7 +95,10 @@ class Deliveries:
         link = session.links.get(handle)
         if link is None:
             if handle in session.denied_handles:
+                # pipelined on a link the proxy denied: dropped, and its delivery-id withheld
                 session.dropped_transfers += 1
+                if delivery_id is not None:
+                    self._withhold_id(session, delivery_id)
                 return False
             raise UnattachedHandleError(f"transfer on handle {handle} that is not attached")
         if not link.is_sender:
@@ -119,18 +129,38 @@ class Deliveries:
         if first and not aborted and link.inspect:
             denial = self.rules.message_denial(link, buf, payload_offset, fend, more, now)
             if denial is not None and not self._shadow(denial[0], denial[1], now):
-                self._deny(session, link, delivery_tag_at(buf, tag), denial[0], denial[1], now)
+                self._deny(session, link, denial[0], denial[1], now)
                 return False
         limit = self.rules.max_message_size
         if limit is not None and link.delivery_bytes > limit and not aborted:
             if link.discard_reason != _SHADOWED_SIZE:  # once per delivery
                 if not self._shadow(MessageDenyReason.MESSAGE_SIZE, link.address, now,
                                     f"maxMessageSize {limit} exceeded"):
-                    self._oversize(session, link, delivery_tag_at(buf, tag) if first else None,
-                                   first, now)
+                    self._oversize(session, link, first, now)
                     return False
                 link.discard_reason = _SHADOWED_SIZE
+        if session.numbering is not None:
+            return self._renumbered(buf, body, fend, channel, session.numbering, link, first,
+                                    delivery_id, aborted)
         return True
+
+    def _renumbered(self, buf: Any, body: int, fend: int, channel: int,
+                    numbering: DeliveryNumbering, link: LinkRecord, first: bool,
+                    delivery_id: int | None, aborted: bool) -> bool:
+        """Forward a client Transfer of a session that withheld deliveries: its delivery-id
+        in the router's numbering (:mod:`.numbering`); True when its bytes need no change."""
+        last = not link.in_delivery
+        if first:
+            new = numbering.forward_first(
+                delivery_id, link.handle, last and (link.delivery_settled or aborted))
+        else:
+            new = None if delivery_id is None else numbering.forward_more(delivery_id)
+            if last:
+                numbering.delivery_done(link.delivery_id, link.delivery_settled or aborted)
+        if new is None or new == delivery_id:
+            return True
+        self.wire.send(Side.ROUTER, transfer_with_delivery_id(buf, body, fend, channel, new))
+        return False
 
     def _shadow(
         self, reason: MessageDenyReason, address: str | None, now: float, detail: str = ""
@@ -164,21 +194,20 @@ class Deliveries:
         self,
         session: SessionRecord,
         link: LinkRecord,
-        tag: bytes | None,
         reason: MessageDenyReason,
         address: str | None,
         now: float,
     ) -> None:
         """Deny the delivery starting at this frame (a ``user-id`` or ``to`` violation).
 
-        The router gets an aborted, settled transfer in place of the first frame, so the
-        session's delivery-ids stay contiguous; later frames of the delivery are dropped and
-        counted (docs/decisions/0002-withheld-transfers.md). Emits ``MessageDenied``.
+        Nothing of it reaches the router: its frames are dropped and counted, and the session's
+        later delivery-ids are renumbered (:meth:`_withhold`, decision 0002). Emits
+        ``MessageDenied``.
         """
         link.discarding = True
         link.discard_reason = reason
         self._log_denial(reason, address)
-        self._send_aborted(session, link, tag, True)
+        self._withhold(session, link, now)
         self.wire.emit(
             MessageDenied(
                 **self.ctx.event_fields(now),
@@ -190,30 +219,47 @@ class Deliveries:
         if not link.in_delivery:
             self._finish_denied(session, link, now)
 
-    def _send_aborted(
-        self, session: SessionRecord, link: LinkRecord, tag: bytes | None, first: bool
-    ) -> None:
-        """Send the router an aborted, settled Transfer (Part 2 §2.6.14 ``aborted``): with the
-        delivery-id and tag when it replaces the delivery's first frame, bare otherwise."""
-        if first:
-            t = Transfer(
-                handle=link.handle,
-                delivery_id=link.delivery_id,
-                delivery_tag=tag or b"",
-                message_format=0,
-                settled=True,
-                more=False,
-                aborted=True,
-            )
+    def _withhold(self, session: SessionRecord, link: LinkRecord, now: float) -> None:
+        """The delivery whose first frame this is never reaches the router: the frame is
+        dropped (the session's transfer-ids are renumbered in Flows), the link's
+        ``delivery-count`` falls one behind the client's (on a shaped link, shaping's own
+        offset takes it, :meth:`.shaping.Shaping.withheld`), and the session's delivery-ids
+        from here on are the client's minus the deliveries withheld (:mod:`.numbering`).
+
+        Raises:
+            InvalidFieldError: the frame has no delivery-id and none was withheld before on
+                the session: the proxy, which does not count the ids the client leaves
+                implicit, cannot tell which one it is.
+        """
+        session.dropped_transfers += 1
+        link.withheld = (link.withheld + 1) & 0xFFFFFFFF
+        self._withhold_id(session, link.delivery_id)
+        shaper = link.shaper
+        if shaper is not None:
+            shaper.shaping.withheld(shaper, now)
+
+    def _withhold_id(self, session: SessionRecord, delivery_id: int | None) -> None:
+        """The client delivery-id ``delivery_id`` (None: the implicit next one) is never
+        forwarded: renumber the session from here on (an id seen before changes nothing).
+
+        Raises:
+            InvalidFieldError: ``delivery_id`` None on a session not renumbered yet.
+        """
+        numbering = session.numbering
+        if numbering is not None:
+            numbering.withhold(delivery_id)
+        elif delivery_id is None:
+            raise InvalidFieldError("delivery-id required on the first transfer of a delivery")
         else:
-            t = Transfer(handle=link.handle, more=False, aborted=True, settled=True)
-        self.wire.send(Side.ROUTER, frame(session.channel, t))
+            session.numbering = DeliveryNumbering(delivery_id)
+            self.sessions.renumbering = True
 
     def _finish_denied(self, session: SessionRecord, link: LinkRecord, now: float) -> None:
         """The denied delivery's last frame arrived: reject it toward the client, as QDR does
         (``amqp:unauthorized-access``, "policy violation on target" or "user_id proxy
-        violation"), unless the client sent it settled. A size denial goes on to
-        :meth:`_finish_oversize`."""
+        violation"), unless the client sent it settled, and give back the link credit it used
+        (:func:`.numbering.credit_back`: QDR, which received it, would have). A size denial
+        goes on to :meth:`_finish_oversize`."""
         reason = link.discard_reason
         link.discarding = False
         if reason == MessageDenyReason.MESSAGE_SIZE:
@@ -222,6 +268,7 @@ class Deliveries:
         description = (
             C.USER_ID_VIOLATION if reason == MessageDenyReason.USER_ID else C.TARGET_VIOLATION
         )  # relay target, by address rules or topics
+        frames = []
         if not link.delivery_settled and link.delivery_id is not None:
             disp = Disposition(
                 role=True,
@@ -229,14 +276,26 @@ class Deliveries:
                 settled=True,
                 state=Rejected(error=error(Condition.UNAUTHORIZED_ACCESS, description)),
             )
-            self.sessions.reply_on_session(session, frame(0, disp))
+            frames.append(frame(0, disp))
+        flow = None if link.shaper is not None else credit_back(
+            session, link, self.sessions.window_frames)  # (shaping gives it back itself)
+        if flow is not None:  # the credit the refused delivery used, given back
+            frames.append(frame(0, flow))
+        if frames:
+            self.sessions.reply_on_session(session, *frames)
 
     def _oversize(
-        self, session: SessionRecord, link: LinkRecord, tag: bytes | None, first: bool, now: float
+        self, session: SessionRecord, link: LinkRecord, first: bool, now: float
     ) -> None:
-        """The delivery passed ``maxMessageSize`` (bytes, counted over all its frames): abort it
-        toward the router, emit ``MessageDenied`` and finish as QDR does once its last frame
-        is in."""
+        """The delivery passed ``maxMessageSize`` (bytes, counted over all its frames): nothing
+        more of it reaches the router, emit ``MessageDenied`` and finish as QDR does once its
+        last frame is in.
+
+        Caught on its first frame, the delivery is withheld whole (:meth:`_withhold`). Caught
+        later, its first frames were forwarded: the router holds an incomplete delivery,
+        which the Close that follows ends (Part 2 §2.6.14 would allow ``aborted``, which
+        RabbitMQ 3.x refuses); its id stays used, so nothing is renumbered.
+        """
         self._log_denial(
             MessageDenyReason.MESSAGE_SIZE,
             link.address,
@@ -244,7 +303,10 @@ class Deliveries:
         )
         link.discarding = True
         link.discard_reason = MessageDenyReason.MESSAGE_SIZE
-        self._send_aborted(session, link, tag, first)
+        if first:
+            self._withhold(session, link, now)
+        else:
+            session.dropped_transfers += 1
         self.wire.emit(
             MessageDenied(
                 **self.ctx.event_fields(now),

@@ -109,7 +109,9 @@ class FastPath:
                     transfers += 1
                     session = sessions.get(channel)
                     f = None
-                    if session is not None:
+                    if session is not None and session.numbering is None:
+                        # (a session that withheld a delivery renumbers every Transfer after
+                        # it: the general handler does, and the scanner never sees them)
                         f = read_fields(buf, body, fend)
                         link = session.links.get(f[0])
                         if (
@@ -169,6 +171,11 @@ class FastPath:
                     if run_start < 0:
                         run_start = pos
                     run_end = fend
+                elif run_start >= 0:
+                    # consumed (a refused delivery, a frame for a denied link): the run is
+                    # one contiguous slice, so it ends before this frame
+                    wire.flush_run()
+                    run_start, run_end = wire.run_start, wire.run_end
                 pos = fend
                 if sides.client is not ClientState.OPENED:
                     break

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .numbering import DeliveryNumbering
     from .shaping import ShapedLink, ShapedSession
 
 
@@ -56,7 +57,8 @@ class LinkRecord:
         "name", "handle", "is_sender", "address", "router_handle", "client_detached",
         "router_detached", "anonymous", "inspect", "delivery_bytes", "delivery_id",
         "delivery_tag", "delivery_settled", "in_delivery", "discarding", "discard_reason",
-        "qos", "topic_filter", "strip_durable", "rewrite_durable", "shaper",
+        "qos", "topic_filter", "strip_durable", "rewrite_durable", "shaper", "withheld",
+        "initial_count", "router_flow",
     )
 
     def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
@@ -92,6 +94,14 @@ class LinkRecord:
         self.shaper: ShapedLink | None = None
         """A sending link under the user's message or byte rate (:mod:`.shaping`): its
         Transfers leave the fast path and are charged."""
+        self.withheld = 0
+        """Client deliveries on this sender link the router never saw (decision 0002): the
+        router's ``delivery-count`` is this much behind the client's (mod 2**32)."""
+        self.initial_count = 0
+        """The client's initial-delivery-count (sender Attach)."""
+        self.router_flow: tuple[int, int, bool] | None = None
+        """The router's last link state for this sender link: ``(delivery-count, link-credit,
+        drain)`` from its latest Flow (recorded on sessions that may withhold deliveries)."""
 
 
 class SessionRecord:
@@ -102,7 +112,7 @@ class SessionRecord:
         "reserved_handles", "pending_replies", "dropped_transfers", "client_ended",
         "router_ended", "senders", "receivers", "transfers_in", "transfers_out",
         "client_next_out", "client_window_end", "router_next_out", "router_window_end",
-        "router_out_window", "shaping",
+        "router_out_window", "shaping", "numbering", "tracks_router",
     )
 
     def __init__(self, channel: int, reserved_handles: ReservedPool,
@@ -142,6 +152,13 @@ class SessionRecord:
         self.shaping: ShapedSession | None = None
         """Set on connections under a message or byte rate: both legs' Flows on this session
         are read (:mod:`.shaping`)."""
+        self.numbering: DeliveryNumbering | None = None
+        """The client's and the router's delivery-ids once a delivery was withheld
+        (:mod:`.numbering`); None while they are the same."""
+        self.tracks_router = False
+        """A sender link where a delivery may be withheld is attached: the router's flow state
+        (windows, link credit, next-outgoing-id and Transfers since) is kept from its Flows,
+        so that the proxy can give back the credit of a withheld delivery."""
 
 
 class Figures:

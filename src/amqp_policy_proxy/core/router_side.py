@@ -42,6 +42,7 @@ from ..amqp.performatives import (
     Begin,
     Close,
     Detach,
+    Disposition,
     End,
     Flow,
     Open,
@@ -54,6 +55,7 @@ from .commands import Side
 from .context import PRE_OPEN_FRAME_LIMIT, ROUTER_FRAME_LIMIT, Context
 from .deliveries import Deliveries
 from .framebuf import feed
+from .numbering import disposition_to_client, note_router_flow_bytes
 from .sessions import Sessions
 from .state import ClientState, RouterState
 from .wire import frame, run_data
@@ -268,7 +270,7 @@ class RouterSide:
                 code = is_transfer_descriptor(buf, body, fend)
             if code == Descriptor.TRANSFER:
                 figures.transfers_out += 1
-                if shaped or sessions.window_frames is not None:
+                if shaped or sessions.count_router_transfers:
                     session = sessions.router_sessions.get(channel)
                     if session is not None:
                         session.transfers_out += 1
@@ -282,14 +284,18 @@ class RouterSide:
                 pos = fend
                 continue
             if code == Descriptor.DISPOSITION:
-                pos = fend
-                continue
+                session = sessions.router_sessions.get(channel) if sessions.renumbering else None
+                if session is None or session.numbering is None:
+                    pos = fend
+                    continue
             if code == Descriptor.FLOW:
                 session = sessions.router_sessions.get(channel)
                 if session is None or (
                     not session.dropped_transfers and sessions.window_frames is None
                     and session.shaping is None
                 ):
+                    if session is not None and session.tracks_router:
+                        note_router_flow_bytes(session, buf, body, fend)
                     pos = fend
                     continue
             # a frame the proxy looks at: flush the run before it
@@ -322,7 +328,8 @@ class RouterSide:
         """The router's Open (Part 2 §2.7.1), relayed with the group's limits applied: its
         max-frame-size lowered to ``maxFrameSize``, its channel-max to ``maxSessions - 1``;
         ``maxSessionWindow`` becomes a window in frames of the max-frame-size in force. In
-        shadow mode nothing is rewritten (the sessions over ``maxSessions`` are reported).
+        shadow mode nothing is rewritten (the sessions over ``maxSessions`` are reported). The
+        session denials of Begins pipelined behind the client's Open follow it.
 
         Raises:
             IllegalStateError: a second Open.
@@ -347,17 +354,31 @@ class RouterSide:
                     changes["channel_max"] = cmax = new
             if group.max_session_window:
                 sessions.window_frames = max(1, group.max_session_window // mfs)
+                sessions.count_router_transfers = True
         ctx.client_frame_limit = max(C.MIN_MAX_FRAME_SIZE, mfs)
         sessions.advertised_channel_max = cmax
         self.wire.open_sent = True
+        data = raw
         if changes:
             patched = patch_open(raw[raw[4] * DOFF_UNIT :], **changes)
             if patched is not None:
-                return encode_frame(0, patched)
-            if not isinstance(perf, Open):  # read from bytes, yet not patchable
-                perf, _ = decode_performative(raw[raw[4] * DOFF_UNIT :])
-            return frame(0, dataclasses.replace(perf, **changes))
-        return raw
+                data = encode_frame(0, patched)
+            else:
+                if not isinstance(perf, Open):  # read from bytes, yet not patchable
+                    perf, _ = decode_performative(raw[raw[4] * DOFF_UNIT :])
+                data = frame(0, dataclasses.replace(perf, **changes))
+        if sessions.early_denials:  # session denials that had to wait for this Open
+            data += b"".join(sessions.early_denials)
+            sessions.early_denials.clear()
+        return data
+
+    def on_disposition(self, perf: Disposition, raw: bytes, channel: int, now: float) -> bytes:
+        """The router's Disposition on a session that withheld client deliveries: its outcome
+        for them in the client's numbering (:func:`.numbering.disposition_to_client`)."""
+        session = self.sessions.router_sessions.get(channel)
+        if session is None or session.numbering is None:
+            return raw
+        return disposition_to_client(session.numbering, perf, raw, channel)
 
     def on_close(self, perf: Close, raw: bytes, channel: int, now: float) -> bytes | None:
         """The router's Close: relayed to the client (whose answer is awaited for the linger
@@ -390,6 +411,7 @@ _HANDLERS: dict[type, tuple[bool, Callable[..., bytes | None]]] = {
     Attach: (True, Sessions.on_router_attach),
     Flow: (True, Sessions.on_router_flow),
     Detach: (True, Sessions.on_router_detach),
+    Disposition: (False, RouterSide.on_disposition),
     End: (True, Sessions.on_router_end),
     Close: (False, RouterSide.on_close),
 }

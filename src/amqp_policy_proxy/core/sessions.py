@@ -38,6 +38,13 @@ from ..policy.reasons import DenialKind, LinkDenyReason, SessionDenyReason
 from .commands import Side
 from .context import Context
 from .events import LinkDenied, SessionDenied
+from .numbering import (
+    disposition_to_router,
+    flow_fields,
+    flow_to_client,
+    flow_to_router,
+    note_router_flow,
+)
 from .records import LinkRecord, ReservedPool, SessionRecord
 from .rules import MessageRules
 from .shadow import shadowed, verb
@@ -82,6 +89,9 @@ class Sessions:
         "policy_channel_max",
         "window_frames",
         "shaping",
+        "renumbering",
+        "early_denials",
+        "count_router_transfers",
     )
 
     def __init__(self, ctx: Context, rules: MessageRules) -> None:
@@ -104,6 +114,14 @@ class Sessions:
         """The group's ``maxSessionWindow`` in transfer frames, if set (at the router's Open)."""
         self.shaping: Shaping | None = None
         """The user's message or byte rate, if the group has one (set at admission)."""
+        self.renumbering = False
+        """Some session withheld a client delivery: the router's Dispositions are read."""
+        self.count_router_transfers = False
+        """The router's Transfers are counted per session (``maxSessionWindow``, or sessions
+        that keep the router's flow state, :attr:`~.records.SessionRecord.tracks_router`)."""
+        self.early_denials: list[bytes] = []
+        """Session denials answered before the router's Open reached the client (Begins
+        pipelined behind the client's Open): sent right after that Open."""
 
     def reserve_channels(self, channel_max: int) -> int:
         """Keep the top of the client's ``channel_max`` back for session denials (decision
@@ -210,7 +228,10 @@ class Sessions:
             reply,
             Begin(remote_channel=channel, next_outgoing_id=0, incoming_window=0, outgoing_window=0),
         ) + frame(reply, End(error=err))
-        self.wire.send(Side.CLIENT, data)
+        if self.wire.open_sent:
+            self.wire.send(Side.CLIENT, data)
+        else:  # nothing may precede the Open (Part 2 §2.4.1): the router's is on its way
+            self.early_denials.append(data)
         self.wire.emit(SessionDenied(**conn.event_fields(now), channel=channel))
         return True
 
@@ -279,8 +300,12 @@ class Sessions:
                         return
                     verdict = None  # allowed in shadow: no per-delivery filter either
         link = LinkRecord(str(perf.name), handle, is_sender, address)
+        link.initial_count = _int_or_none(perf.initial_delivery_count) or 0
         link.qos = qos
         link.inspect = is_sender and group is not None and rules.inspects(link)
+        if link.inspect:
+            # a delivery may be withheld here: keep the router's flow state (numbering.py)
+            session.tracks_router = self.count_router_transfers = True
         if (
             verdict is not None
             and not is_sender
@@ -373,13 +398,19 @@ class Sessions:
 
     def on_client_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> None:
         """A client Flow (Part 2 §2.7.4) that needs a look: one for a denied handle is consumed;
-        its next-outgoing-id is renumbered past the Transfer frames the router never got."""
+        its next-outgoing-id is renumbered past the Transfer frames the router never got, and
+        a sender link's delivery-count past the deliveries it never got."""
         session = self.session(channel, "flow")
         if session is None:
             return
-        if perf.handle is not None and int(perf.handle) in session.denied_handles:
-            return
         changes: dict[str, Any] = {}
+        if perf.handle is not None:
+            handle = int(perf.handle)
+            if handle in session.denied_handles:
+                return
+            link = session.links.get(handle)
+            if link is not None and link.withheld and link.is_sender and link.shaper is None:
+                changes = flow_to_router(perf, link.withheld)  # (shaping keeps its own offset)
         if session.dropped_transfers and perf.next_outgoing_id is not None:
             nxt = (int(perf.next_outgoing_id) - session.dropped_transfers) & UINT_MAX
             changes["next_outgoing_id"] = nxt
@@ -442,10 +473,16 @@ class Sessions:
         self.wire.send(Side.ROUTER, raw)
 
     def on_client_disposition(self, perf: Any, raw: bytes, channel: int, now: float) -> None:
-        """A client Disposition (Part 2 §2.7.6): forwarded, unless its session was denied."""
-        if self.session(channel, "disposition") is None:
+        """A client Disposition (Part 2 §2.7.6): forwarded, unless its session was denied;
+        on a session that withheld deliveries, the ids of the client's own deliveries in the
+        router's numbering (:func:`.numbering.disposition_to_router`)."""
+        session = self.session(channel, "disposition")
+        if session is None:
             return
-        self.wire.send(Side.ROUTER, raw)
+        if session.numbering is not None:
+            raw = disposition_to_router(session.numbering, perf, raw, channel)
+        if raw:
+            self.wire.send(Side.ROUTER, raw)
 
     # ------------------------------------------------------------------ counting
 
@@ -469,6 +506,8 @@ class Sessions:
         """Forget the link under both legs' handles (the handles may be reused afterwards)."""
         if session.links.get(link.handle) is link:
             del session.links[link.handle]
+            if session.numbering is not None:
+                session.numbering.forget_handle(link.handle)
         if link.router_handle is not None and session.router_links.get(link.router_handle) is link:
             del session.router_links[link.router_handle]
 
@@ -507,10 +546,10 @@ class Sessions:
         session.router_out_window = _int_or_none(perf.outgoing_window) or 0
         self.router_sessions[channel] = session
         data = raw
+        iw = 0 if perf.incoming_window is None else int(perf.incoming_window)
+        # the router's next-incoming-id is the client's next-outgoing-id (Part 2 §2.5.6)
+        session.router_window_end = session.client_next_out + iw
         if self.window_frames is not None:
-            iw = 0 if perf.incoming_window is None else int(perf.incoming_window)
-            # the router's next-incoming-id is the client's next-outgoing-id (Part 2 §2.5.6)
-            session.router_window_end = session.client_next_out + iw
             given = min(iw, self.window_frames)
             session.client_window_end = session.client_next_out + given
             if iw > self.window_frames:
@@ -533,23 +572,24 @@ class Sessions:
 
     def on_router_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> bytes:
         """The router's Flow: next-incoming-id renumbered past the Transfer frames the router
-        never got, incoming-window lowered to ``maxSessionWindow``."""
+        never got, a client sender link's delivery-count past the deliveries it never got,
+        incoming-window lowered to ``maxSessionWindow``."""
         session = self.router_sessions.get(channel)
         changes: dict[str, Any] = {}
         if session is not None and session.dropped_transfers and perf.next_incoming_id is not None:
             changes["next_incoming_id"] = (
                 int(perf.next_incoming_id) + session.dropped_transfers
             ) & UINT_MAX
-        if session is not None and self.window_frames is not None:
-            if perf.outgoing_window is not None:
-                session.router_out_window = int(perf.outgoing_window)
-            if perf.incoming_window is not None and perf.next_incoming_id is not None:
+        if session is not None and session.numbering is not None and perf.handle is not None:
+            link = session.router_links.get(int(perf.handle))
+            if link is not None and link.withheld and link.is_sender and link.shaper is None:
+                changes.update(flow_to_client(perf, link.withheld, link.initial_count))
+        if session is not None and (self.window_frames is not None or session.tracks_router):
+            note_router_flow(session, flow_fields(perf))
+            if (self.window_frames is not None and perf.incoming_window is not None
+                    and perf.next_incoming_id is not None):
                 iw = int(perf.incoming_window)
-                # next-incoming-id (router numbering) as an unbounded id near the ones sent
-                sent = session.client_next_out + session.transfers_in - session.dropped_transfers
-                ahead = (int(perf.next_incoming_id) - sent) & UINT_MAX
-                nid = sent + (ahead - (1 << 32) if ahead >= 1 << 31 else ahead)
-                session.router_window_end = nid + iw
+                nid = session.router_window_end - iw  # router numbering, unbounded
                 given = min(iw, self.window_frames)
                 session.client_window_end = nid + session.dropped_transfers + given
                 if iw > self.window_frames:

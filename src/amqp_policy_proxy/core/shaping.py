@@ -288,6 +288,17 @@ class Shaping:
             return
         self._top_up(s, now, send=True)
 
+    def withheld(self, s: ShapedLink, now: float) -> None:
+        """The delivery the client just started on ``s`` never reaches the router (refused
+        by policy, docs/decisions/0002): from now on the router's delivery-count is one
+        behind the client's (``offset``), so the router's limit in the client's numbering
+        is one higher, and the credit the client spent on it comes back as the tokens allow
+        (the proxy's own top-up, as for any delivery)."""
+        s.offset = (s.offset - 1) & UINT_MAX
+        if s.router_limit is not None:
+            s.router_limit += 1
+            self._top_up(s, now, send=True)
+
     # ------------------------------------------------------------------ the timer
 
     def on_timer(self, now: float) -> None:

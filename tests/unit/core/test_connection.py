@@ -7,7 +7,7 @@ from proton import Message
 
 from amqp_policy_proxy.amqp import constants as C
 from amqp_policy_proxy.amqp.framing import encode_frame
-from amqp_policy_proxy.amqp.performatives import Disposition, Rejected
+from amqp_policy_proxy.amqp.performatives import Disposition, Error, Rejected
 from amqp_policy_proxy.core.commands import Side
 from amqp_policy_proxy.core.events import (
     ConnectionApproved,
@@ -35,6 +35,7 @@ from .helpers import (
     Transfer,
     frame,
     make_policy,
+    parse_frames,
 )
 
 GROUPS = {
@@ -241,6 +242,25 @@ class TestSessions:
         s.begin(0, router_channel=0)
         assert [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)] == ["Begin"]
 
+    def test_a_denial_of_a_begin_pipelined_behind_the_open_follows_the_routers_open(self):
+        # The client's Open and three Begins in one write (proton does this): the third Begin
+        # is denied before the router's Open has reached the client, which must see that
+        # Open first (Part 2 §2.4.1). RabbitMQ's AMQP header arrived, its Open not yet.
+        s = Script(POLICY)
+        s.sasl_plain("alice")
+        s.client(C.AMQP_HEADER)
+        s.router(C.AMQP_HEADER)
+        begins = b"".join(frame(ch, Begin(next_outgoing_id=0, incoming_window=10,
+                                          outgoing_window=10)) for ch in range(3))
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
+        s.client(frame(0, Open(container_id="client", hostname="test")) + begins)
+        assert s.take(Side.CLIENT) == []
+        assert [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)] == ["Open", "Begin", "Begin"]
+        s.router(frame(0, Open(container_id="router")))
+        assert conditions(s.take(Side.CLIENT)) == [
+            ("Open", None, None), ("Begin", None, None),
+            ("End", "amqp:resource-limit-exceeded", "session disallowed by local policy")]
+
     def test_session_count_limit(self):
         s = admitted()
         s.begin(0, router_channel=0)
@@ -440,8 +460,11 @@ class TestMessages:
         for f in _message_frames(body, delivery_id=0, chunk=300):
             s.client(f)
         to_router = s.take(Side.ROUTER)
-        aborted = [p for _, p, _ in to_router if isinstance(p, Transfer)]
-        assert aborted[-1].aborted is True
+        # the frames forwarded before the limit was crossed stay an incomplete delivery,
+        # which the router's Close ends: no aborted Transfer (RabbitMQ 3.x refuses one)
+        transfers = [p for _, p, _ in to_router if isinstance(p, Transfer)]
+        assert transfers and all(t.aborted is None and t.more for t in transfers)
+        assert type(to_router[-1][1]).__name__ == "Close"
         frames = s.take(Side.CLIENT)
         kinds = conditions(frames)
         assert kinds[0][0] == "Disposition"
@@ -451,6 +474,21 @@ class TestMessages:
         assert kinds[2] == ("Close", "amqp:connection:forced", "Message size exceeded")
         assert [str(e.reason) for e in s.events if isinstance(e, MessageDenied)] == [
             "message_size"]
+
+    def test_nothing_the_router_sends_after_the_proxys_close_reaches_the_client(self):
+        # RabbitMQ 3.10 used to answer the aborted stand-in with an End; whatever the router
+        # sends once the client has the proxy's Close (an End, a Disposition, its Close)
+        # stays out of the client's leg (Part 2 §2.4.3: nothing follows a Close).
+        s = admitted()
+        _sender(s, "public.a")
+        for f in _message_frames(self._sized(1001), delivery_id=0, chunk=300):
+            s.client(f)
+        assert conditions(s.take(Side.CLIENT))[-1][0] == "Close"
+        s.router(frame(0, End(error=Error(condition="amqp:internal-error",
+                                          description="Unexpected frame")))
+                 + frame(0, Disposition(role=True, first=0, settled=True))
+                 + frame(0, Close()))
+        assert s.take(Side.CLIENT) == []
 
     def test_two_pipelined_oversize_messages_get_one_close(self):
         # Two whole oversize deliveries in one read: QDR answers the first (reject, detach,
@@ -467,9 +505,8 @@ class TestMessages:
         assert [k for k in kinds if k[0] == "Close"] == [
             ("Close", "amqp:connection:forced", "Message size exceeded")]
         assert [k[0] for k in kinds] == ["Disposition", "Detach", "Close"]
-        aborted = [p for _, p, _ in s.take(Side.ROUTER) if isinstance(p, Transfer)]
-        assert len(aborted) == 1 and aborted[0].aborted is True
-        assert int(aborted[0].delivery_id) == 0
+        # nothing of either reaches the router, which gets the Close alone
+        assert [type(p).__name__ for _, p, _ in s.take(Side.ROUTER)] == ["Close"]
         assert [str(e.reason) for e in s.events if isinstance(e, MessageDenied)] == [
             "message_size"]
 
@@ -478,17 +515,17 @@ class TestMessages:
         _sender(s, None)
         for f in _message_frames(b"no", delivery_id=0, chunk=4000, address="private.x"):
             s.client(f)
-        to_router = s.take(Side.ROUTER)
-        t = to_router[0][1]
-        assert t.aborted is True and int(t.delivery_id) == 0 and t.settled is True
+        assert s.take(Side.ROUTER) == []  # withheld whole (decision 0002)
         frames = s.take(Side.CLIENT)
         assert isinstance(frames[0][1], Disposition) and isinstance(frames[0][1].state, Rejected)
         assert frames[0][1].state.error.description == "policy violation on target"
         assert str(frames[0][1].state.error.condition) == "amqp:unauthorized-access"
-        # an allowed message on the same link still flows, byte-identical
+        # an allowed message on the same link still flows, as the router's delivery 0
         ok = _message_frames(b"yes", delivery_id=1, chunk=4000, address="public.q")
         s.client(ok[0])
-        assert bytes(s.sent[Side.ROUTER]) == ok[0]
+        [(_, t, payload)] = s.take(Side.ROUTER)
+        assert int(t.delivery_id) == 0 and t.delivery_tag == b"1" and t.aborted is None
+        assert payload == parse_frames(ok[0])[0][2]
 
     def test_dropped_frames_renumber_router_flow(self):
         s = admitted()
@@ -501,7 +538,7 @@ class TestMessages:
         s.router(frame(0, Flow(next_incoming_id=1, incoming_window=10, next_outgoing_id=0,
                                outgoing_window=10)))
         flow = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Flow)][0]
-        assert int(flow.next_incoming_id) == 1 + len(frames) - 1
+        assert int(flow.next_incoming_id) == 1 + len(frames)
 
     def test_user_id_proxy_violation(self):
         s = admitted()
@@ -579,3 +616,24 @@ def test_any_split_of_the_client_bytes_gives_the_same_result(chunk):
     for i in range(0, len(data), chunk):
         split.client(data[i : i + chunk])
     assert bytes(split.sent[Side.ROUTER]) == bytes(whole.sent[Side.ROUTER]) == data
+
+
+HEARTBEAT = bytes.fromhex("0000000802000000")
+
+
+@pytest.mark.parametrize("consumed", ["flow", "transfer"])
+def test_a_consumed_frame_inside_a_run_is_not_forwarded(consumed):
+    # A run of forwarded frames is one slice of the client's bytes: a frame between two
+    # forwarded ones that the proxy consumes (here, for a link it denied) ends the run
+    # instead of riding along inside it.
+    s = admitted()
+    _sender(s, "public.a")
+    s.client(frame(0, Attach(name="b", handle=1, role=False, target=Target(address="public.b"))))
+    assert conditions(s.take(Side.CLIENT))[-1][0] == "Detach"  # maxSenders 1: denied
+    if consumed == "flow":
+        middle = frame(0, Flow(next_incoming_id=0, incoming_window=9, next_outgoing_id=0,
+                               outgoing_window=9, handle=1, delivery_count=0, link_credit=1))
+    else:
+        middle = frame(0, Transfer(handle=1, delivery_id=0, delivery_tag=b"t"), b"x")
+    s.client(HEARTBEAT + middle + HEARTBEAT)
+    assert bytes(s.sent[Side.ROUTER]) == HEARTBEAT + HEARTBEAT
