@@ -7,6 +7,12 @@ counts (vhost, per user, per host) in the ledger. A denied client gets QDR's Ope
 nothing of its Open. An admitted client's Open goes to the router (its channel-max lowered by
 the channels kept back for session denials, decision 0003), followed by what the client
 pipelined behind it, and the router's frames held meanwhile (the facade replays both).
+
+A ledger may answer later (the fleet ledger asks a shared store, docs/decisions/0006): its
+``try_admit`` then returns :data:`LEDGER_PENDING`, the client leg stays ``DECIDING`` with its
+frames held, and the shell feeds the answer back through
+``ProxyConnection.ledger_answered``; the decision is then finished exactly as if the ledger had
+answered at once.
 """
 
 from __future__ import annotations
@@ -39,25 +45,42 @@ logger = logging.getLogger(__name__)
 UINT_MAX = 0xFFFFFFFF
 
 
+class LedgerPending:
+    """The type of :data:`LEDGER_PENDING`: the ledger will answer later."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LEDGER_PENDING"
+
+
+LEDGER_PENDING = LedgerPending()
+"""What :meth:`AdmissionLedger.try_admit` returns when its answer comes later, through
+``ProxyConnection.ledger_answered`` (the one instance; compare with ``is``)."""
+
+
 class AdmissionLedger(Protocol):
     """What admission needs from the connection ledger (vhost, per-user, per-host counts).
 
-    :class:`~amqp_policy_proxy.limits.connections.ConnectionLedger` is the in-process one.
+    :class:`~amqp_policy_proxy.limits.connections.ConnectionLedger` is the in-process one; the
+    fleet ledger (``fleet/ledger.py``) answers :data:`LEDGER_PENDING` and later.
     """
 
     def try_admit(
         self, conn_id: str, *, vhost: VhostPolicy, group: GroupSettings, user: str, remote_host: str
-    ) -> ConnectionDenyReason | None:
-        """Count the connection if every limit allows it; else the first failed limit."""
+    ) -> ConnectionDenyReason | None | LedgerPending:
+        """Count the connection if every limit allows it (None); else the first failed limit;
+        or :data:`LEDGER_PENDING` when the answer is fed back later."""
 
     def release(self, conn_id: str) -> bool:
-        """Uncount an admitted connection (exactly once)."""
+        """Uncount an admitted connection (exactly once); for a pending one, uncount it when
+        its answer comes (the answer is then not fed back)."""
 
 
 class Admission:
     """The Open decision of one connection."""
 
-    __slots__ = ("ctx", "wire", "sides", "sessions", "rules", "ledger", "in_ledger")
+    __slots__ = ("ctx", "wire", "sides", "sessions", "rules", "ledger", "in_ledger", "waiting")
 
     def __init__(
         self, ctx: Context, sessions: Sessions, rules: MessageRules, ledger: AdmissionLedger
@@ -70,14 +93,19 @@ class Admission:
         self.rules = rules
         self.ledger = ledger
         self.in_ledger = False
-        """The connection is counted in the ledger (released exactly once at the end)."""
+        """The connection is counted in the ledger, or may be once a pending answer comes
+        (released exactly once at the end)."""
+        self.waiting: tuple[Open | OpenHead, bytes | None, GroupSettings, str] | None = None
+        """While the ledger's answer is pending: the Open, its body, the group and the user."""
 
-    def decide(self, open_: Open | OpenHead, body: bytes | None, now: float) -> bool:
+    def decide(self, open_: Open | OpenHead, body: bytes | None, now: float) -> bool | None:
         """Decide the client's Open (``body``: its frame body as received): admit it or deny
         it, in QDR's order.
 
         Returns:
-            True when admitted (the Open is on its way to the router), False when denied.
+            True when admitted (the Open is on its way to the router), False when denied,
+            None when the ledger answers later (:meth:`answered` finishes the decision; the
+            handshake deadline still runs meanwhile).
 
         Raises:
             IllegalStateError: an Open before a successful SASL outcome.
@@ -87,7 +115,7 @@ class Admission:
             raise IllegalStateError("Open before a successful SASL outcome")
         user = ctx.sasl_user
         ctx.user = user
-        ctx.handshake_deadline = None
+        deadline, ctx.handshake_deadline = ctx.handshake_deadline, None
         policy = ctx.policy
         if not policy.settings.enable_vhost_policy:
             self._approve(open_, body, None, now)
@@ -116,19 +144,57 @@ class Admission:
             user=user,
             remote_host=ctx.remote_host,
         )
+        if reason is LEDGER_PENDING:
+            self.in_ledger = True  # the ledger may count it before the answer comes
+            self.waiting = (open_, body, decision.group, user)
+            ctx.handshake_deadline = deadline
+            return None
+        return self._counted(reason, open_, body, decision.group, user, now)
+
+    def answered(self, reason: ConnectionDenyReason | None, now: float) -> bool | None:
+        """Finish a decision the ledger answered later (see :meth:`decide`).
+
+        Args:
+            reason: the ledger's answer: None admitted, else the failed limit.
+            now: loop-clock seconds.
+
+        Returns:
+            True admitted, False denied, None when no decision was waiting (nothing done).
+        """
+        waiting, self.waiting = self.waiting, None
+        if waiting is None:
+            return None
+        open_, body, group, user = waiting
+        self.ctx.handshake_deadline = None
         if reason is not None:
+            self.in_ledger = False
+        return self._counted(reason, open_, body, group, user, now)
+
+    def _counted(
+        self,
+        reason: ConnectionDenyReason | None | LedgerPending,
+        open_: Open | OpenHead,
+        body: bytes | None,
+        group: GroupSettings,
+        user: str,
+        now: float,
+    ) -> bool:
+        """Approve or deny on the ledger's answer."""
+        ctx = self.ctx
+        if reason is not None:
+            assert reason is not LEDGER_PENDING
             logger.info(
                 "[%s] DENY AMQP Open for user '%s', rhost '%s', vhost '%s': %s",
                 ctx.conn_id,
                 user,
                 ctx.remote_host,
-                decision.vhost.hostname,
+                ctx.vhost_name,
                 reason,
             )
-            self._deny(reason, now)
+            self._deny(reason, now)  # type: ignore[arg-type]
             return False
         self.in_ledger = True
-        self._approve(open_, body, decision.group, now)
+        self._approve(open_, body, group, now)
         return True
 
     def _deny(self, reason: ConnectionDenyReason, now: float) -> None:
