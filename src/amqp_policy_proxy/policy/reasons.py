@@ -32,6 +32,10 @@ class ConnectionDenyReason(StrEnum):
     PREAUTH_MEMORY = "preauth_memory"
     """Refused at TCP accept: the bytes held for connections not yet admitted reached the
     pre-authentication memory budget."""
+    LEDGER_UNAVAILABLE = "ledger_unavailable"
+    """The shared connection ledger (``[ledger]``, docs/fleet.md) is unreachable or slower than
+    its ``timeout_ms`` and its ``failure_mode`` is ``closed``: denied with QDR's
+    ``amqp:resource-limit-exceeded`` / ``connection disallowed by local policy``."""
 
 
 class LinkDenyReason(StrEnum):
