@@ -19,6 +19,7 @@ from typing import Any
 
 from . import __version__
 from .daemon.config import (
+    LEDGER_FAILURE_MODES,
     LOG_FORMATS,
     LOG_LEVELS,
     ConfigError,
@@ -98,6 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--event-log", metavar="DIR")
     run.add_argument("--max-connections", type=int, metavar="N")
     run.add_argument("--default-vhost", metavar="NAME")
+    run.add_argument("--ledger", metavar="URL",
+                     help="share connection counts with the fleet in Redis: redis://HOST:PORT/DB,"
+                          " rediss://..., unix:///path/redis.sock, or auto (a private "
+                          "redis-server); replaces [ledger] url")
+    run.add_argument("--proxy-id", metavar="ID",
+                     help="this proxy's name in the ledger (default: host name and first "
+                          "listener port)")
+    run.add_argument("--ledger-failure-mode", choices=LEDGER_FAILURE_MODES,
+                     help="what admission does while the ledger is unreachable or slow")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="N processes sharing the listeners (N > 1 needs a ledger)")
 
     check = add("check", help="validate a config or policy and print every issue",
                 description="Validate the daemon config (types, keys, the files it names) "
@@ -171,6 +183,14 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         overrides["policy.max_connections"] = ("--max-connections", args.max_connections)
     if args.default_vhost is not None:
         overrides["policy.default_vhost"] = ("--default-vhost", args.default_vhost)
+    if args.ledger is not None:
+        overrides["ledger.url"] = ("--ledger", args.ledger)
+    if args.proxy_id is not None:
+        overrides["ledger.proxy_id"] = ("--proxy-id", args.proxy_id)
+    if args.ledger_failure_mode is not None:
+        overrides["ledger.failure_mode"] = ("--ledger-failure-mode", args.ledger_failure_mode)
+    if args.workers is not None:
+        overrides["daemon.workers"] = ("--workers", args.workers)
     return config_from_sources(args.config, overrides=overrides)
 
 
