@@ -203,6 +203,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``run``: start the daemon and serve until SIGTERM/SIGINT."""
     from .daemon.app import run_daemon
     from .daemon.loop import run
+    from .daemon.workers import run_supervisor, worker_config
     from .policy.errors import PolicyError
 
     try:
@@ -211,8 +212,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_issues(exc.issues, sys.stderr)
         return EXIT_CONFIG
     _setup_logging(args, config)
+    as_worker = worker_config(config)
     try:
-        return run(run_daemon(config))
+        if as_worker is None and config.workers > 1:
+            # the parent: workers run this same command line (see daemon/workers.py)
+            return run(run_supervisor(config, list(args.argv)))
+        return run(run_daemon(as_worker or config))
     except PolicyError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG
@@ -349,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return EXIT_CONFIG if exc.code not in (0, None) else EXIT_OK
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.command != "run":  # `run` sets up logging once its config is read
         _setup_logging(args, None)
     handlers = {

@@ -171,6 +171,10 @@ class DaemonConfig:
     """``[daemon] workers``: event-loop processes sharing the listeners."""
     runtime_dir: str | None = None
     """``[daemon] runtime_directory``: where ``ledger = "auto"`` puts its socket."""
+    reuse_port: bool = False
+    """Listen with ``SO_REUSEPORT`` (a worker: its siblings listen on the same ports)."""
+    worker: int | None = None
+    """This process's number when it is a worker of ``--workers N`` (daemon/workers.py)."""
 
 
 # ---------------------------------------------------------------------------------- schema
