@@ -218,7 +218,8 @@ class Supervisor:
         worker.started = time.monotonic()
         worker.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "amqp_policy_proxy", *self.argv,
-            env=self._worker_env(worker), stdin=asyncio.subprocess.DEVNULL)
+            env=self._worker_env(worker), stdin=asyncio.subprocess.DEVNULL,
+            preexec_fn=_die_with_parent)
         logger.info("worker %d started (pid %d)", worker.index, worker.proc.pid)
 
     async def _watch(self, worker: Worker) -> None:
@@ -429,6 +430,16 @@ class Supervisor:
                 ok = False
                 lines.append(f"worker {worker.index}: {exc}")
         return ok, "\n".join(lines)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM (a drain) when the parent dies, however it dies
+    (Linux ``PR_SET_PDEATHSIG``), so that no worker outlives its supervisor."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
 
 
 def _exit_text(code: int) -> str:
