@@ -1,4 +1,4 @@
-"""Two proxy processes, one real redis-server, real proton clients (issue 18 part 1).
+"""Two proxy processes, one real redis-server, real proton clients.
 
 Limits are exact across the fleet: 40 clients of one user connecting at once through both
 proxies are admitted exactly ``maxConnectionsPerUser`` times; per host and per vhost alike;

@@ -1,4 +1,4 @@
-"""``--workers 2`` as systemd runs it (issue 18 part 2): a private redis-server
+"""``--workers 2`` as systemd runs it: a private redis-server
 (``--ledger auto``), one ``READY=1`` once both workers listen, limits shared by the workers,
 their metrics merged on the one ``--metrics`` address, one event-log file per worker, one
 ``RELOADING=1``/``READY=1`` per SIGHUP, a killed worker started again and its counts freed,
