@@ -42,7 +42,7 @@ def policy(per_user: int = 2) -> list:
 
 def ledger(url: str, proxy_id: str, mode: str = "local-share") -> str:
     return (f'url = "{url}"\nproxy_id = "{proxy_id}"\nlease_seconds = {LEASE}\n'
-            f'timeout_ms = 200\nfailure_mode = "{mode}"\n')
+            f'timeout_ms = 1000\nfailure_mode = "{mode}"\n')
 
 
 def store_sum(redis: RedisServer, key: str) -> int:

@@ -88,14 +88,17 @@ def test_two_workers_under_a_service_manager(broker_address) -> None:
         (work / "policy.json").write_text(json.dumps(POLICY))
         port, metrics = _free(), _free()
         (work / "config.toml").write_text(
-            f'ledger = "auto"\n'
             f'[[listener]]\naddress = "127.0.0.1:{port}"\n'
             f'[[upstream]]\naddress = "{broker_address[0]}:{broker_address[1]}"\n'
             f'[policy]\npath = "{work / "policy.json"}"\n'
             f'[metrics]\naddress = "127.0.0.1:{metrics}"\n'
             f'[event_log]\ndirectory = "{work / "events"}"\n'
             f'[daemon]\nruntime_directory = "{work / "run"}"\n'
-            '[timeouts]\nshutdown_grace_seconds = 2\n')
+            '[timeouts]\nshutdown_grace_seconds = 2\n'
+            # ledger = "auto" with a generous timeout: on a loaded CI machine a worker's first
+            # admissions may wait longer than 20 ms for its loop, which is the failure mode's
+            # business (tested in test_fleet_e2e), not this test's
+            '[ledger]\nurl = "auto"\ntimeout_ms = 2000\n')
         notify = Notify(str(work / "notify.sock"))
         env = dict(os.environ, NOTIFY_SOCKET=str(work / "notify.sock"), WATCHDOG_USEC="400000")
         env.pop("WATCHDOG_PID", None)
@@ -192,3 +195,14 @@ def _children(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] != "Z" and b"amqp_policy_proxy" in cmd:
             out.append(int(entry.name))
     return sorted(out)
+
+
+def test_workers_that_refuse_the_policy_stop_the_parent_with_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "policy.json").write_text('[["vhost", {"hostname": "x", "maxConections": 1}]]')
+    out = subprocess.run(
+        [str(CLI), "run", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1",
+         "--policy", str(tmp_path / "policy.json"), "--workers", "2", "--ledger", "auto"],
+        capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"})
+    assert out.returncode == 2, out.stderr
+    assert "refused the configuration" in out.stderr

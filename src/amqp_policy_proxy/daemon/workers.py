@@ -129,6 +129,8 @@ class Supervisor:
         self._announced = False
         self._stop = asyncio.Event()
         self._stops = 0
+        self.exit_code = 0
+        """0 after a clean stop; 2 when a worker refused the configuration at start."""
         self._metrics: object | None = None
         self._heartbeat = time.monotonic()
 
@@ -156,7 +158,7 @@ class Supervisor:
         """Start every worker, supervise them until SIGTERM/SIGINT, drain them, clean up.
 
         Returns:
-            0 after a clean stop.
+            0 after a clean stop, 2 when a worker refused the configuration at start.
 
         Raises:
             BindError: a listener cannot be bound.
@@ -194,7 +196,7 @@ class Supervisor:
             await self._drain()
             for task in (*tasks, watchdog, ticker):
                 task.cancel()
-            return 0
+            return self.exit_code
         finally:
             await self._cleanup()
 
@@ -231,6 +233,14 @@ class Supervisor:
             worker.exits.append(code)
             self._changed.set()
             if self.stopping:
+                return
+            if code == 2 and not self._announced:
+                # a worker refused the configuration (a policy or TLS file, a bind): every
+                # worker would; stop with the same exit code instead of restarting forever
+                logger.error("worker %d refused the configuration (exit 2): stopping",
+                             worker.index)
+                self.exit_code = 2
+                self._stop.set()
                 return
             ran = time.monotonic() - worker.started
             if ran > STABLE_SECONDS:
