@@ -1,8 +1,9 @@
 """Shell-side. Serves a registry over HTTP for Prometheus (the config's ``[metrics] address``).
 
-A thin wrapper over prometheus_client's ``start_http_server`` (a WSGI server on a daemon
-thread, returning ``(httpd, thread)``) that adds what the daemon needs: the actual port when
-asked for port 0, and an idempotent :meth:`MetricsServer.stop` for shutdown and tests.
+prometheus_client's WSGI app (``make_wsgi_app``) on its threading WSGI server, on a daemon
+thread, as its ``start_http_server`` does, plus what the daemon needs: the actual port when
+asked for port 0, an idempotent :meth:`MetricsServer.stop` for shutdown and tests, and the
+health probes.
 The server answers ``GET /metrics`` (prometheus_client serves the registry on any path, in the
 text format, or OpenMetrics when the scraper asks for it), and, when the daemon gives probes,
 ``GET /healthz`` and ``GET /readyz`` for load balancers (docs/fleet.md): each probe returns
