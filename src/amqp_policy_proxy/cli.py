@@ -23,6 +23,7 @@ from typing import Any
 from . import __version__
 from .daemon.config import (
     DEFAULT_ADMIN_SOCKET,
+    LEDGER_FAILURE_MODES,
     LOG_FORMATS,
     LOG_LEVELS,
     ConfigError,
@@ -117,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--default-vhost", metavar="NAME")
     run.add_argument("--admin-socket", metavar="PATH",
                      help="serve the admin interface on this unix socket ([admin] socket)")
+    run.add_argument("--ledger", metavar="URL",
+                     help="share connection counts with the fleet in Redis: redis://HOST:PORT/DB,"
+                          " rediss://..., unix:///path/redis.sock, or auto (a private "
+                          "redis-server); replaces [ledger] url")
+    run.add_argument("--proxy-id", metavar="ID",
+                     help="this proxy's name in the ledger (default: host name and first "
+                          "listener port)")
+    run.add_argument("--ledger-failure-mode", choices=LEDGER_FAILURE_MODES,
+                     help="what admission does while the ledger is unreachable or slow")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="N processes sharing the listeners (N > 1 needs a ledger)")
 
     check = add("check", help="validate a config or policy and print every issue",
                 description="Validate the daemon config (types, keys, the files it names) "
@@ -250,6 +262,14 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         overrides["policy.default_vhost"] = ("--default-vhost", args.default_vhost)
     if args.admin_socket:
         overrides["admin.socket"] = ("--admin-socket", os.path.abspath(args.admin_socket))
+    if args.ledger is not None:
+        overrides["ledger.url"] = ("--ledger", args.ledger)
+    if args.proxy_id is not None:
+        overrides["ledger.proxy_id"] = ("--proxy-id", args.proxy_id)
+    if args.ledger_failure_mode is not None:
+        overrides["ledger.failure_mode"] = ("--ledger-failure-mode", args.ledger_failure_mode)
+    if args.workers is not None:
+        overrides["daemon.workers"] = ("--workers", args.workers)
     return config_from_sources(args.config, overrides=overrides)
 
 
@@ -262,6 +282,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``run``: start the daemon and serve until SIGTERM/SIGINT."""
     from .daemon.app import run_daemon
     from .daemon.loop import run
+    from .daemon.workers import run_supervisor, worker_config
     from .policy.errors import PolicyError
 
     try:
@@ -270,8 +291,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_issues(exc.issues, sys.stderr)
         return EXIT_CONFIG
     _setup_logging(args, config)
+    as_worker = worker_config(config)
     try:
-        return run(run_daemon(config))
+        if as_worker is None and config.workers > 1:
+            # the parent: workers run this same command line (see daemon/workers.py)
+            return run(run_supervisor(config, list(args.argv)))
+        return run(run_daemon(as_worker or config))
     except PolicyError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG
@@ -561,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return EXIT_CONFIG if exc.code not in (0, None) else EXIT_OK
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.command != "run":  # `run` sets up logging once its config is read
         _setup_logging(args, None)
     handlers = {

@@ -93,6 +93,7 @@ LAYERS: dict[str, int] = {
     "core": 4,
     "eventlog": 5,
     "metrics": 5,
+    "fleet": 5,
     "daemon": 6,
     "spark_reports": 6,
     "demo": 7,

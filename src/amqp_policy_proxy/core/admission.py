@@ -16,13 +16,19 @@ Two things beyond QDR: a vhost an operator paused (the daemon's set, read throug
 (:mod:`.shadow`) the first would-be denial is logged ``SHADOW DENY`` and the connection is
 admitted and counted. Each decision is emitted with the rule that decided
 (:class:`~.events.OpenDecided`, the event log's ``auth_decision``).
+
+A ledger may answer later (the fleet ledger asks a shared store, docs/decisions/0006): its
+``try_admit`` then returns :data:`LEDGER_PENDING`, the client leg stays ``DECIDING`` with its
+frames held, and the shell feeds the answer back through
+``ProxyConnection.ledger_answered``; the decision is then finished exactly as if the ledger had
+answered at once.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Container
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..amqp import constants as C
 from ..amqp.constants import Condition
@@ -54,6 +60,20 @@ UINT_MAX = 0xFFFFFFFF
 UNGROUPED = GroupSettings(name="")
 
 
+class LedgerPending:
+    """The type of :data:`LEDGER_PENDING`: the ledger will answer later."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LEDGER_PENDING"
+
+
+LEDGER_PENDING = LedgerPending()
+"""What :meth:`AdmissionLedger.try_admit` returns when its answer comes later, through
+``ProxyConnection.ledger_answered`` (the one instance; compare with ``is``)."""
+
+
 class AdmissionLedger(Protocol):
     """What admission needs from the connection ledger (vhost, per-user, per-host counts).
 
@@ -69,12 +89,14 @@ class AdmissionLedger(Protocol):
         user: str,
         remote_host: str,
         enforce: bool = True,
-    ) -> ConnectionDenyReason | None:
-        """Count the connection if every limit allows it; else the first failed limit (with
-        ``enforce`` False, shadow mode: counted anyway, the failed limit still returned)."""
+    ) -> ConnectionDenyReason | None | LedgerPending:
+        """Count the connection if every limit allows it (None); else the first failed limit
+        (with ``enforce`` False, shadow mode: counted anyway, the failed limit still
+        returned); or :data:`LEDGER_PENDING` when the answer is fed back later."""
 
     def release(self, conn_id: str) -> bool:
-        """Uncount an admitted connection (exactly once)."""
+        """Uncount an admitted connection (exactly once); for a pending one, uncount it when
+        its answer comes (the answer is then not fed back)."""
 
 
 class AdmissionRates(Protocol):
@@ -90,11 +112,25 @@ class AdmissionRates(Protocol):
         """Take a token from each limited bucket if all have one; else the first without."""
 
 
+class _Waiting(NamedTuple):
+    """A decision between the policy's rules and the ledger's answer."""
+
+    open_: Open | OpenHead
+    body: bytes | None
+    vhost: VhostPolicy
+    group: GroupSettings | None
+    user: str
+    hostname: str | None
+    decision: decisions.OpenAllowed | decisions.OpenDenied
+    would: tuple[ConnectionDenyReason, str] | None
+    shadow: bool
+
+
 class Admission:
     """The Open decision of one connection."""
 
     __slots__ = ("ctx", "wire", "sides", "sessions", "rules", "ledger", "rates", "in_ledger",
-                 "paused")
+                 "paused", "waiting")
 
     def __init__(
         self,
@@ -117,16 +153,21 @@ class Admission:
         self.ledger = ledger
         self.rates = rates
         self.in_ledger = False
-        """The connection is counted in the ledger (released exactly once at the end)."""
+        """The connection is counted in the ledger, or may be once a pending answer comes
+        (released exactly once at the end)."""
+        self.waiting: _Waiting | None = None
+        """While the ledger's answer is pending: what the rest of the decision needs."""
 
-    def decide(self, open_: Open | OpenHead, body: bytes | None, now: float) -> bool:
+    def decide(self, open_: Open | OpenHead, body: bytes | None, now: float) -> bool | None:
         """Decide the client's Open (``body``: its frame body as received): admit it or deny
         it, in QDR's order; a paused vhost is denied first, and in shadow mode a would-be
         denial is admitted and reported (:mod:`.shadow`). Every decision emits
         :class:`~.events.OpenDecided` with the rule that decided.
 
         Returns:
-            True when admitted (the Open is on its way to the router), False when denied.
+            True when admitted (the Open is on its way to the router), False when denied,
+            None when the ledger answers later (:meth:`answered` finishes the decision; the
+            handshake deadline still runs meanwhile).
 
         Raises:
             IllegalStateError: an Open before a successful SASL outcome.
@@ -136,7 +177,7 @@ class Admission:
             raise IllegalStateError("Open before a successful SASL outcome")
         user = ctx.sasl_user
         ctx.user = user
-        ctx.handshake_deadline = None
+        deadline, ctx.handshake_deadline = ctx.handshake_deadline, None
         policy = ctx.policy
         hostname = None if open_.hostname is None else str(open_.hostname)
         if not policy.settings.enable_vhost_policy:
@@ -181,8 +222,44 @@ class Admission:
             remote_host=ctx.remote_host,
             enforce=not shadow,
         )
+        waiting = _Waiting(open_, body, vhost, group, user, hostname, decision, would, shadow)
+        if reason is LEDGER_PENDING:
+            self.in_ledger = True  # the ledger may count it before the answer comes
+            self.waiting = waiting
+            ctx.handshake_deadline = deadline
+            return None
+        return self._counted(reason, waiting, now)
+
+    def answered(self, reason: ConnectionDenyReason | None, now: float) -> bool | None:
+        """Finish a decision the ledger answered later (see :meth:`decide`).
+
+        Args:
+            reason: the ledger's answer: None counted (admitted), else the failed limit (in
+                shadow mode the connection is counted anyway and this is the would-be
+                denial).
+            now: loop-clock seconds.
+
+        Returns:
+            True admitted, False denied, None when no decision was waiting (nothing done).
+        """
+        waiting, self.waiting = self.waiting, None
+        if waiting is None:
+            return None
+        self.ctx.handshake_deadline = None
+        if reason is not None and not waiting.shadow:
+            self.in_ledger = False
+        return self._counted(reason, waiting, now)
+
+    def _counted(
+        self, reason: ConnectionDenyReason | None | LedgerPending, w: _Waiting, now: float
+    ) -> bool:
+        """Finish the decision on the ledger's answer: the connection rates, then approve or
+        deny (in shadow mode, approve and report the first would-be denial)."""
+        assert reason is not LEDGER_PENDING
+        ctx = self.ctx
+        vhost, group, user, shadow, would = w.vhost, w.group, w.user, w.shadow, w.would
         if reason is None and would is None and self.rates is not None:
-            reason = self.rates.try_admit(vhost=vhost, group=decision.group, user=user,
+            reason = self.rates.try_admit(vhost=vhost, group=group, user=user,
                                           remote_host=ctx.remote_host, now=now)
             if reason is not None and not shadow:
                 self.ledger.release(ctx.conn_id)  # a denied connection holds no count slot
@@ -198,17 +275,18 @@ class Admission:
             )
             rule = decisions.count_rule(reason, vhost, group or UNGROUPED)
             if not shadow:
-                self._deny(reason, rule, hostname, now)
+                self._deny(reason, rule, w.hostname, now)
                 return False
             would = (reason, rule)
         self.in_ledger = True
         if would is not None:
             shadowed(ctx, DenialKind.CONNECTION, would[0], now)
-            self._decided("allow", would[0], would[1], hostname, now)
+            self._decided("allow", would[0], would[1], w.hostname, now)
         else:
+            decision = w.decision
             rule = decision.rule if isinstance(decision, decisions.OpenAllowed) else ""
-            self._decided("allow", None, f"{rule}; counts within limits", hostname, now)
-        self._approve(open_, body, group, now)
+            self._decided("allow", None, f"{rule}; counts within limits", w.hostname, now)
+        self._approve(w.open_, w.body, group, now)
         return True
 
     def _decided(

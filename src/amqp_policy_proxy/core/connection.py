@@ -71,8 +71,9 @@ class ProxyConnection(Context):
     """One client connection and its upstream leg, as a sans-IO state machine.
 
     Inputs: :meth:`receive_data`, :meth:`router_connected`, :meth:`router_connect_failed`,
-    :meth:`connection_lost`, :meth:`handle_timer`, :meth:`begin_shutdown`,
-    :meth:`close_by_operator`, :meth:`internal_error`. Each returns the commands to execute, in order.
+    :meth:`ledger_answered`, :meth:`connection_lost`, :meth:`handle_timer`,
+    :meth:`begin_shutdown`, :meth:`close_by_operator`, :meth:`internal_error`. Each returns
+    the commands to execute, in order.
     :meth:`get_timer` says when to call :meth:`handle_timer` next (loop-clock seconds).
     :attr:`view` is what the shell may read.
     """
@@ -170,6 +171,14 @@ class ProxyConnection(Context):
             approved = self.admission.decide(client.open, client.open_body, now)
         finally:
             client.open = client.open_body = None  # decided: not kept for the connection's life
+        self._decided(approved, now)
+
+    def _decided(self, approved: bool | None, now: float) -> None:
+        """Replay or drop what was held behind the Open, once it is decided (None: the
+        ledger answers later, everything stays held)."""
+        client = self.client
+        if approved is None:
+            return
         if approved:
             self._shape(now)
             self.router.release_held(now)
@@ -231,6 +240,27 @@ class ProxyConnection(Context):
                 self._decide_when_ready(now)
             except AmqpError as exc:
                 self._violation(Side.CLIENT, exc, now)
+        return out
+
+    def ledger_answered(self, reason: ConnectionDenyReason | None, now: float) -> list[Command]:
+        """The ledger's answer to a decision it left pending (``LEDGER_PENDING``).
+
+        Args:
+            reason: None when the connection is counted (admitted), else the failed limit
+                (the client gets QDR's denial, as with an immediate answer).
+            now: loop-clock seconds.
+
+        Returns:
+            Commands to execute in order (none when the connection is finished or was not
+            waiting for the ledger).
+        """
+        out = self._begin()
+        if self.finished or self.sides.client is not ClientState.DECIDING:
+            return out
+        try:
+            self._decided(self.admission.answered(reason, now), now)
+        except AmqpError as exc:
+            self._violation(Side.CLIENT, exc, now)
         return out
 
     def router_connect_failed(self, now: float) -> list[Command]:

@@ -1,8 +1,9 @@
 """The daemon's lifecycle: startup → serve → shutdown, reload on SIGHUP (uvicorn ``Server`` shape).
 
-Owns the current policy snapshot, the connection ledger, the listeners, the metrics endpoint
-and the event log writer, and fans core events out to them. Signal handlers only schedule
-work on the loop (gunicorn's rule).
+Owns the current policy snapshot, the connection ledger (in-process, or the fleet ledger in
+Redis with ``[ledger]``), the listeners, the metrics endpoint with its health probes
+(``/healthz``, ``/readyz``) and the event log writer, and fans core events out to them. Signal
+handlers only schedule work on the loop (gunicorn's rule).
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
+from ..core.admission import AdmissionLedger
 from ..core.connection import ProxyConnection
 from ..core.events import ConnectionDenied, PolicyReloaded, ProxyEvent
+from ..fleet.ledger import IN_PROCESS, FleetLedger
 from ..ingress.peer import ClientAddress, client_address
 from ..limits.connections import ConnectionLedger
 from ..limits.rates import RateLimits
@@ -46,6 +51,8 @@ LISTEN_BACKLOG = 4096
 RATE_LOG_INTERVAL = 10.0
 #: Peer addresses remembered (parsed) by :meth:`Daemon.peer_address`.
 PEER_MEMO_SIZE = 4096
+#: ``/healthz`` answers 503 when the event loop has not run its 1 s tick for this long.
+LOOP_STALL_SECONDS = 5.0
 
 
 class Daemon:
@@ -63,8 +70,15 @@ class Daemon:
         self.config = config
         self.policy: Policy | None = policy
         self.ledger = ConnectionLedger(config.policy.max_connections)
+        """This process's own counts (the global count at accept, and the vhost counts)."""
         self.rates = RateLimits(config.policy.max_connection_rate)
         """Connection-rate buckets and the users' shaping buckets, shared by connections."""
+        self.fleet: FleetLedger | None = None
+        """The fleet ledger (``[ledger]``), started with the listeners."""
+        self.admission_ledger: AdmissionLedger = self.ledger
+        """What the core admits against: the fleet ledger, else :attr:`ledger`."""
+        self._heartbeat = time.monotonic()
+        self._readiness: tuple[bool, str] = (False, "starting: no policy loaded yet")
         self.upstream_health: UpstreamHealth[UpstreamConfig] = UpstreamHealth()
         """Failed upstreams are tried last for a back-off period (exponential, capped)."""
         self.preauth = PreauthBudget(config.preauth_buffer_bytes)
@@ -196,7 +210,7 @@ class Daemon:
         """The core of an accepted transport, under the current policy; registered."""
         conn = ProxyConnection(
             proto.conn_id, remote_host=remote_host, listener=proto.listener,
-            policy=self.policy, ledger=self.ledger, now=self.loop.time(),
+            policy=self.policy, ledger=self.admission_ledger, now=self.loop.time(),
             handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
             wall_offset=self._wall_offset, balancer_host=_balancer(proto),
             paused_vhosts=self.paused_vhosts, rates=self.rates)
@@ -209,6 +223,69 @@ class Daemon:
         self.connections.pop(proto.conn_id, None)
         if self.draining and not self.connections and self._drained is not None:
             self._drained.set()
+
+    def _ledger_answer(self, conn_id: str, reason: ConnectionDenyReason | None) -> None:
+        """The fleet ledger's answer to a pending admission: feed it to the connection."""
+        proto = self.connections.get(conn_id)
+        if proto is not None:
+            proto.ledger_answered(reason)
+
+    async def _start_fleet(self) -> None:
+        """Start the fleet ledger (``[ledger]``) before the listeners accept anything."""
+        settings = self.config.ledger
+        if settings is None:
+            return
+        if not settings.proxy_id:
+            port = self.listen_addresses[0][1] if self.listen_addresses else 0
+            settings = replace(settings, proxy_id=f"{socket.gethostname()}:{port}")
+        self.fleet = FleetLedger(self.ledger, settings, on_answer=self._ledger_answer,
+                                 observer=_LedgerFigures(self))
+        await self.fleet.start()
+        self.admission_ledger = self.fleet
+        logger.info("ledger %s: proxy id %s, mode %s, lease %g s, timeout %g ms, failure mode "
+                    "%s", settings.url.rpartition("@")[2], settings.proxy_id, self.fleet.mode,
+                    settings.lease_seconds, settings.timeout_ms, settings.failure_mode)
+
+    @property
+    def ledger_mode(self) -> str:
+        """``redis``, a failure mode, or ``in-process`` (no ``[ledger]``)."""
+        return IN_PROCESS if self.fleet is None else self.fleet.mode
+
+    def readiness(self) -> tuple[bool, str]:
+        """Whether a load balancer should send clients here, and why (``/readyz``).
+
+        Ready while listening (not draining), with a policy loaded, at least one upstream
+        not in connect back-off, and the ledger in a mode that admits (``closed`` does not).
+        """
+        if self.draining:
+            return False, "draining"
+        if self.policy is None:
+            return False, "no policy loaded"
+        if not self.servers or not all(server.is_serving() for server in self.servers):
+            return False, "not listening"
+        now = self.loop.time()
+        upstreams = self.config.upstreams
+        if upstreams and not any(self.upstream_health.is_up(u, now) for u in upstreams):
+            return False, "no upstream reachable (every one failed its last connect)"
+        if self.ledger_mode == "closed":
+            return False, "ledger unreachable and failure_mode = closed"
+        return True, f"ready: ledger {self.ledger_mode}"
+
+    def _probe_health(self) -> tuple[bool, str]:
+        """``/healthz``: the event loop ran its 1 s tick recently."""
+        stalled = time.monotonic() - self._heartbeat
+        if stalled > LOOP_STALL_SECONDS:
+            return False, f"event loop stalled for {stalled:.1f} s"
+        return True, "ok"
+
+    def _probe_ready(self) -> tuple[bool, str]:
+        """``/readyz``: :meth:`readiness` as the loop last published it (and a live loop)."""
+        alive, why = self._probe_health()
+        return self._readiness if alive else (False, why)
+
+    def _publish_readiness(self) -> None:
+        self._heartbeat = time.monotonic()
+        self._readiness = self.readiness()
 
     def preauth_held(self, proto: ClientProtocol, held: int) -> None:
         """A connection not yet admitted now holds ``held`` bytes (0: admitted or gone)."""
@@ -411,6 +488,7 @@ class Daemon:
                         lambda name=name: ClientProtocol(self, name, self.next_conn_id()),
                         listener.address.host, listener.address.port, ssl=ctx,
                         backlog=LISTEN_BACKLOG, reuse_address=True,
+                        reuse_port=self.config.reuse_port or None, start_serving=False,
                         # a TLS handshake must finish within the Open-decision budget
                         ssl_handshake_timeout=self.config.handshake_seconds if ctx else None,
                     )
@@ -422,8 +500,12 @@ class Daemon:
             for sock in server.sockets:
                 addr = sock.getsockname()
                 self.listen_addresses.append((addr[0], addr[1]))
+        await self._start_fleet()
+        for server in self.servers:
+            await server.start_serving()
         if self.config.admin is not None:
             await self._start_admin()
+        self._publish_readiness()
         self._publish_snapshot()
         line, fields = self.start_line()
         logger.info(line, extra=fields)
@@ -443,14 +525,18 @@ class Daemon:
 
         server = ProxyProtocolServer(self, listener, name, protocol_factory=client,
                                      ssl_context=ctx, backlog=LISTEN_BACKLOG,
-                                     handshake_seconds=self.config.handshake_seconds)
-        await server.start()
+                                     handshake_seconds=self.config.handshake_seconds,
+                                     reuse_port=self.config.reuse_port)
+        await server.start(start_serving=False)
         return server
 
     def announce_ready(self) -> None:
         """Tell systemd the listeners are up (``READY=1``) and start the watchdog pings."""
         self._last_status = self.status_line()
-        systemd.notify(f"READY=1\nSTATUS={self._last_status}")
+        extra = ""
+        if self.config.worker is not None and self.metrics_server is not None:
+            extra = f"\nMETRICS_PORT={self.metrics_server.port}"  # for the workers' parent
+        systemd.notify(f"READY=1\nSTATUS={self._last_status}{extra}")
         if self._watchdog_task is None:
             self._watchdog_task = systemd.start_watchdog(self.loop)
 
@@ -567,7 +653,9 @@ class Daemon:
 
             addr = self.config.metrics_address
             try:
-                self.metrics_server = start_metrics_server(registry, addr.host, addr.port)
+                self.metrics_server = start_metrics_server(
+                    registry, addr.host, addr.port,
+                    probes={"/healthz": self._probe_health, "/readyz": self._probe_ready})
             except OSError as exc:
                 raise self._bind_error("metrics.address", addr, exc) from None
 
@@ -575,8 +663,9 @@ class Daemon:
         """One-line status for systemd ``STATUS=``."""
         policy = self.policy
         digest = getattr(policy, "digest", "-")
+        ledger = f", ledger {self.fleet.mode}" if self.fleet is not None else ""
         return (f"{len(self.connections)} connections, {self.ledger.active()} admitted, "
-                f"policy {digest}")
+                f"policy {digest}{ledger}")
 
     def _publish_snapshot(self) -> None:
         from ..metrics.collectors import MetricsSnapshot
@@ -595,11 +684,14 @@ class Daemon:
             limits=tuple(policy.limits_table()) if policy is not None else (),
             shaping=self.rates.totals(self.loop.time()),
             policy_digest=getattr(policy, "digest", ""),
+            ledger_mode=self.ledger_mode,
+            ledger_proxies=None if self.fleet is None else self.fleet.proxies_alive,
         )
 
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(SNAPSHOT_INTERVAL)
+            self._publish_readiness()
             try:
                 self._publish_snapshot()
             except Exception:
@@ -735,6 +827,7 @@ class Daemon:
         period (drained) and how many were cut, and the seconds the shutdown took.
         """
         self.draining = True
+        self._readiness = (False, "draining")
         stop_began = time.monotonic()
         open_at_stop = len(self.connections)
         systemd.notify(f"STOPPING=1\nSTATUS=draining {len(self.connections)} connections")
@@ -758,6 +851,8 @@ class Daemon:
         for proto in list(self.connections.values()):
             proto.abort()
         await asyncio.sleep(0)
+        if self.fleet is not None:  # every count is released: the fields go
+            await self.fleet.stop()
         for task in (self._snapshot_task, self._watchdog_task):
             if task is not None:
                 task.cancel()
@@ -795,6 +890,25 @@ def _balancer(proto: ClientProtocol) -> str | None:
     return proto.proxied.balancer if proto.proxied is not None else None
 
 
+class _LedgerFigures:
+    """The fleet ledger's figures, into the daemon's metrics (when it has them)."""
+
+    __slots__ = ("daemon",)
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+
+    def ledger_latency(self, seconds: float) -> None:
+        """One admission answered by the store."""
+        if self.daemon.observer is not None:
+            self.daemon.observer.ledger_latency_observed(seconds)
+
+    def ledger_error(self, reason: str) -> None:
+        """One store failure."""
+        if self.daemon.observer is not None:
+            self.daemon.observer.ledger_error(reason)
+
+
 def _log_policy_warnings(policy: Policy) -> None:
     """Log each warning of a loaded policy (the lines ``check`` prints), e.g. a QDR key that
     is accepted but not enforced, or a session window smaller than a frame."""
@@ -803,10 +917,30 @@ def _log_policy_warnings(policy: Policy) -> None:
 
 
 async def run_daemon(config: DaemonConfig) -> int:
-    """Run until stopped; return the process exit code (0 clean, 1 runtime failure)."""
-    daemon = Daemon(config)
-    await daemon.start(announce=False)
-    daemon.install_signal_handlers()
-    daemon.announce_ready()
-    await daemon.serve()
-    return 0
+    """Run until stopped; return the process exit code (0 clean, 1 runtime failure).
+
+    With ``ledger = "auto"`` a private redis-server is started first and stopped last.
+
+    Raises:
+        ConfigError: ``ledger = "auto"`` and redis-server does not start.
+    """
+    private = None
+    if config.ledger is not None and config.ledger.url == "auto":
+        from ..fleet.private_redis import PrivateRedis, PrivateRedisError
+
+        private = PrivateRedis(config.runtime_dir)
+        try:
+            url = await asyncio.to_thread(private.start)
+        except PrivateRedisError as exc:
+            raise ConfigError([f"ledger: {exc}"]) from None
+        config = replace(config, ledger=replace(config.ledger, url=url))
+    try:
+        daemon = Daemon(config)
+        await daemon.start(announce=False)
+        daemon.install_signal_handlers()
+        daemon.announce_ready()
+        await daemon.serve()
+        return 0
+    finally:
+        if private is not None:
+            await asyncio.to_thread(private.stop)

@@ -46,6 +46,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ..fleet.ledger import FAILURE_MODES, LedgerSettings
 from ..policy.model import PolicySettings
 from .logs import escape_control
 
@@ -139,6 +140,8 @@ class UpstreamConfig:
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 """Accepted ``[logging] level`` / ``--log-level`` values (any case)."""
+LEDGER_FAILURE_MODES = FAILURE_MODES
+"""Accepted ``[ledger] failure_mode`` / ``--ledger-failure-mode`` values."""
 LOG_FORMATS = ("text", "json")
 """Accepted ``[logging] format`` / ``--log-format`` values."""
 
@@ -171,6 +174,18 @@ class DaemonConfig:
     """``[logging] format``: one of :data:`LOG_FORMATS`."""
     admin: AdminConfig | None = None
     """``[admin]``: the admin interface; None: no admin endpoint."""
+    ledger: LedgerSettings | None = None
+    """``[ledger]``: the fleet's shared counts; None: the in-process ledger. Its ``url`` is
+    ``"auto"`` for a private redis-server (started by ``run``); its ``proxy_id`` is ``""``
+    until ``run`` names it (host name and first listener port)."""
+    workers: int = 1
+    """``[daemon] workers``: event-loop processes sharing the listeners."""
+    runtime_dir: str | None = None
+    """``[daemon] runtime_directory``: where ``ledger = "auto"`` puts its socket."""
+    reuse_port: bool = False
+    """Listen with ``SO_REUSEPORT`` (a worker: its siblings listen on the same ports)."""
+    worker: int | None = None
+    """This process's number when it is a worker of ``--workers N`` (daemon/workers.py)."""
 
 
 DEFAULT_ADMIN_SOCKET = "/run/amqp-policy-proxy/admin.sock"
@@ -507,6 +522,17 @@ class LoggingTable(_Table):
 class DaemonTable(_Table):
     """``[daemon]``: the process itself."""
 
+    workers: int = _key(
+        1, toml="integer >= 1", ge=1,
+        doc="Processes, each with its own event loop, sharing the listeners (SO_REUSEPORT) so "
+            "that a host uses that many cores; the parent supervises them. More than 1 needs "
+            "a [ledger] (or ledger = \"auto\") so that limits are shared. --workers "
+            "overrides it.")
+    runtime_directory: Annotated[str, AfterValidator(_nonempty)] | None = _key(
+        None, toml="path (directory)",
+        doc="Where ledger = \"auto\" puts the private redis-server's socket; default: "
+            "$RUNTIME_DIRECTORY (systemd RuntimeDirectory=), else a new directory under /tmp.")
+
     preauth_buffer_bytes: int = _key(
         64 * 1024 * 1024, toml="integer > 0 (bytes)", gt=0,
         doc="Memory budget for what connections not yet admitted hold (partial frames, bytes "
@@ -562,6 +588,55 @@ class AdminTable(_Table):
         return self
 
 
+def _ledger_url(value: str) -> str:
+    if value == "auto":
+        return value
+    scheme = value.partition("://")[0] if "://" in value else ""
+    if scheme not in ("redis", "rediss", "unix"):
+        raise PydanticCustomError(
+            "ledger_url", "expected redis://HOST:PORT/DB, rediss://HOST:PORT/DB, "
+            "unix:///path/redis.sock or \"auto\", got {got}", {"got": describe(value)})
+    if scheme == "unix" and not value[len("unix://"):].startswith("/"):
+        raise PydanticCustomError("ledger_url", "unix:// needs an absolute socket path "
+                                  "(unix:///run/redis/redis.sock)")
+    return value
+
+
+class LedgerTable(_Table):
+    """``[ledger]``: connection counts shared by a fleet in Redis (docs/fleet.md); without it each process counts only its own."""  # noqa: E501
+
+    url: Annotated[str, AfterValidator(_ledger_url)] = _key(
+        toml="string URL",
+        doc="redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS) or unix:///path/redis.sock; "
+            "\"auto\": a private redis-server on a unix socket under the runtime directory, "
+            "started and stopped with the daemon (one host only). --ledger overrides it.")
+    proxy_id: Annotated[str, AfterValidator(_nonempty)] | None = _key(
+        None, toml="string",
+        doc="This proxy's name in the store, unique in the fleet; default: host name and "
+            "first listener port (workers add /wN). --proxy-id overrides it.")
+    lease_seconds: float = _key(
+        10.0, toml="number > 0 (seconds)", gt=0,
+        doc="A proxy that stops renewing its lease (crashed, cut off) stops counting after "
+            "this long; each proxy renews it and rewrites its own counts every third of it.")
+    timeout_ms: float = _key(
+        20.0, toml="number > 0 (milliseconds)", gt=0,
+        doc="An admission the store has not answered within this long is decided by "
+            "failure_mode, which stays in force until the store answers again.")
+    failure_mode: Literal["local-share", "closed", "open"] = _key(
+        "local-share", toml="string",
+        doc="While the store is unreachable or slow: local-share (each limit divided by the "
+            "proxies last seen alive, rounded up, against this proxy's own counts), closed "
+            "(deny new connections: amqp:resource-limit-exceeded) or open (this proxy's own "
+            "counts against the full limits). --ledger-failure-mode overrides it.")
+
+
+def _ledger_shorthand(value: Any) -> Any:
+    """``ledger = "auto"`` (a top-level key, before any table) is ``[ledger] url = "auto"``."""
+    if value == "auto":
+        return {"url": "auto"}
+    return value
+
+
 class ConfigFile(_Table):
     """The whole file. ``[[listener]]``, ``[[upstream]]`` and ``[policy]`` are required."""
 
@@ -576,6 +651,17 @@ class ConfigFile(_Table):
     logging: LoggingTable = _key(LoggingTable(), toml="table", doc="The daemon's log.")
     daemon: DaemonTable = _key(DaemonTable(), toml="table", doc="The process itself.")
     admin: AdminTable = _key(AdminTable(), toml="table", doc="The admin interface.")
+    ledger: Annotated[LedgerTable | None, BeforeValidator(_ledger_shorthand)] = _key(
+        None, toml="table, or \"auto\"", doc="Connection counts shared by a fleet (Redis).")
+
+    @model_validator(mode="after")
+    def _workers_share_a_ledger(self) -> ConfigFile:
+        if self.daemon.workers > 1 and self.ledger is None:
+            raise PydanticCustomError(
+                "workers_ledger", "daemon.workers = {n} needs a [ledger] (url = "
+                "\"redis://...\") or ledger = \"auto\": without one each worker would "
+                "enforce every limit on its own", {"n": self.daemon.workers})
+        return self
 
     @field_validator("listener")
     @classmethod
@@ -622,6 +708,12 @@ class ConfigFile(_Table):
             log_format=self.logging.format,
             preauth_buffer_bytes=self.daemon.preauth_buffer_bytes,
             admin=self._admin_config(),
+            ledger=None if self.ledger is None else LedgerSettings(
+                url=self.ledger.url, proxy_id=self.ledger.proxy_id or "",
+                lease_seconds=self.ledger.lease_seconds, timeout_ms=self.ledger.timeout_ms,
+                failure_mode=self.ledger.failure_mode),
+            workers=self.daemon.workers,
+            runtime_dir=self.daemon.runtime_directory,
             source=source,
         )
 
@@ -709,6 +801,8 @@ def config_from_sources(path: str | Path | None = None, *,
             raw[table] = value
         else:
             section = raw.setdefault(table, {})
+            if table == "ledger" and section == "auto":
+                section = raw[table] = {"url": "auto"}
             if isinstance(section, dict):
                 section[key] = value
     source = str(path) if path is not None else None
@@ -746,6 +840,7 @@ _TABLE_HINTS = {
     "timeouts": "table [timeouts]",
     "logging": "table [logging]",
     "admin": "table [admin] with socket = \"...\"",
+    "ledger": "table [ledger] with url = \"redis://HOST:PORT/DB\" (or ledger = \"auto\")",
 }
 _MISSING = {
     "listener": "missing: at least one [[listener]] with address = \"HOST:PORT\" is required "
@@ -886,7 +981,12 @@ def reference_markdown() -> str:
     for name, top in ConfigFile.model_fields.items():
         annotation = top.annotation
         array = getattr(annotation, "__origin__", None) is list
-        model: type[BaseModel] = annotation.__args__[0] if array else annotation  # type: ignore[union-attr]
+        if array:
+            model: type[BaseModel] = annotation.__args__[0]  # type: ignore[union-attr]
+        else:
+            members = [a for a in getattr(annotation, "__args__", (annotation,))
+                       if isinstance(a, type) and issubclass(a, BaseModel)]
+            model = members[0] if members else annotation  # type: ignore[assignment]
         heading = f"[[{name}]]" if array else f"[{name}]"
         required = top.is_required()
         out.append(f"### `{heading}`")

@@ -92,7 +92,7 @@ class ProxyProtocolServer:
     def __init__(self, host: ProxyListenerHost, listener: ListenerConfig, name: str, *,
                  protocol_factory: Callable[[str, Proxied], asyncio.Protocol],
                  ssl_context: ssl.SSLContext | None, handshake_seconds: float,
-                 backlog: int) -> None:
+                 backlog: int, reuse_port: bool = False) -> None:
         """Configure the listener; nothing is bound before :meth:`start`.
 
         Args:
@@ -105,8 +105,11 @@ class ProxyProtocolServer:
             handshake_seconds: budget for the header from the accept, and for the TLS
                 handshake after it.
             backlog: the ``listen`` backlog.
+            reuse_port: bind with ``SO_REUSEPORT`` (a worker of ``--workers N``: its
+                siblings listen on the same port and the kernel spreads the accepts).
         """
         self.host = host
+        self.reuse_port = reuse_port
         self.loop = host.loop
         self.name = name
         self.address = listener.address
@@ -125,8 +128,9 @@ class ProxyProtocolServer:
         """The listening sockets (one per address the host name resolves to)."""
         return tuple(self._sockets)
 
-    async def start(self) -> None:
-        """Bind and listen on every address of the listener's host, then accept.
+    async def start(self, start_serving: bool = True) -> None:
+        """Bind and listen on every address of the listener's host, then accept (unless
+        ``start_serving`` is False: then :meth:`start_serving` starts accepting).
 
         Raises:
             OSError: an address cannot be bound (nothing stays bound).
@@ -138,6 +142,8 @@ class ProxyProtocolServer:
                 sock = socket.socket(family, kind, proto)
                 self._sockets.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if self.reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 if family == socket.AF_INET6:
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.bind(sockaddr)
@@ -148,6 +154,12 @@ class ProxyProtocolServer:
                 sock.close()
             self._sockets.clear()
             raise
+        if start_serving:
+            self._resume_accepting()
+
+    async def start_serving(self) -> None:
+        """Start accepting (after :meth:`start` with ``start_serving=False``), as
+        ``asyncio.Server.start_serving``."""
         self._resume_accepting()
 
     def close(self) -> None:

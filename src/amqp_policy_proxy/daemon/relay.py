@@ -185,6 +185,16 @@ class ClientProtocol(asyncio.Protocol):
             # until the connect ends, so its bytes cannot pile up at line rate
             self.pause(PAUSED_CONNECTING)
 
+    def ledger_answered(self, reason: ConnectionDenyReason | None) -> None:
+        """The fleet ledger answered this connection's pending admission (None: counted)."""
+        conn = self.conn
+        if conn is None or self.closed:
+            return
+        self.run(conn.ledger_answered, reason)
+        if self._held and conn.view.decided:
+            self._held = 0
+            self.host.preauth_held(self, 0)
+
     def eof_received(self) -> bool | None:
         """Client half-closed.
 

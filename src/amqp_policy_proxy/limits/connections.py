@@ -96,6 +96,7 @@ class ConnectionLedger:
         user: str,
         remote_host: str,
         enforce: bool = True,
+        share: int = 1,
     ) -> ConnectionDenyReason | None:
         """Admit an approved Open against the vhost, per-user and per-host limits.
 
@@ -103,6 +104,9 @@ class ConnectionLedger:
         likewise. ``n_user`` counts all of the user's connections in the vhost whatever their
         group; ``n_host`` counts the vhost's connections from that IP string. A limit of 0
         denies every connection (as QDR's ``can_connect``).
+
+        With ``share`` > 1 each limit is divided by it, rounded up (the fleet ledger's
+        ``local-share`` fallback: this process's part of a limit shared by ``share`` proxies).
 
         Args:
             conn_id: unique connection id; recorded on success.
@@ -113,6 +117,7 @@ class ConnectionLedger:
             enforce: False in shadow mode: the connection is counted even over a limit (it
                 is admitted; later connections see the true counts) and the reason is still
                 returned.
+            share: how many proxies share each limit (1: this process alone).
 
         Returns:
             None when within every limit, else the first failed reason in QDR's order:
@@ -125,16 +130,15 @@ class ConnectionLedger:
         if conn_id in self._records:
             raise ValueError(f"connection {conn_id!r} is already admitted")
         vname = vhost.hostname
-        per_user = group.max_connections_per_user
-        if per_user is None:
-            per_user = vhost.max_connections_per_user
-        per_host = group.max_connections_per_host
-        if per_host is None:
-            per_host = vhost.max_connections_per_host
+        per_vhost, per_user, per_host = connection_limits(vhost, group)
+        if share > 1:
+            per_vhost = -(-per_vhost // share)
+            per_user = -(-per_user // share)
+            per_host = -(-per_host // share)
         user_key = (vname, user)
         host_key = (vname, remote_host)
         reason = None
-        if self._vhost.get(vname, 0) >= vhost.max_connections:
+        if self._vhost.get(vname, 0) >= per_vhost:
             reason = VHOST_LIMIT
         elif self._user.get(user_key, 0) >= per_user:
             reason = USER_LIMIT
@@ -142,13 +146,29 @@ class ConnectionLedger:
             reason = HOST_LIMIT
         if reason is not None and enforce:
             return reason
-        self._records[conn_id] = (vname, group.name, user, remote_host)
+        self._count(conn_id, vname, group.name, user, remote_host)
+        return reason
+
+    def record(self, conn_id: str, *, vhost: str, group: str, user: str, remote_host: str) -> None:
+        """Count a connection another authority admitted (the fleet ledger's store), without
+        checking any limit.
+
+        Raises:
+            ValueError: ``conn_id`` is already admitted (a caller bug).
+        """
+        if conn_id in self._records:
+            raise ValueError(f"connection {conn_id!r} is already admitted")
+        self._count(conn_id, vhost, group, user, remote_host)
+
+    def _count(self, conn_id: str, vname: str, gname: str, user: str, remote_host: str) -> None:
+        user_key = (vname, user)
+        host_key = (vname, remote_host)
+        self._records[conn_id] = (vname, gname, user, remote_host)
         self._vhost[vname] = self._vhost.get(vname, 0) + 1
         self._user[user_key] = self._user.get(user_key, 0) + 1
         self._host[host_key] = self._host.get(host_key, 0) + 1
-        group_key = (vname, group.name)
+        group_key = (vname, gname)
         self._group[group_key] = self._group.get(group_key, 0) + 1
-        return reason
 
     def release(self, conn_id: str) -> bool:
         """Uncount an admitted connection, exactly once.
@@ -169,6 +189,21 @@ class ConnectionLedger:
         _decrement(self._host, (vname, host))
         _decrement(self._group, (vname, gname))
         return True
+
+    def record_of(self, conn_id: str) -> tuple[str, str, str, str] | None:
+        """``(vhost, group, user, remote_host)`` of an admitted connection, or None."""
+        return self._records.get(conn_id)
+
+    def scope_counts(self) -> dict[str, tuple[int, dict[str, int], dict[str, int]]]:
+        """This process's counts per vhost: ``vhost -> (n, {user: n}, {host: n})`` (what the
+        fleet ledger rewrites into the shared store)."""
+        out: dict[str, tuple[int, dict[str, int], dict[str, int]]] = {
+            v: (n, {}, {}) for v, n in self._vhost.items()}
+        for (v, user), n in self._user.items():
+            out[v][1][user] = n
+        for (v, host), n in self._host.items():
+            out[v][2][host] = n
+        return out
 
     # -------------------------------------------------------------- queries
 
@@ -211,6 +246,19 @@ class ConnectionLedger:
             global_denied=self._denied,
             active=tuple(sorted(self._group.items())),
         )
+
+
+def connection_limits(vhost: VhostPolicy, group: GroupSettings) -> tuple[int, int, int]:
+    """The limits an Open is counted against: ``(maxConnections of the vhost,
+    maxConnectionsPerUser, maxConnectionsPerHost)``, the group's per-user and per-host values
+    overriding the vhost's (QDR ``PolicyAppConnectionMgr.can_connect``)."""
+    per_user = group.max_connections_per_user
+    if per_user is None:
+        per_user = vhost.max_connections_per_user
+    per_host = group.max_connections_per_host
+    if per_host is None:
+        per_host = vhost.max_connections_per_host
+    return vhost.max_connections, per_user, per_host
 
 
 def _decrement(counts: dict[Any, int], key: Any) -> None:

@@ -21,7 +21,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from amqp_policy_proxy.policy.keys import BYTE_LIMIT_NAMES
 
-__all__ = ["DIRECTIONS", "LiveCollector", "MetricsSnapshot"]
+__all__ = ["DIRECTIONS", "LEDGER_MODES", "LiveCollector", "MetricsSnapshot"]
+
+#: The ``mode`` label values of ``amqp_proxy_ledger_mode`` (one sample each, 1 for the mode
+#: in force).
+LEDGER_MODES: tuple[str, ...] = ("redis", "local-share", "closed", "open", "in-process")
 
 #: The ``direction`` label values: bytes/transfers received from the client, and sent to it.
 DIRECTIONS: tuple[str, str] = ("client_to_broker", "broker_to_client")
@@ -60,6 +64,11 @@ class MetricsSnapshot:
     """Credit shaping per ``(vhost, group)`` since start: seconds users were throttled
     (summed over users), messages and payload bytes sent on shaped links (never decreasing;
     ``limits.rates.RateLimits.totals``)."""
+    ledger_mode: str = "in-process"
+    """The connection ledger's mode: ``redis``, ``local-share``, ``closed``, ``open`` (the
+    fleet ledger, docs/fleet.md) or ``in-process`` (no ``[ledger]``)."""
+    ledger_proxies: int | None = None
+    """Live proxies last seen in the fleet ledger; None without one (no sample)."""
 
 
 class LiveCollector:
@@ -183,3 +192,20 @@ class LiveCollector:
         yield throttled
         yield messages
         yield nbytes
+        mode = GaugeMetricFamily(
+            "amqp_proxy_ledger_mode",
+            "1 for the connection ledger's mode in force: redis (the fleet's store decides), "
+            "local-share, closed or open (its failure mode), in-process (no [ledger]).",
+            labels=("mode",),
+        )
+        for name in LEDGER_MODES:
+            mode.add_metric((name,), 1 if name == snap.ledger_mode else 0)
+        yield mode
+
+        proxies = GaugeMetricFamily(
+            "amqp_proxy_ledger_proxies",
+            "Live proxies last seen in the fleet ledger (the local-share divisor).",
+        )
+        if snap.ledger_proxies is not None:
+            proxies.add_metric((), snap.ledger_proxies)
+        yield proxies

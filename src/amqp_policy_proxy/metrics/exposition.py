@@ -1,20 +1,31 @@
 """Shell-side. Serves a registry over HTTP for Prometheus (the config's ``[metrics] address``).
 
-A thin wrapper over prometheus_client's ``start_http_server`` (a WSGI server on a daemon
-thread, returning ``(httpd, thread)``) that adds what the daemon needs: the actual port when
-asked for port 0, and an idempotent :meth:`MetricsServer.stop` for shutdown and tests.
+prometheus_client's WSGI app (``make_wsgi_app``) on its threading WSGI server, on a daemon
+thread, as its ``start_http_server`` does, plus what the daemon needs: the actual port when
+asked for port 0, an idempotent :meth:`MetricsServer.stop` for shutdown and tests, and the
+health probes.
 The server answers ``GET /metrics`` (prometheus_client serves the registry on any path, in the
-text format, or OpenMetrics when the scraper asks for it).
+text format, or OpenMetrics when the scraper asks for it), and, when the daemon gives probes,
+``GET /healthz`` and ``GET /readyz`` for load balancers (docs/fleet.md): each probe returns
+``(ok, text)``; the answer is ``200`` or ``503`` with the text as a plain body.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+Probe = Callable[[], tuple[bool, str]]
+"""A health probe: ``(ok, text)``; called on the HTTP server's thread for every request, so
+it reads only what the event loop published."""
 
 __all__ = ["MetricsServer", "start_metrics_server"]
 
@@ -80,11 +91,45 @@ class MetricsServer:
         self.stop()
 
 
-def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape or probe."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        """Log nothing."""
+
+
+def probing_app(metrics_app: Callable[..., Iterable[bytes]],
+                probes: Mapping[str, Probe]) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app: ``GET`` on a path of ``probes`` answers 200 or 503 with the probe's text;
+    any other request goes to ``metrics_app``."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        probe = probes.get(environ.get("PATH_INFO", ""))
+        if probe is None or environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            return metrics_app(environ, start_response)
+        try:
+            ok, text = probe()
+        except Exception as exc:  # noqa: BLE001 - a probe that fails says "not ok"
+            ok, text = False, f"probe failed: {exc}"
+        body = (text.rstrip("\n") + "\n").encode()
+        start_response("200 OK" if ok else "503 Service Unavailable",
+                       [("Content-Type", "text/plain; charset=utf-8"),
+                        ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
+        return [body]
+
+    return app
+
+
+def start_metrics_server(registry: CollectorRegistry, host: str, port: int, *,
+                         probes: Mapping[str, Probe] | None = None,
+                         app: Callable[..., Iterable[bytes]] | None = None) -> MetricsServer:
     """Serve ``registry`` on ``http://host:port/metrics`` from a background thread.
 
     Args:
         registry: the daemon's registry (never the global one).
+        probes: extra paths (``/healthz``, ``/readyz``) answered by a probe.
+        app: a WSGI app that serves the metrics instead of ``registry``'s (the workers'
+            parent serves its workers' merged metrics).
         host: the address to bind, exactly (e.g. ``127.0.0.1``, ``::1``, or ``0.0.0.0`` when
             the operator asks for it). An empty host is refused: it would bind everywhere.
         port: TCP port; 0 lets the kernel choose (read it back from ``.port``).
@@ -100,7 +145,16 @@ def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> M
         raise ValueError("metrics host must be an explicit address, not empty")
     if not 0 <= port <= 65535:
         raise ValueError(f"metrics port out of range: {port}")
-    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    metrics_app = app if app is not None else make_wsgi_app(registry)
+    wsgi = probing_app(metrics_app, probes or {})
+
+    class Server(ThreadingWSGIServer):
+        """ThreadingWSGIServer with the address family of ``host``."""
+
+    Server.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    httpd = make_server(host, port, wsgi, Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
     thread.name = f"metrics-http-{host}:{httpd.server_port}"
     server = MetricsServer(httpd, thread, host)
     logger.info("serving metrics on %s", server.url)

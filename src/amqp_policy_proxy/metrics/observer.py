@@ -73,8 +73,20 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_throttled_seconds_total",
         "amqp_proxy_shaped_messages_total",
         "amqp_proxy_shaped_bytes_total",
+        "amqp_proxy_ledger_mode",
+        "amqp_proxy_ledger_proxies",
+        "amqp_proxy_ledger_errors_total",
+        "amqp_proxy_ledger_latency_seconds",
     }
 )
+
+#: Fleet ledger answer latency buckets, seconds: 50 µs .. 100 ms (one Lua call on a LAN is
+#: 0.1-1 ms; above ``timeout_ms``, 20 ms by default, the failure mode answers instead).
+LEDGER_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1,
+)
+#: The ``reason`` label values of ``amqp_proxy_ledger_errors_total``.
+LEDGER_ERROR_REASONS: tuple[str, ...] = ("timeout", "unreachable", "restarted", "error")
 
 #: Open decision latency buckets, seconds: 10 µs .. 100 ms. A decision is a few dict lookups
 #: plus a remoteHosts match, so the interesting range is microseconds to a few milliseconds;
@@ -232,6 +244,19 @@ class MetricsObserver:
             "amqp_proxy_tls_reload_failures_total",
             "Reloads whose TLS certificate, key or CA files did not load (the old ones stay).",
         )
+        self.ledger_errors = counter(
+            "amqp_proxy_ledger_errors_total",
+            "Fleet ledger store failures: timeout (slower than timeout_ms), unreachable, "
+            "restarted (lost its scripts), error.",
+            ("reason",),
+        )
+        self.ledger_latency = Histogram(
+            "amqp_proxy_ledger_latency_seconds",
+            "Time from an Open's admission request to the fleet ledger store's answer, "
+            "seconds.",
+            buckets=LEDGER_LATENCY_BUCKETS,
+            registry=None,
+        )
         self.open_decision = Histogram(
             "amqp_proxy_open_decision_seconds",
             "Time to decide on a client's Open (vhost, group, remoteHosts, limits), seconds.",
@@ -261,6 +286,8 @@ class MetricsObserver:
                     self.event_log_errors_total,
                     self.internal_errors_total,
                     self.tls_reload_failures_total,
+                    self.ledger_errors,
+                    self.ledger_latency,
                     self.open_decision,
                     self.connection_duration,
                 )
@@ -272,6 +299,8 @@ class MetricsObserver:
             self.policy_reloads.labels(result)
         for reason in _VHOSTLESS_DENY_REASONS:
             self.connections_denied.labels("", reason.value)
+        for reason in LEDGER_ERROR_REASONS:
+            self.ledger_errors.labels(reason)
 
         # Labelled children of the per-connection metrics, by the event's raw label values:
         # ``.labels()`` builds and validates the label tuple under a lock on every call.
@@ -366,6 +395,15 @@ class MetricsObserver:
     def internal_error(self) -> None:
         """Count a bug contained to one connection (``amqp_proxy_internal_errors_total``)."""
         self.internal_errors_total.inc()
+
+    def ledger_error(self, reason: str) -> None:
+        """Count one fleet ledger store failure (``reason``: one of
+        :data:`LEDGER_ERROR_REASONS`)."""
+        self.ledger_errors.labels(reason).inc()
+
+    def ledger_latency_observed(self, seconds: float) -> None:
+        """Record one admission answered by the fleet ledger's store (seconds)."""
+        self.ledger_latency.observe(seconds)
 
     def tls_reload_failed(self) -> None:
         """Count a reload whose TLS files did not load

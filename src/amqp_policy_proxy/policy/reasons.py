@@ -49,6 +49,10 @@ class ConnectionDenyReason(StrEnum):
     """Denied at the Open: over ``maxConnectionRatePerUser`` (group, else vhost; extension)."""
     HOST_RATE = "host_rate"
     """Denied at the Open: over ``maxConnectionRatePerHost`` (group, else vhost; extension)."""
+    LEDGER_UNAVAILABLE = "ledger_unavailable"
+    """The shared connection ledger (``[ledger]``, docs/fleet.md) is unreachable or slower than
+    its ``timeout_ms`` and its ``failure_mode`` is ``closed``: denied with QDR's
+    ``amqp:resource-limit-exceeded`` / ``connection disallowed by local policy``."""
 
 
 class SessionDenyReason(StrEnum):

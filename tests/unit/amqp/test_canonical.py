@@ -103,10 +103,10 @@ def test_what_proton_encodes_is_canonical_and_mutations_never_read_two_ways(valu
         return
     try:
         _, consumed = decode_value(buf[:end])
-    except DecodeError as exc:
-        # canonical, but proton's Python decoder cannot build it (a map keyed by a binary:
-        # it hands out an unhashable memoryview): refused, so not read two ways either
-        assert "memoryview" in str(exc)
+    except DecodeError:
+        # well-formed, but proton's Python decoder cannot build it (a map keyed by a binary:
+        # an unhashable memoryview; a char beyond U+10FFFF; an array count too large for a C
+        # int): refused, so not read two ways either
         return
     assert consumed == end
 

@@ -462,3 +462,52 @@ def test_any_toml_shaped_input_is_valid_or_a_config_error(raw: dict) -> None:
     except ConfigError as exc:
         assert exc.issues
         assert all(issue.startswith("f.toml: ") and "\n" not in issue for issue in exc.issues)
+
+
+MINIMAL = ('[[listener]]\naddress = "127.0.0.1:0"\n[[upstream]]\naddress = "127.0.0.1:1"\n'
+           '[policy]\npath = "p.json"\n')
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('[daemon]\nworkers = 2\n',
+     "daemon.workers = 2 needs a [ledger] (url = \"redis://...\") or ledger = \"auto\""),
+    ('[ledger]\nurl = "http://x"\n', "ledger.url: expected redis://HOST:PORT/DB"),
+    ('[ledger]\nurl = "unix://relative.sock"\n', "ledger.url: unix:// needs an absolute"),
+    ('[ledger]\nurl = "redis://r:6379/0"\nfailure_mode = "fail-open"\n',
+     "ledger.failure_mode: must be 'local-share', 'closed' or 'open'"),
+    ('[ledger]\nurl = "redis://r:6379/0"\nlease_seconds = 0\n',
+     "ledger.lease_seconds: must be > 0"),
+])
+def test_ledger_and_workers_are_checked(confdir: Path, text: str, expected: str) -> None:
+    (confdir / "p.json").write_text("[]")
+    path = confdir / "c.toml"
+    path.write_text(MINIMAL + text)
+    with pytest.raises(ConfigError) as err:
+        load_daemon_config(path, check_files=False)
+    assert any(expected in issue for issue in err.value.issues), err.value.issues
+
+
+def test_ledger_auto_shorthand_and_workers(confdir: Path) -> None:
+    path = confdir / "c.toml"
+    path.write_text('ledger = "auto"\n' + MINIMAL + '[daemon]\nworkers = 3\n')
+    config = load_daemon_config(path, check_files=False)
+    assert config.workers == 3
+    assert config.ledger is not None and config.ledger.url == "auto"
+    assert (config.ledger.lease_seconds, config.ledger.timeout_ms,
+            config.ledger.failure_mode, config.ledger.proxy_id) == (10.0, 20.0, "local-share", "")
+    # flags lay over the shorthand
+    config = config_from_sources(path, overrides={
+        "ledger.proxy_id": ("--proxy-id", "edge-1"),
+        "ledger.failure_mode": ("--ledger-failure-mode", "closed")}, check_files=False)
+    assert config.ledger is not None
+    assert (config.ledger.url, config.ledger.proxy_id, config.ledger.failure_mode) == (
+        "auto", "edge-1", "closed")
+
+
+def test_check_refuses_workers_without_a_ledger(confdir: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (confdir / "p.json").write_text(json.dumps([["vhost", {"hostname": "$default"}]]))
+    path = confdir / "c.toml"
+    path.write_text(MINIMAL + "[daemon]\nworkers = 2\n")
+    assert main(["check", "--config", str(path)]) == EXIT_CONFIG
+    assert "needs a [ledger]" in capsys.readouterr().out

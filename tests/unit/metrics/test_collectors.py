@@ -118,8 +118,13 @@ def test_empty_snapshot_yields_empty_families():
         "amqp_proxy_throttled_seconds",
         "amqp_proxy_shaped_messages",
         "amqp_proxy_shaped_bytes",
+        "amqp_proxy_ledger_mode",
+        "amqp_proxy_ledger_proxies",
     ]
-    assert all(not f.samples for f in families)
+    assert all(not f.samples for f in families if f.name != "amqp_proxy_ledger_mode")
+    # the ledger's mode is always exported: in-process without [ledger]
+    assert {s.labels["mode"]: s.value for s in families[-2].samples} == {
+        "redis": 0, "local-share": 0, "closed": 0, "open": 0, "in-process": 1}
 
 
 def test_shaping_counters_per_vhost_and_group():

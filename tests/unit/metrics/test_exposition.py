@@ -157,3 +157,24 @@ def test_port_in_use_raises_oserror():
     with start_metrics_server(build_registry(process_metrics=False), "127.0.0.1", 0) as srv:
         with pytest.raises(OSError):
             start_metrics_server(build_registry(process_metrics=False), "127.0.0.1", srv.port)
+
+
+def test_probes_answer_200_or_503_with_their_text_beside_metrics() -> None:
+    state = {"ready": (False, "draining")}
+    server = start_metrics_server(build_registry(process_metrics=False), "127.0.0.1", 0,
+                                  probes={"/healthz": lambda: (True, "ok"),
+                                          "/readyz": lambda: state["ready"]})
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        with urllib.request.urlopen(base + "/healthz", timeout=5) as resp:
+            assert (resp.status, resp.read()) == (200, b"ok\n")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + "/readyz", timeout=5)
+        assert err.value.code == 503 and err.value.read() == b"draining\n"
+        state["ready"] = (True, "ready: ledger redis")
+        with urllib.request.urlopen(base + "/readyz", timeout=5) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+            assert resp.status == 200
+    finally:
+        server.stop()

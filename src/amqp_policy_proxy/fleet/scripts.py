@@ -1,0 +1,163 @@
+"""Layer 5 (no I/O itself). The fleet ledger's keys in Redis and its three Lua scripts.
+
+Keys (``P`` = :data:`PREFIX`, ``{V}`` = the vhost's name as a Redis Cluster hash tag, so every
+key of one vhost is in one slot and one script may touch them all):
+
+============================  ===========================================================
+``P:{V}:vhost``               hash: proxy id -> that proxy's admitted connections to V
+``P:{V}:user:<user>``         hash: proxy id -> connections of <user> to V
+``P:{V}:host:<ip>``           hash: proxy id -> connections to V from <ip>
+``P:{V}:leases``              sorted set: proxy id -> lease expiry (ms, the store's clock)
+``P:{V}:owned:<id>``          set: the hashes of V where proxy <id> has a field
+``P:{proxies}:alive``         sorted set: proxy id -> lease expiry (counts live proxies)
+``P:{proxies}:vhosts:<id>``   set: the vhosts where proxy <id> may have fields
+============================  ===========================================================
+
+Every proxy writes only its own fields; the count of a scope is the sum of the fields of
+proxies whose lease has not expired. Times come from the store's ``TIME``, one clock for the
+whole fleet. The fleet-wide ``maxConnections`` (QDR's socket limit at accept) is not here: it
+stays per process (docs/decisions/0006).
+"""
+
+from __future__ import annotations
+
+PREFIX = "amqp-policy-proxy"
+"""The first part of every key."""
+
+#: Scope numbers the admission script returns for a denial (0: admitted), in QDR's order.
+SCOPE_VHOST, SCOPE_USER, SCOPE_HOST = 1, 2, 3
+
+
+def vhost_tag(vhost: str) -> str:
+    """``P:{V}``: the prefix of every key of ``vhost`` (its Cluster hash tag)."""
+    return f"{PREFIX}:{{{vhost}}}"
+
+
+def scope_keys(vhost: str, user: str, host: str) -> tuple[str, str, str]:
+    """The three hashes an Open to ``vhost`` by ``user`` from ``host`` is counted in."""
+    tag = vhost_tag(vhost)
+    return f"{tag}:vhost", f"{tag}:user:{user}", f"{tag}:host:{host}"
+
+
+def leases_key(vhost: str) -> str:
+    """The lease set of ``vhost``'s slot."""
+    return f"{vhost_tag(vhost)}:leases"
+
+
+def owned_key(vhost: str, proxy_id: str) -> str:
+    """The set of ``vhost``'s hashes where ``proxy_id`` has a field."""
+    return f"{vhost_tag(vhost)}:owned:{proxy_id}"
+
+
+ALIVE_KEY = f"{PREFIX}:{{proxies}}:alive"
+"""Every proxy's lease, to count the live ones (the ``local-share`` divisor)."""
+
+
+def vhosts_key(proxy_id: str) -> str:
+    """The vhosts where ``proxy_id`` may have fields (cleared when it starts again)."""
+    return f"{PREFIX}:{{proxies}}:vhosts:{proxy_id}"
+
+
+_NOW = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+ADMIT = _NOW + """
+-- KEYS: leases, owned, vhost hash, user hash, host hash
+-- ARGV: proxy id, lease ms, vhost limit, user limit, host limit, enforce (1, or 0: shadow
+-- mode, counted even over a limit)
+local me = ARGV[1]
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), me)
+local function live(key)
+  local fields = redis.call('HGETALL', key)
+  local sum = 0
+  for i = 1, #fields, 2 do
+    local who = fields[i]
+    local expiry = redis.call('ZSCORE', KEYS[1], who)
+    if expiry and tonumber(expiry) >= now then
+      sum = sum + tonumber(fields[i + 1])
+    else
+      -- a proxy whose lease ran out: its counts stop counting, and are removed
+      redis.call('HDEL', key, who)
+      if expiry then redis.call('ZREM', KEYS[1], who) end
+    end
+  end
+  return sum
+end
+-- QDR's order: the vhost's maxConnections, then per user, then per host
+local over = 0
+for i = 3, 5 do
+  if live(KEYS[i]) >= tonumber(ARGV[i]) then
+    if ARGV[6] ~= '0' then return i - 2 end
+    over = i - 2
+    break
+  end
+end
+for i = 3, 5 do
+  redis.call('HINCRBY', KEYS[i], me, 1)
+  redis.call('SADD', KEYS[2], KEYS[i])
+end
+return -over
+"""
+"""One admission: sum the live proxies' fields of the three scopes (dropping dead ones),
+check the limits in QDR's order, and count the connection in all three only if all pass.
+Returns 0 (admitted) or the failed scope (:data:`SCOPE_VHOST`, :data:`SCOPE_USER`,
+:data:`SCOPE_HOST`); in shadow mode (enforce 0) the connection is counted anyway and the
+failed scope comes back negated."""
+
+RELEASE = """
+-- KEYS: vhost hash, user hash, host hash; ARGV: proxy id
+for i = 1, 3 do
+  if redis.call('HINCRBY', KEYS[i], ARGV[1], -1) <= 0 then
+    redis.call('HDEL', KEYS[i], ARGV[1])
+  end
+end
+return 0
+"""
+"""Uncount one connection from this proxy's fields (a field at zero is removed)."""
+
+REWRITE = _NOW + """
+-- KEYS: leases, owned, then the hashes where this proxy has connections
+-- ARGV: proxy id, lease ms (0: leave, removing the lease), then one count per hash
+local me = ARGV[1]
+local lease = tonumber(ARGV[2])
+if lease > 0 then
+  redis.call('ZADD', KEYS[1], now + lease, me)
+else
+  redis.call('ZREM', KEYS[1], me)
+end
+local keep = {}
+for i = 3, #KEYS do
+  keep[KEYS[i]] = true
+  redis.call('HSET', KEYS[i], me, ARGV[i])
+  redis.call('SADD', KEYS[2], KEYS[i])
+end
+-- hashes this proxy no longer has connections in: its field goes (the same slot: the
+-- owned set names only keys of this vhost)
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if not keep[key] then
+    redis.call('HDEL', key, me)
+    redis.call('SREM', KEYS[2], key)
+  end
+end
+return #KEYS - 2
+"""
+"""Rewrite this proxy's fields of one vhost to its own counts, idempotently: the lease is
+renewed, every hash it has connections in is set to its count, and its field is removed from
+every other hash it once wrote. This heals lost releases, writes lost in a failover, and the
+fields of a previous run under the same proxy id."""
+
+ALIVE = _NOW + """
+-- KEYS: the alive set; ARGV: proxy id, lease ms (0: leave)
+local lease = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+if lease > 0 then
+  redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+else
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return redis.call('ZCARD', KEYS[1])
+"""
+"""Renew this proxy's lease in the alive set, drop expired ones; returns the live proxies."""

@@ -1,0 +1,208 @@
+"""``--workers 2`` as systemd runs it: a private redis-server
+(``--ledger auto``), one ``READY=1`` once both workers listen, limits shared by the workers,
+their metrics merged on the one ``--metrics`` address, one event-log file per worker, one
+``RELOADING=1``/``READY=1`` per SIGHUP, a killed worker started again and its counts freed,
+``WATCHDOG=1`` only while every worker pings, and a drain of both on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.fleet import CLI, close_all, connect_many, wait_for
+from tests.support.redis import RedisServer
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not RedisServer.available(), reason="redis-server missing")]
+
+POLICY = [["vhost", {
+    "hostname": "fleet", "allowUnknownUser": False, "maxConnectionsPerUser": 2,
+    "groups": {"all": {"users": "alice, bob", "remoteHosts": "*", "sources": "*",
+                       "targets": "*"}}}]]
+
+
+class Notify:
+    """The service manager's end of NOTIFY_SOCKET."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.messages: list[dict[str, str]] = []
+
+    def read(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                return
+            self.messages.append(dict(line.split("=", 1) for line in data.decode().split("\n")
+                                      if "=" in line))
+
+    def wait_for(self, key: str, value: str = "1", timeout: float = 30.0,
+                 after: int = 0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i, msg in enumerate(self.messages[after:], after):
+                if msg.get(key) == value:
+                    return i
+            self.read(0.2)
+        raise AssertionError(f"no {key}={value}; got {self.messages}")
+
+    def states(self) -> list[str]:
+        return [k for m in self.messages for k in ("READY", "RELOADING", "STOPPING")
+                if m.get(k) == "1"]
+
+
+def scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            head, _, v = line.rpartition(" ")
+            if all(f'{k}="{x}"' in head for k, x in labels.items()):
+                total += float(v)
+    return total
+
+
+def test_two_workers_under_a_service_manager(broker_address) -> None:
+    work = Path(tempfile.mkdtemp(prefix="wk", dir="/tmp"))  # short: socket paths
+    try:
+        (work / "policy.json").write_text(json.dumps(POLICY))
+        port, metrics = _free(), _free()
+        (work / "config.toml").write_text(
+            f'[[listener]]\naddress = "127.0.0.1:{port}"\n'
+            f'[[upstream]]\naddress = "{broker_address[0]}:{broker_address[1]}"\n'
+            f'[policy]\npath = "{work / "policy.json"}"\n'
+            f'[metrics]\naddress = "127.0.0.1:{metrics}"\n'
+            f'[event_log]\ndirectory = "{work / "events"}"\n'
+            f'[daemon]\nruntime_directory = "{work / "run"}"\n'
+            '[timeouts]\nshutdown_grace_seconds = 2\n'
+            # ledger = "auto" with a generous timeout: on a loaded CI machine a worker's first
+            # admissions may wait longer than 20 ms for its loop, which is the failure mode's
+            # business (tested in test_fleet_e2e), not this test's
+            '[ledger]\nurl = "auto"\ntimeout_ms = 2000\n')
+        notify = Notify(str(work / "notify.sock"))
+        env = dict(os.environ, NOTIFY_SOCKET=str(work / "notify.sock"), WATCHDOG_USEC="400000")
+        env.pop("WATCHDOG_PID", None)
+        proc = subprocess.Popen([str(CLI), "run", "--config", str(work / "config.toml"),
+                                 "--workers", "2"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            notify.wait_for("READY")
+            assert notify.states() == ["READY"]  # once, for both workers
+            assert os.path.exists(work / "run" / "ledger-redis.sock")
+            notify.wait_for("WATCHDOG", after=len(notify.messages))
+            # limits are shared: 2 per user over both workers (the kernel spreads the 12)
+            admitted, denied = connect_many([(port, "alice", "fleet")] * 12)
+            try:
+                assert len(admitted) == 2 and len(denied) == 10
+                # (each worker publishes its gauges once a second)
+                assert wait_for(lambda: value(scrape(metrics), "amqp_proxy_connections_active",
+                                              vhost="fleet") == 2)
+                text = scrape(metrics)
+                assert value(text, "amqp_proxy_connections_denied_total",
+                             reason="user_limit") == 10
+                assert value(text, "amqp_proxy_ledger_mode", mode="redis") == 2  # per worker
+                assert re.search(r'process_open_fds\{worker="1"\}', text)
+                assert value(text, "amqp_proxy_limit", group="",
+                             limit="maxConnectionsPerUser") == 2  # max, not the sum
+                # one RELOADING=1 / READY=1 for the reload of both
+                mark = len(notify.messages)
+                proc.send_signal(signal.SIGHUP)
+                notify.wait_for("READY", after=notify.wait_for("RELOADING", after=mark))
+                notify.read(0.5)
+                assert [k for m in notify.messages[mark:] for k in ("READY", "RELOADING")
+                        if m.get(k) == "1"] == ["RELOADING", "READY"]
+            finally:
+                close_all(admitted)
+            # one event-log file per worker, in the same hour partition
+            files = sorted((work / "events").rglob("events-*.jsonl"))
+            assert wait_for(lambda: len({f.name for f in (work / "events").rglob(
+                "events-*.jsonl")}) == 2, timeout=5), files
+            # a killed worker is started again; the watchdog pauses meanwhile
+            pids = _children(proc.pid)
+            os.kill(pids[0], signal.SIGKILL)
+            assert wait_for(lambda: len(_children(proc.pid)) == 2
+                            and pids[0] not in _children(proc.pid), timeout=15)
+            assert wait_for(lambda: value(scrape(metrics), "amqp_proxy_ledger_mode",
+                                          mode="redis") == 2, timeout=15)
+            # SIGTERM: both drain, the private redis-server goes, exit 0
+            mark = len(notify.messages)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(20) == 0
+            notify.read(0.2)
+            assert "STOPPING" in [k for m in notify.messages[mark:] for k in ("STOPPING",)
+                                  if m.get(k) == "1"]
+            assert not os.path.exists(work / "run" / "ledger-redis.sock")
+        finally:
+            if proc.poll() is None:
+                proc.kill()  # its workers get SIGTERM (PR_SET_PDEATHSIG) and drain
+                proc.wait()
+            err = proc.stderr.read() if proc.stderr else ""
+            notify.sock.close()
+        assert "worker 0" in err and "exited with signal SIGKILL" in err, err
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_check_refuses_workers_without_a_ledger(tmp_path: Path) -> None:
+    (tmp_path / "policy.json").write_text(json.dumps(POLICY))
+    (tmp_path / "c.toml").write_text(
+        '[[listener]]\naddress = "127.0.0.1:0"\n[[upstream]]\naddress = "127.0.0.1:1"\n'
+        f'[policy]\npath = "{tmp_path / "policy.json"}"\n[daemon]\nworkers = 2\n')
+    out = subprocess.run([str(CLI), "check", "--config", str(tmp_path / "c.toml")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "daemon.workers = 2 needs a [ledger]" in out.stdout
+
+
+def _free() -> int:
+    from tests.support.ports import free_port
+
+    return free_port()
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` running the proxy (the workers)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z" and b"amqp_policy_proxy" in cmd:
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def test_workers_that_refuse_the_policy_stop_the_parent_with_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "policy.json").write_text('[["vhost", {"hostname": "x", "maxConections": 1}]]')
+    out = subprocess.run(
+        [str(CLI), "run", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1",
+         "--policy", str(tmp_path / "policy.json"), "--workers", "2", "--ledger", "auto"],
+        capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"})
+    assert out.returncode == 2, out.stderr
+    assert "refused the configuration" in out.stderr

@@ -1,0 +1,210 @@
+"""The fleet ledger against a real redis-server: pending answers, exact shared limits, the
+failure modes, reconciliation after the store comes back, and a clean exit."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from amqp_policy_proxy.core.admission import LEDGER_PENDING
+from amqp_policy_proxy.fleet import scripts
+from amqp_policy_proxy.fleet.ledger import FleetLedger, LedgerSettings
+from amqp_policy_proxy.limits.connections import ConnectionLedger
+from amqp_policy_proxy.policy.compile import compile_policy
+from amqp_policy_proxy.policy.model import PolicySettings
+
+POLICY = compile_policy([(None, [["vhost", {
+    "hostname": "shop", "maxConnections": 5, "maxConnectionsPerUser": 2,
+    "maxConnectionsPerHost": 4, "allowUnknownUser": True,
+    "groups": {"$default": {"users": "*", "remoteHosts": "*"}},
+}]])], PolicySettings())
+VHOST = POLICY.vhosts["shop"]
+GROUP = VHOST.groups["$default"]
+
+
+class Proxy:
+    """One fleet ledger and the answers it delivered."""
+
+    def __init__(self, url: str, proxy_id: str, **kw: Any) -> None:
+        self.answers: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self.local = ConnectionLedger(100)
+        settings = LedgerSettings(url=url, proxy_id=proxy_id, **kw)
+        self.ledger = FleetLedger(self.local, settings, on_answer=self.answers.__setitem__,
+                                  observer=self)
+        self.n = 0
+
+    def ledger_latency(self, seconds: float) -> None:
+        pass
+
+    def ledger_error(self, reason: str) -> None:
+        self.errors.append(reason)
+
+    async def admit(self, user: str = "u", host: str = "h", enforce: bool = True) -> Any:
+        self.n += 1
+        conn_id = f"{self.ledger.settings.proxy_id}-{self.n}"
+        got = self.ledger.try_admit(conn_id, vhost=VHOST, group=GROUP, user=user,
+                                    remote_host=host, enforce=enforce)
+        if got is LEDGER_PENDING:
+            for _ in range(200):
+                if conn_id in self.answers:
+                    break
+                await asyncio.sleep(0.005)
+            got = self.answers[conn_id]
+        return conn_id, got
+
+
+def user_fields(store, user: str = "u") -> dict[str, int]:
+    key = scripts.scope_keys("shop", user, "h")[1]
+    return {k.decode(): int(v) for k, v in store.hgetall(key).items()}
+
+
+async def test_two_proxies_share_the_per_user_limit_exactly(redis_server, store) -> None:
+    p1, p2 = Proxy(redis_server.url, "p1"), Proxy(redis_server.url, "p2")
+    assert await p1.ledger.start() and await p2.ledger.start()
+    try:
+        assert p1.ledger.mode == "redis"
+        results = await asyncio.gather(*(p.admit() for p in (p1, p2, p1, p2, p1, p2)))
+        admitted = [cid for cid, reason in results if reason is None]
+        assert len(admitted) == 2
+        assert {str(r) for _, r in results if r is not None} == {"user_limit"}
+        assert sum(user_fields(store).values()) == 2
+        for cid in admitted:
+            owner = p1 if cid.startswith("p1") else p2
+            assert owner.ledger.release(cid)
+        await asyncio.sleep(0.05)
+        assert user_fields(store) == {}
+        assert p1.local.active() == p2.local.active() == 0
+    finally:
+        await p1.ledger.stop()
+        await p2.ledger.stop()
+
+
+async def test_a_pending_connection_that_leaves_is_uncounted(redis_server, store) -> None:
+    p1 = Proxy(redis_server.url, "p1")
+    await p1.ledger.start()
+    try:
+        assert p1.ledger.try_admit("gone", vhost=VHOST, group=GROUP, user="u",
+                                   remote_host="h") is LEDGER_PENDING
+        assert p1.ledger.release("gone")
+        await asyncio.sleep(0.05)
+        assert "gone" not in p1.answers
+        assert user_fields(store) == {}
+    finally:
+        await p1.ledger.stop()
+
+
+async def test_store_down_local_share_then_reconciled(redis_server, store) -> None:
+    p1 = Proxy(redis_server.url, "p1", lease_seconds=0.6, timeout_ms=50)
+    p2 = Proxy(redis_server.url, "p2", lease_seconds=0.6, timeout_ms=50)
+    await p1.ledger.start()
+    await p2.ledger.start()
+    try:
+        await asyncio.sleep(0.3)  # p1's next lease renewal sees p2
+        assert p1.ledger.proxies_alive == 2
+        _, r = await p1.admit()
+        assert r is None
+        redis_server.stop()
+        # the next admission finds the store gone: local-share, 2 per user over 2 proxies
+        _, r = await p1.admit()
+        assert p1.ledger.mode == "local-share"
+        assert r is not None and str(r) == "user_limit"  # ceil(2 / 2) = 1 held already
+        assert set(p1.errors) & {"unreachable", "timeout"}
+        redis_server.start()  # empty: every count was lost
+        for _ in range(100):
+            if p1.ledger.mode == "redis" and p2.ledger.mode == "redis":
+                break
+            await asyncio.sleep(0.05)
+        assert p1.ledger.mode == "redis"
+        assert user_fields(store) == {"p1": 1}  # re-registered before leaving the fallback
+        _, r = await p2.admit()
+        assert r is None
+        _, r = await p2.admit()
+        assert str(r) == "user_limit"
+    finally:
+        await p1.ledger.stop()
+        await p2.ledger.stop()
+
+
+async def test_shadow_mode_counts_over_the_limit_and_answers_the_would_be_denial(
+        redis_server, store) -> None:
+    """Shadow mode (``enforce=False``): the store counts the connection anyway and answers
+    the limit it is over, so later connections see the true counts; in the fallback too."""
+    p1 = Proxy(redis_server.url, "p1", timeout_ms=50, failure_mode="closed")
+    await p1.ledger.start()
+    try:
+        results = [await p1.admit(enforce=False) for _ in range(3)]
+        assert [None if r is None else str(r) for _, r in results] == [
+            None, None, "user_limit"]
+        assert user_fields(store) == {"p1": 3}
+        assert p1.local.user_active("shop", "u") == 3
+        _, r = await p1.admit()  # enforced: over the limit, not counted
+        assert str(r) == "user_limit" and user_fields(store) == {"p1": 3}
+        redis_server.pause()
+        try:
+            _, r = await p1.admit(enforce=False)  # the fallback: closed, yet counted
+            assert p1.ledger.mode == "closed"
+            assert str(r) == "ledger_unavailable"
+            assert p1.local.user_active("shop", "u") == 4
+        finally:
+            redis_server.resume()
+    finally:
+        await p1.ledger.stop()
+
+
+@pytest.mark.parametrize("mode, second", [("closed", "ledger_unavailable"), ("open", None)])
+async def test_failure_modes(redis_server, store, mode: str, second: Any) -> None:
+    p1 = Proxy(redis_server.url, "p1", failure_mode=mode, timeout_ms=50)
+    p2 = Proxy(redis_server.url, "p2")
+    await p1.ledger.start()
+    await p2.ledger.start()
+    try:
+        await p2.admit()
+        redis_server.pause()  # slow, not gone: the timeout decides
+        try:
+            _, first = await p1.admit()
+            assert p1.ledger.mode == mode
+            assert "timeout" in p1.errors
+            _, r = await p1.admit()
+            assert (None if r is None else str(r)) == second
+        finally:
+            redis_server.resume()
+    finally:
+        await p1.ledger.stop()
+        await p2.ledger.stop()
+
+
+async def test_a_lost_release_is_healed_by_the_lease_rewrite(redis_server, store) -> None:
+    p1 = Proxy(redis_server.url, "p1", lease_seconds=0.3)
+    await p1.ledger.start()
+    try:
+        cid, _ = await p1.admit()
+        p1.local.release(cid)  # released locally, never sent
+        assert user_fields(store) == {"p1": 1}
+        await asyncio.sleep(0.25)
+        assert user_fields(store) == {}
+    finally:
+        await p1.ledger.stop()
+
+
+async def test_exit_removes_own_fields_and_a_restart_clears_a_crashed_runs(redis_server,
+                                                                           store) -> None:
+    p1 = Proxy(redis_server.url, "p1")
+    await p1.ledger.start()
+    await p1.admit()
+    await p1.ledger.stop()
+    assert user_fields(store) == {}
+    assert not store.exists(scripts.vhosts_key("p1"))
+    crashed = Proxy(redis_server.url, "p1")
+    await crashed.ledger.start()
+    await crashed.admit()
+    crashed.ledger._refresh_task.cancel()  # noqa: SLF001 - as if killed: nothing cleaned
+    crashed.ledger._task.cancel()  # noqa: SLF001
+    again = Proxy(redis_server.url, "p1")
+    await again.ledger.start()
+    try:
+        assert user_fields(store) == {}
+    finally:
+        await again.ledger.stop()

@@ -1,0 +1,99 @@
+"""The Lua scripts' logic against a real redis-server: admission sums live proxies only,
+checks the scopes in QDR's order and counts all or nothing; release and rewrite keep each
+proxy to its own fields."""
+
+from __future__ import annotations
+
+import time
+
+from amqp_policy_proxy.fleet import scripts
+
+V = "shop"
+LEASE = 10_000
+
+
+def admit(store, me: str, user: str = "u", host: str = "h", limits=(100, 2, 100),
+          lease: int = LEASE) -> int:
+    keys = (scripts.leases_key(V), scripts.owned_key(V, me), *scripts.scope_keys(V, user, host))
+    return int(store.eval(scripts.ADMIT, len(keys), *keys, me, lease, *limits))
+
+
+def fields(store, key: str) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in store.hgetall(key).items()}
+
+
+def test_admission_counts_every_scope_until_a_limit_and_names_it(store) -> None:
+    vhost, user, host = scripts.scope_keys(V, "u", "h")
+    assert admit(store, "p1") == 0
+    assert admit(store, "p2") == 0
+    assert admit(store, "p1") == scripts.SCOPE_USER  # maxConnectionsPerUser 2, fleet-wide
+    assert fields(store, user) == {"p1": 1, "p2": 1}
+    assert fields(store, vhost) == {"p1": 1, "p2": 1}
+    assert fields(store, host) == {"p1": 1, "p2": 1}
+    # QDR's order: the vhost's limit is named first, then user, then host
+    assert admit(store, "p1", user="other", limits=(2, 9, 9)) == scripts.SCOPE_VHOST
+    assert admit(store, "p1", user="other", limits=(9, 9, 2)) == scripts.SCOPE_HOST
+    assert admit(store, "p1", user="other", limits=(9, 9, 3)) == 0
+
+
+def test_a_denied_admission_counts_nothing(store) -> None:
+    admit(store, "p1", limits=(100, 1, 100))
+    before = {k: store.hgetall(k) for k in scripts.scope_keys(V, "u", "h")}
+    assert admit(store, "p2", limits=(100, 1, 100)) == scripts.SCOPE_USER
+    assert {k: store.hgetall(k) for k in scripts.scope_keys(V, "u", "h")} == before
+
+
+def test_a_dead_proxys_counts_stop_counting_and_are_removed(store) -> None:
+    _, user, _ = scripts.scope_keys(V, "u", "h")
+    assert admit(store, "dead", lease=50) == 0
+    assert admit(store, "dead", lease=50) == 0
+    assert admit(store, "p1") == scripts.SCOPE_USER
+    time.sleep(0.1)  # the lease ran out
+    assert admit(store, "p1") == 0
+    assert fields(store, user) == {"p1": 1}
+    assert store.zscore(scripts.leases_key(V), "dead") is None
+
+
+def test_release_uncounts_own_field_only_and_removes_it_at_zero(store) -> None:
+    admit(store, "p1")
+    admit(store, "p2")
+    keys = scripts.scope_keys(V, "u", "h")
+    store.eval(scripts.RELEASE, 3, *keys, "p1")
+    for key in keys:
+        assert fields(store, key) == {"p2": 1}
+
+
+def test_rewrite_sets_own_counts_and_clears_fields_no_longer_held(store) -> None:
+    vhost, user, host = scripts.scope_keys(V, "u", "h")
+    admit(store, "p1")
+    admit(store, "p1", user="w", host="h2")
+    admit(store, "p2")
+    # p1 lost a release: it holds only one connection, of u from h
+    keys = [scripts.leases_key(V), scripts.owned_key(V, "p1"), vhost, user, host]
+    assert store.eval(scripts.REWRITE, len(keys), *keys, "p1", LEASE, 1, 1, 1) == 3
+    assert fields(store, vhost) == {"p1": 1, "p2": 1}
+    assert fields(store, scripts.scope_keys(V, "w", "h2")[1]) == {}
+    assert fields(store, scripts.scope_keys(V, "w", "h2")[2]) == {}
+    # idempotent
+    store.eval(scripts.REWRITE, len(keys), *keys, "p1", LEASE, 1, 1, 1)
+    assert fields(store, user) == {"p1": 1, "p2": 1}
+    # leaving: no counts, no lease
+    store.eval(scripts.REWRITE, 2, keys[0], keys[1], "p1", 0)
+    assert fields(store, user) == {"p2": 1}
+    assert store.zscore(scripts.leases_key(V), "p1") is None
+
+
+def test_alive_counts_live_proxies(store) -> None:
+    assert store.eval(scripts.ALIVE, 1, scripts.ALIVE_KEY, "p1", LEASE) == 1
+    assert store.eval(scripts.ALIVE, 1, scripts.ALIVE_KEY, "p2", 50) == 2
+    time.sleep(0.1)
+    assert store.eval(scripts.ALIVE, 1, scripts.ALIVE_KEY, "p1", LEASE) == 1
+    assert store.eval(scripts.ALIVE, 1, scripts.ALIVE_KEY, "p1", 0) == 0
+
+
+def test_every_key_of_a_vhost_is_in_one_cluster_slot() -> None:
+    from redis.crc import key_slot
+
+    keys = [*scripts.scope_keys("a.b", "user}x", "::1"), scripts.leases_key("a.b"),
+            scripts.owned_key("a.b", "host:5672")]
+    assert len({key_slot(k.encode()) for k in keys}) == 1
