@@ -229,7 +229,7 @@ class Router:
             if delivery is None or not delivery.readable:
                 return
             if delivery.aborted:  # the client aborted it: nothing of it is a message
-                self.aborted_tags.add(_tag_bytes(delivery.tag))
+                self.aborted_tags.add(_delivery_tag(delivery))
                 self._partial.pop(delivery, None)
                 delivery.settle()
                 link.advance()
@@ -241,7 +241,7 @@ class Router:
             if delivery.partial:
                 return
             self.deliveries.append((seen, bytes(self._partial.pop(delivery))))
-            self.tags.add(_tag_bytes(delivery.tag))
+            self.tags.add(_delivery_tag(delivery))
             delivery.update(Delivery.ACCEPTED)
             delivery.settle()
             link.advance()
@@ -265,8 +265,13 @@ class Router:
         return "" if condition is None else f"{condition.name}: {condition.description}"
 
 
-def _tag_bytes(tag: Any) -> bytes:
-    return tag.encode("utf-8", "surrogateescape") if isinstance(tag, str) else bytes(tag)
+def _delivery_tag(delivery: Any) -> bytes:
+    """A delivery's tag as the engine holds it, as bytes: read from the C engine directly,
+    since proton's Python ``Delivery.tag`` decodes it as UTF-8 and raises on binary tags."""
+    import cproton
+
+    raw = cproton.lib.pn_delivery_tag(delivery._impl)
+    return bytes(cproton.ffi.unpack(raw.start, raw.size))
 
 
 def _chunks(data: bytes) -> Iterable[bytes]:
@@ -480,7 +485,7 @@ def _client_deliveries(data: bytes) -> ClientDeliveries | None:
         if not isinstance(perf, Transfer) or perf.handle is None:
             continue
         key = (channel, int(perf.handle))
-        tag = None if perf.delivery_tag is None else bytes(perf.delivery_tag)
+        tag = None if perf.delivery_tag is None else _as_bytes(perf.delivery_tag)
         if key not in streaming:
             expected = nxt.get(channel)
             did = expected if perf.delivery_id is None else int(perf.delivery_id)
@@ -617,3 +622,9 @@ def seeds() -> list[bytes]:
         for group in chunks:
             out.append(encode_input(opening, group))
     return out
+
+
+def _as_bytes(value: Any) -> bytes:
+    """A decoded delivery-tag as bytes; a client may type it as a string (not binary, as the
+    spec says), which the engine keeps as its UTF-8 bytes."""
+    return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)

@@ -569,6 +569,9 @@ def render_status(status: dict[str, Any]) -> str:
         f"transports of max {ledger['max_connections']}",
         f"connections per vhost: {per_vhost}",
         f"paused vhosts: {', '.join(status['paused_vhosts']) or 'none'}",
+        *(f"worker {w['worker']} (pid {w['pid']}): {w['connections']} admitted, ledger "
+          f"{w['ledger_mode']}, up {_duration(w['uptime_seconds'] or 0)}"
+          for w in status.get("per_worker", ())),
     ])
 
 

@@ -14,8 +14,10 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,23 +34,36 @@ POLICY = [["vhost", {
 
 
 class Notify:
-    """The service manager's end of NOTIFY_SOCKET."""
+    """The service manager's end of NOTIFY_SOCKET: a thread reads every datagram as it comes,
+    as systemd does (senders never block, so a receiver that falls behind loses messages)."""
 
     def __init__(self, path: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(path)
+        self.sock.settimeout(0.1)
         self.messages: list[dict[str, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
 
-    def read(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            self.sock.settimeout(left)
+    def _pump(self) -> None:
+        while not self._stop.is_set():
             try:
                 data = self.sock.recv(65536)
             except TimeoutError:
+                continue
+            except OSError:
                 return
             self.messages.append(dict(line.split("=", 1) for line in data.decode().split("\n")
                                       if "=" in line))
+
+    def read(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
 
     def wait_for(self, key: str, value: str = "1", timeout: float = 30.0,
                  after: int = 0) -> int:
@@ -95,6 +110,7 @@ def test_two_workers_under_a_service_manager(broker_address) -> None:
             f'[event_log]\ndirectory = "{work / "events"}"\n'
             f'[daemon]\nruntime_directory = "{work / "run"}"\n'
             '[timeouts]\nshutdown_grace_seconds = 2\n'
+            f'[admin]\nsocket = "{work / "admin.sock"}"\n'
             # ledger = "auto" with a generous timeout: on a loaded CI machine a worker's first
             # admissions may wait longer than 20 ms for its loop, which is the failure mode's
             # business (tested in test_fleet_e2e), not this test's
@@ -124,6 +140,7 @@ def test_two_workers_under_a_service_manager(broker_address) -> None:
                 assert re.search(r'process_open_fds\{worker="1"\}', text)
                 assert value(text, "amqp_proxy_limit", group="",
                              limit="maxConnectionsPerUser") == 2  # max, not the sum
+                _admin_answers_for_both_workers(work / "admin.sock", port, admitted)
                 # one RELOADING=1 / READY=1 for the reload of both
                 mark = len(notify.messages)
                 proc.send_signal(signal.SIGHUP)
@@ -157,10 +174,39 @@ def test_two_workers_under_a_service_manager(broker_address) -> None:
                 proc.kill()  # its workers get SIGTERM (PR_SET_PDEATHSIG) and drain
                 proc.wait()
             err = proc.stderr.read() if proc.stderr else ""
-            notify.sock.close()
+            notify.close()
         assert "worker 0" in err and "exited with signal SIGKILL" in err, err
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _admin(socket: Path, *args: str) -> Any:
+    """One admin command against the parent's socket, its JSON answer."""
+    done = subprocess.run([str(CLI), *args, "--admin-socket", str(socket), "--json"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _admin_answers_for_both_workers(socket: Path, port: int, admitted: list[Any]) -> None:
+    """The parent's admin socket answers for every worker: one status with the counts
+    summed, every worker's connections, a pause that holds in both, a close by id that
+    reaches the worker holding the connection."""
+    status = _admin(socket, "status")
+    assert status["workers"] == 2 and len(status["per_worker"]) == 2
+    assert status["connections"]["admitted"] == 2
+    assert status["ledger"]["mode"] == "redis"
+    rows = _admin(socket, "connections", "list")
+    assert sorted(r["user"] for r in rows) == ["alice", "alice"]
+    _admin(socket, "vhost", "pause", "fleet")
+    assert _admin(socket, "status")["paused_vhosts"] == ["fleet"]
+    more, denied = connect_many([(port, "bob", "fleet")] * 4)  # both workers see the pause
+    close_all(more)
+    assert not more and len(denied) == 4
+    _admin(socket, "vhost", "resume", "fleet")
+    closed = _admin(socket, "connections", "close", "--id", rows[0]["id"])
+    assert closed["ids"] == [rows[0]["id"]]
+    assert wait_for(lambda: len(_admin(socket, "connections", "list")) == 1)
 
 
 def test_check_refuses_workers_without_a_ledger(tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ def test_the_status_summary() -> None:
                        "consecutive_failures": 0},
                       {"address": "10.0.0.2:5672", "tls": True, "healthy": False,
                        "consecutive_failures": 3}],
-        "ledger": {"mode": "local", "max_connections": 65535, "transports": 5},
+        "ledger": {"mode": "in-process", "max_connections": 65535, "transports": 5},
         "connections": {"transports": 5, "admitted": 4, "per_vhost": {"shop": 3, "lab": 1}},
         "paused_vhosts": ["lab"],
     }  # fmt: skip

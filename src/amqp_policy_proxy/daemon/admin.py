@@ -21,10 +21,17 @@ POST      ``/v1/vhosts/resume``        body ``{"vhost": ...}``
 
 Errors are ``{"error": "..."}`` with 400 (bad request), 401 (TCP without the token), 404
 (no such connection id, vhost or path), 405 (wrong method).
+
+With ``--workers N`` the parent serves this same API on the configured socket and address
+(:func:`build_workers_app`): each request goes to every worker's private admin socket (in the
+parent's 0700 directory; only the service itself can reach them) and the answers are merged,
+so the operator sees one daemon. The worker records the operator's peer credentials, which
+the parent passes in ``X-Admin-Peer`` (trusted on those private sockets only).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import grp
 import hmac
@@ -34,8 +41,11 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from .config import AdminConfig, BindError
@@ -50,12 +60,27 @@ SOCKET_MODE = 0o660
 MAX_BODY = 64 * 1024
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
+#: Header carrying the operator's peer credentials from a workers' parent to a worker.
+PEER_HEADER = "X-Admin-Peer"
+#: Seconds the workers' parent waits for one worker's answer.
+WORKER_TIMEOUT = 10.0
+
 _CONTROL_KEY = web.AppKey("control", Control)
 _TOKEN_KEY = web.AppKey("token", str)
+_FORWARDED_KEY = web.AppKey("forwarded_peer", bool)
+_WORKERS_KEY = web.AppKey("workers", Callable)
 
 
 def peer_of(request: web.Request) -> Peer:
-    """The admin client: ``SO_PEERCRED`` on a unix socket, the address over TCP."""
+    """The admin client: ``SO_PEERCRED`` on a unix socket, the address over TCP; on a
+    worker's private socket, the operator the parent names in ``X-Admin-Peer``."""
+    if request.app.get(_FORWARDED_KEY) and PEER_HEADER in request.headers:
+        try:
+            given = json.loads(request.headers[PEER_HEADER])
+            return Peer(uid=given.get("uid"), pid=given.get("pid"),
+                        address=str(given.get("address", "unix")))
+        except (ValueError, AttributeError, TypeError):
+            pass
     transport = request.transport
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is not None and sock.family == socket.AF_UNIX:
@@ -150,16 +175,20 @@ def _only(body: dict[str, Any], key: str) -> None:
         raise ControlError(f"missing field {key!r}")
 
 
-def build_app(control: Control, token: str = "") -> web.Application:
+def build_app(control: Control, token: str = "", forwarded_peer: bool = False
+              ) -> web.Application:
     """The admin API as an aiohttp application (the routes of the module docstring).
 
     Args:
         control: what the handlers call.
         token: the bearer token TCP requests must carry ("" refuses every TCP request).
+        forwarded_peer: trust ``X-Admin-Peer`` (a worker's private socket, which only the
+            service's own user can reach).
     """
     app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
     app[_CONTROL_KEY] = control
     app[_TOKEN_KEY] = token
+    app[_FORWARDED_KEY] = forwarded_peer
     app.router.add_get(f"{API_PREFIX}/status", _status)
     app.router.add_get(f"{API_PREFIX}/connections", _connections)
     app.router.add_post(f"{API_PREFIX}/connections/close", _close)
@@ -213,9 +242,12 @@ def bind_unix_socket(path: str, group: str | None) -> socket.socket:
 class AdminServer:
     """The admin interface of one daemon: started after the listeners, stopped at exit."""
 
-    def __init__(self, control: Control, config: AdminConfig, source: str | None = None) -> None:
-        """Serve ``control`` as ``config`` says; ``source`` names the config file in errors."""
-        self.control = control
+    def __init__(self, build: Callable[[str], web.Application], config: AdminConfig,
+                 source: str | None = None) -> None:
+        """Serve the application ``build(token)`` makes (:func:`build_app`, or
+        :func:`build_workers_app` in a workers' parent) as ``config`` says; ``source`` names
+        the config file in errors."""
+        self.build = build
         self.config = config
         self.source = source
         self.runner: web.AppRunner | None = None
@@ -233,8 +265,7 @@ class AdminServer:
         token = ""
         if config.token_file is not None:
             token = self._read_token(config.token_file)
-        self.runner = web.AppRunner(build_app(self.control, token), access_log=None,
-                                    handle_signals=False)
+        self.runner = web.AppRunner(self.build(token), access_log=None, handle_signals=False)
         await self.runner.setup()
         try:
             if config.socket is not None:
@@ -284,3 +315,164 @@ class AdminServer:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
             self.socket_path = None
+
+
+# ---------------------------------------------------------------------- a workers' parent
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAdmin:
+    """One running worker's private admin socket (``--workers N``)."""
+
+    index: int
+    pid: int
+    socket: str
+
+
+@dataclass(slots=True)
+class _Answer:
+    worker: WorkerAdmin
+    status: int
+    body: Any
+
+
+async def _ask(worker: WorkerAdmin, method: str, path: str, query: str, body: Any,
+               peer: Peer) -> _Answer:
+    """One request to one worker; a worker that does not answer is a 503 answer."""
+    url = f"http://worker{path}" + (f"?{query}" if query else "")
+    headers = {PEER_HEADER: json.dumps(asdict(peer))}
+    try:
+        connector = aiohttp.UnixConnector(path=worker.socket)
+        timeout = aiohttp.ClientTimeout(total=WORKER_TIMEOUT)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            async with session.request(method, url, json=body, headers=headers) as resp:
+                return _Answer(worker, resp.status, await resp.json(content_type=None))
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        return _Answer(worker, 503, {"error": f"worker {worker.index} did not answer: {exc}"})
+
+
+async def _fan_out(request: web.Request, workers: Sequence[WorkerAdmin], body: Any = None
+                   ) -> list[_Answer]:
+    if not workers:
+        raise ControlError("no worker is running", status=503)
+    peer = peer_of(request)
+    return list(await asyncio.gather(*(
+        _ask(w, request.method, request.path, request.query_string, body, peer)
+        for w in workers)))
+
+
+def _first_error(answers: Sequence[_Answer]) -> web.Response | None:
+    """The first answer that is not 200, when every worker failed alike (a bad request is
+    refused by all of them), or any worker did not answer."""
+    failed = [a for a in answers if a.status != 200]
+    if not failed:
+        return None
+    unanswered = [a for a in failed if a.status == 503]
+    first = (unanswered or failed)[0]
+    if unanswered or len(failed) == len(answers):
+        return web.json_response(first.body, status=first.status)
+    return None
+
+
+def _workers(request: web.Request) -> list[WorkerAdmin]:
+    return request.app[_WORKERS_KEY]()  # type: ignore[no-any-return]
+
+
+async def _workers_status(request: web.Request) -> web.Response:
+    answers = await _fan_out(request, _workers(request))
+    error = _first_error(answers)
+    if error is not None:
+        return error
+    statuses = [a.body for a in answers]
+    merged = dict(statuses[0])
+    merged["pid"] = os.getpid()
+    merged["workers"] = len(statuses)
+    merged["draining"] = any(s.get("draining") for s in statuses)
+    merged["uptime_seconds"] = max(s.get("uptime_seconds", 0) for s in statuses)
+    per_vhost: dict[str, int] = {}
+    transports = admitted = 0
+    for s in statuses:
+        conns = s.get("connections", {})
+        transports += conns.get("transports", 0)
+        admitted += conns.get("admitted", 0)
+        for vhost, n in conns.get("per_vhost", {}).items():
+            per_vhost[vhost] = per_vhost.get(vhost, 0) + n
+    merged["connections"] = {"transports": transports, "admitted": admitted,
+                             "per_vhost": per_vhost}
+    ledger = dict(merged.get("ledger", {}))
+    ledger["transports"] = sum(s.get("ledger", {}).get("transports", 0) for s in statuses)
+    merged["ledger"] = ledger
+    merged["paused_vhosts"] = sorted(set().union(*(s.get("paused_vhosts", [])
+                                                  for s in statuses)))
+    merged["per_worker"] = [
+        {"worker": a.worker.index, "pid": a.body.get("pid"),
+         "uptime_seconds": a.body.get("uptime_seconds"),
+         "connections": a.body.get("connections", {}).get("admitted", 0),
+         "ledger_mode": a.body.get("ledger", {}).get("mode")}
+        for a in answers]
+    return web.json_response(merged)
+
+
+async def _workers_connections(request: web.Request) -> web.Response:
+    answers = await _fan_out(request, _workers(request))
+    error = _first_error(answers)
+    if error is not None:
+        return error
+    rows = []
+    for a in answers:
+        for row in a.body.get("connections", []):
+            rows.append({**row, "worker": a.worker.index})
+    return web.json_response({"connections": rows})
+
+
+async def _workers_close(request: web.Request) -> web.Response:
+    body = await _body(request)
+    workers = _workers(request)
+    conn_id = body.get("id")
+    if isinstance(conn_id, str):
+        # a connection id starts with its worker's pid (hex): only that worker is asked; an
+        # id of nobody's goes to the first worker, which refuses it (and records that)
+        owner = [w for w in workers if conn_id.startswith(f"{w.pid:x}-")]
+        workers = owner or workers[:1]
+    answers = await _fan_out(request, workers, body)
+    error = _first_error(answers)
+    if error is not None:
+        return error
+    ids = [i for a in answers if a.status == 200 for i in a.body.get("ids", [])]
+    return web.json_response({"closed": len(ids), "ids": ids})
+
+
+async def _workers_vhost(request: web.Request) -> web.Response:
+    body = await _body(request)
+    _only(body, "vhost")
+    answers = await _fan_out(request, _workers(request), body)
+    failed = [a for a in answers if a.status != 200]
+    if failed:  # one policy in every worker: a refusal is everyone's
+        return web.json_response(failed[0].body, status=failed[0].status)
+    merged = dict(answers[0].body)
+    merged["changed"] = any(a.body.get("changed") for a in answers)
+    return web.json_response(merged)
+
+
+def build_workers_app(workers: Callable[[], list[WorkerAdmin]], token: str = ""
+                      ) -> web.Application:
+    """The admin API of a workers' parent: the same routes, each answered by every running
+    worker (``workers()``) and merged: ``status`` sums the counts (``per_worker`` lists each
+    worker), ``connections`` lists every worker's (with its ``worker``), ``close`` by id asks
+    the worker the id belongs to, by user, vhost or host every worker, and ``pause`` and
+    ``resume`` apply in every worker. A worker that does not answer makes the request fail
+    with 503 naming it.
+
+    Args:
+        workers: the running workers' private admin sockets, asked at each request.
+        token: the bearer token TCP requests must carry.
+    """
+    app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
+    app[_TOKEN_KEY] = token
+    app[_WORKERS_KEY] = workers
+    app.router.add_get(f"{API_PREFIX}/status", _workers_status)
+    app.router.add_get(f"{API_PREFIX}/connections", _workers_connections)
+    app.router.add_post(f"{API_PREFIX}/connections/close", _workers_close)
+    app.router.add_post(f"{API_PREFIX}/vhosts/pause", _workers_vhost)
+    app.router.add_post(f"{API_PREFIX}/vhosts/resume", _workers_vhost)
+    return app

@@ -592,10 +592,14 @@ class Daemon:
 
     async def _start_admin(self) -> None:
         """Serve the admin interface (``[admin]``); undo the start if it cannot bind."""
-        from .admin import AdminServer
+        from .admin import AdminServer, build_app
         from .control import Control
 
-        admin = AdminServer(Control(self), self.config.admin, self.config.source)
+        config = self.config.admin
+        assert config is not None
+        control = Control(self)
+        admin = AdminServer(lambda token: build_app(control, token, config.forwarded_peer),
+                            config, self.config.source)
         try:
             await admin.start()
         except BindError:

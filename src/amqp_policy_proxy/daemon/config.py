@@ -206,6 +206,9 @@ class AdminConfig:
     """``HOST:PORT`` of the TCP listener; None: none."""
     token_file: str | None = None
     """File holding the bearer token the TCP listener requires."""
+    forwarded_peer: bool = False
+    """A worker's private socket under ``--workers N`` (never from the file): the operator's
+    credentials come from the parent's ``X-Admin-Peer`` header."""
 
 
 # ---------------------------------------------------------------------------------- schema

@@ -71,6 +71,8 @@ class ControlHost(Protocol):
     paused_vhosts: set[str]
     policy: Any
     ledger: Any
+    ledger_mode: str
+    """``redis``, a fleet ledger's failure mode, or ``in-process``."""
     config: Any
     upstream_health: Any
     loop: Any
@@ -215,7 +217,7 @@ class Control:
                  "consecutive_failures": health.failures(u)}
                 for u in config.upstreams
             ],
-            "ledger": {"mode": "local", "max_connections": host.ledger.max_connections,
+            "ledger": {"mode": host.ledger_mode, "max_connections": host.ledger.max_connections,
                        "transports": host.ledger.global_current()},
             "connections": {"transports": len(host.connections),
                             "admitted": host.ledger.active(), "per_vhost": per_vhost},

@@ -30,6 +30,10 @@ def notify(state: str, *, env: dict[str, str] | None = None) -> bool:
         state: newline-separated assignments.
         env: environment to read ``NOTIFY_SOCKET`` from (default ``os.environ``).
 
+    Never blocks: a receiver whose queue is full (a service manager, or a workers' parent,
+    that is not reading) loses this datagram (EAGAIN, logged once) rather than stalling the
+    event loop; the watchdog pings again within its period.
+
     Returns:
         True when a datagram was sent; False without ``NOTIFY_SOCKET`` or on error (logged).
     """
@@ -40,7 +44,7 @@ def notify(state: str, *, env: dict[str, str] | None = None) -> bool:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.connect(address)
-            sock.send(state.encode("utf-8"))
+            sock.send(state.encode("utf-8"), socket.MSG_DONTWAIT)
         return True
     except OSError as exc:
         # warn once per distinct failure: the watchdog would otherwise log twice a period

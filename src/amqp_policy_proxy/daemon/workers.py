@@ -43,7 +43,8 @@ from dataclasses import dataclass, field, replace
 
 from ..fleet.private_redis import PrivateRedis, PrivateRedisError
 from . import systemd
-from .config import Address, BindError, ConfigError, DaemonConfig
+from .admin import WorkerAdmin
+from .config import Address, AdminConfig, BindError, ConfigError, DaemonConfig
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ WORKER_ENV = "AMQP_POLICY_PROXY_WORKER"
 PORTS_ENV = "AMQP_POLICY_PROXY_WORKER_PORTS"
 LEDGER_ENV = "AMQP_POLICY_PROXY_WORKER_LEDGER"
 PROXY_ID_ENV = "AMQP_POLICY_PROXY_WORKER_PROXY_ID"
+ADMIN_ENV = "AMQP_POLICY_PROXY_WORKER_ADMIN"
 #: Restart back-off of a crashed worker, seconds: first, cap; reset after STABLE_SECONDS.
 BACKOFF_FIRST, BACKOFF_MAX, STABLE_SECONDS = 1.0, 10.0, 60.0
 #: Seconds the parent waits for every worker's READY=1 after a reload.
@@ -68,6 +70,11 @@ def worker_config(config: DaemonConfig, env: Mapping[str, str] | None = None
     e = os.environ if env is None else env
     if WORKER_ENV not in e:
         return None
+    admin = config.admin
+    if admin is not None:
+        # the parent serves [admin]; the worker answers it on a private socket only
+        admin = AdminConfig(socket=e[ADMIN_ENV], forwarded_peer=True) if e.get(ADMIN_ENV) \
+            else None
     index = int(e[WORKER_ENV])
     ports = [int(p) for p in e.get(PORTS_ENV, "").split(",") if p]
     listeners = tuple(replace(lc, address=Address(lc.address.host, port))
@@ -77,7 +84,7 @@ def worker_config(config: DaemonConfig, env: Mapping[str, str] | None = None
         ledger = replace(ledger, url=e.get(LEDGER_ENV, ledger.url),
                          proxy_id=f"{e.get(PROXY_ID_ENV, ledger.proxy_id)}/w{index}")
     return replace(config, listeners=listeners or config.listeners, workers=1,
-                   reuse_port=True, ledger=ledger, worker=index,
+                   reuse_port=True, ledger=ledger, worker=index, admin=admin,
                    metrics_address=(Address("127.0.0.1", 0)
                                     if config.metrics_address is not None else None))
 
@@ -89,6 +96,8 @@ class Worker:
     index: int
     notify_path: str
     sock: socket.socket
+    admin_path: str = ""
+    """The worker's private admin socket (with ``[admin]``), in the parent's directory."""
     proc: asyncio.subprocess.Process | None = None
     started: float = 0.0
     ready: bool = False
@@ -132,6 +141,7 @@ class Supervisor:
         self.exit_code = 0
         """0 after a clean stop; 2 when a worker refused the configuration at start."""
         self._metrics: object | None = None
+        self._admin: object | None = None
         self._heartbeat = time.monotonic()
 
     # ------------------------------------------------------------------ start
@@ -182,11 +192,13 @@ class Supervisor:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
                 sock.bind(path)
                 sock.setblocking(False)
-                worker = Worker(index, path, sock)
+                worker = Worker(index, path, sock,
+                                admin_path=os.path.join(self._dir, f"admin.w{index}.sock"))
                 self.workers.append(worker)
                 loop.add_reader(sock, self._on_notify, worker)
             self._install_signals()
             self._start_metrics()
+            await self._start_admin()
             for worker in self.workers:
                 await self._spawn(worker)
             tasks = [loop.create_task(self._watch(w)) for w in self.workers]
@@ -205,6 +217,7 @@ class Supervisor:
         env.update({WORKER_ENV: str(worker.index),
                     PORTS_ENV: ",".join(map(str, self.ports)),
                     LEDGER_ENV: self.ledger_url, PROXY_ID_ENV: self.proxy_id,
+                    ADMIN_ENV: worker.admin_path if self.config.admin is not None else "",
                     "NOTIFY_SOCKET": worker.notify_path})
         env.pop("WATCHDOG_PID", None)
         if systemd.watchdog_interval() is None:
@@ -373,12 +386,37 @@ class Supervisor:
             worker.sock.close()
         if self._metrics is not None:
             self._metrics.stop()  # type: ignore[attr-defined]
+        if self._admin is not None:
+            await self._admin.stop()  # type: ignore[attr-defined]
         for sock in self._reserved:
             sock.close()
         if self._redis is not None:
             await asyncio.to_thread(self._redis.stop)
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ the admin interface
+
+    def admin_workers(self) -> list[WorkerAdmin]:
+        """The workers that answer the admin interface now (running and ready)."""
+        return [WorkerAdmin(w.index, w.proc.pid, w.admin_path) for w in self.workers
+                if w.alive and w.ready and w.proc is not None]
+
+    async def _start_admin(self) -> None:
+        """Serve ``[admin]`` here, answered by every worker (:func:`~.admin.build_workers_app`).
+
+        Raises:
+            BindError: the socket or address cannot be used.
+        """
+        admin = self.config.admin
+        if admin is None:
+            return
+        from .admin import AdminServer, build_workers_app
+
+        server = AdminServer(lambda token: build_workers_app(self.admin_workers, token),
+                             admin, self.config.source)
+        await server.start()
+        self._admin = server
 
     # ------------------------------------------------------------------ metrics and probes
 

@@ -78,7 +78,7 @@ async def test_status_says_what_runs(admin: Admin) -> None:
     assert body["policy"]["vhosts"] == ["lab", "shop"]
     assert body["policy"]["shadow"] == [{"vhost": "lab", "enforcement": "shadow",
                                          "groups": ["g"]}]
-    assert body["ledger"]["mode"] == "local"
+    assert body["ledger"]["mode"] == "in-process"
     assert body["connections"] == {"transports": 0, "admitted": 0, "per_vhost": {}}
     assert body["listeners"] == [] and body["paused_vhosts"] == []
 
