@@ -286,21 +286,10 @@ class FleetLedger:
 
     def _fallback(self, conn_id: str, vhost: VhostPolicy, group: GroupSettings, user: str,
                   remote_host: str, enforce: bool = True) -> ConnectionDenyReason | None:
-        """The failure mode's decision, from this process's own counts (``enforce`` False:
-        counted anyway, the would-be denial answered)."""
-        mode = self.mode
-        if mode == "closed":
-            if not enforce:
-                self.local.record(conn_id, vhost=vhost.hostname, group=group.name, user=user,
-                                  remote_host=remote_host)
-                self._touched.add(vhost.hostname)
-            return ConnectionDenyReason.LEDGER_UNAVAILABLE
-        share = max(1, self.proxies_alive) if mode == "local-share" else 1
-        reason = self.local.try_admit(conn_id, vhost=vhost, group=group, user=user,
-                                      remote_host=remote_host, share=share, enforce=enforce)
-        if reason is None or not enforce:
-            self._touched.add(vhost.hostname)
-        return reason
+        """The failure mode's decision now, from this process's own counts (``enforce``
+        False: counted anyway, the would-be denial answered)."""
+        return self._fallback_op(_Admit(conn_id, vhost.hostname, group.name, user, remote_host,
+                                        connection_limits(vhost, group), 0.0, enforce))
 
     def _answer_fallback(self, op: _Admit) -> None:
         """Answer a queued or in-flight admission from the failure mode (once)."""

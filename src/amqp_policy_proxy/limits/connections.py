@@ -96,7 +96,6 @@ class ConnectionLedger:
         user: str,
         remote_host: str,
         enforce: bool = True,
-        share: int = 1,
     ) -> ConnectionDenyReason | None:
         """Admit an approved Open against the vhost, per-user and per-host limits.
 
@@ -104,9 +103,6 @@ class ConnectionLedger:
         likewise. ``n_user`` counts all of the user's connections in the vhost whatever their
         group; ``n_host`` counts the vhost's connections from that IP string. A limit of 0
         denies every connection (as QDR's ``can_connect``).
-
-        With ``share`` > 1 each limit is divided by it, rounded up (the fleet ledger's
-        ``local-share`` fallback: this process's part of a limit shared by ``share`` proxies).
 
         Args:
             conn_id: unique connection id; recorded on success.
@@ -117,7 +113,6 @@ class ConnectionLedger:
             enforce: False in shadow mode: the connection is counted even over a limit (it
                 is admitted; later connections see the true counts) and the reason is still
                 returned.
-            share: how many proxies share each limit (1: this process alone).
 
         Returns:
             None when within every limit, else the first failed reason in QDR's order:
@@ -131,10 +126,6 @@ class ConnectionLedger:
             raise ValueError(f"connection {conn_id!r} is already admitted")
         vname = vhost.hostname
         per_vhost, per_user, per_host = connection_limits(vhost, group)
-        if share > 1:
-            per_vhost = -(-per_vhost // share)
-            per_user = -(-per_user // share)
-            per_host = -(-per_host // share)
         user_key = (vname, user)
         host_key = (vname, remote_host)
         reason = None

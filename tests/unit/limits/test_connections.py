@@ -144,27 +144,6 @@ def test_many_connections_are_cheap() -> None:
     assert ledger.active() == 0 and not ledger._user and not ledger._host
 
 
-def test_share_divides_each_limit_rounding_up() -> None:
-    from amqp_policy_proxy.policy.compile import compile_policy
-    from amqp_policy_proxy.policy.model import PolicySettings
-
-    policy = compile_policy([(None, [["vhost", {
-        "hostname": "v", "maxConnections": 10, "maxConnectionsPerUser": 3,
-        "groups": {"$default": {"users": "*", "remoteHosts": "*"}}, "allowUnknownUser": True,
-    }]])], PolicySettings())
-    vhost = policy.vhosts["v"]
-    group = vhost.groups["$default"]
-    ledger = ConnectionLedger(100)
-    # 3 per user over 2 proxies: this one may hold ceil(3 / 2) = 2
-    assert ledger.try_admit("a", vhost=vhost, group=group, user="u", remote_host="h",
-                            share=2) is None
-    assert ledger.try_admit("b", vhost=vhost, group=group, user="u", remote_host="h",
-                            share=2) is None
-    assert ledger.try_admit("c", vhost=vhost, group=group, user="u", remote_host="h",
-                            share=2) == "user_limit"
-    assert ledger.try_admit("c", vhost=vhost, group=group, user="u", remote_host="h") is None
-
-
 def test_record_counts_without_checking_and_scope_counts_lists_them() -> None:
     ledger = ConnectionLedger(1)
     ledger.record("a", vhost="v", group="g", user="u", remote_host="h1")
