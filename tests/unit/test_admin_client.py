@@ -136,7 +136,7 @@ def test_the_status_summary() -> None:
         "shadow mode: vhost 'lab' (shadow), groups in shadow: g",
         "listeners: 0.0.0.0:5672, [::]:5671 (amqps)",
         "upstreams: 10.0.0.1:5672 up; 10.0.0.2:5672 (tls) BACKED OFF (3 failures)",
-        "ledger: local; 4 admitted, 5 transports of max 65535",
+        "ledger: in-process; 4 admitted, 5 transports of max 65535",
         "connections per vhost: lab 1, shop 3",
         "paused vhosts: lab",
     ]
