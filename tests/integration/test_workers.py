@@ -252,3 +252,47 @@ def test_workers_that_refuse_the_policy_stop_the_parent_with_exit_2(tmp_path: Pa
         env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"})
     assert out.returncode == 2, out.stderr
     assert "refused the configuration" in out.stderr
+
+
+def _processes_running(needle: bytes) -> list[int]:
+    """Live processes whose command line contains ``needle``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes() and \
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_nothing_outlives_a_parent_killed_with_sigkill(tmp_path: Path) -> None:
+    """``kill -9`` of the workers' parent (no drain, no cleanup): its workers and the private
+    redis-server of ``ledger = "auto"`` end with it (PR_SET_PDEATHSIG), nothing is left."""
+    run = Path(tempfile.mkdtemp(prefix="wk", dir="/tmp"))  # short: the socket path
+    try:
+        (tmp_path / "policy.json").write_text(json.dumps(POLICY))
+        proc = subprocess.Popen(
+            [str(CLI), "run", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1",
+             "--policy", str(tmp_path / "policy.json"), "--workers", "2", "--ledger", "auto"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
+                 "RUNTIME_DIRECTORY": str(run)})
+        try:
+            assert wait_for(lambda: len(_children(proc.pid)) == 2, timeout=20)
+            redis = _processes_running(str(run).encode())
+            assert redis, "no private redis-server"
+            workers = _children(proc.pid)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert wait_for(lambda: not _processes_running(str(run).encode()), timeout=10)
+        assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() and
+                                        (Path(f"/proc/{p}/stat").read_text()
+                                         .rsplit(")", 1)[1].split()[0] != "Z")
+                                        for p in workers), timeout=15)
+    finally:
+        shutil.rmtree(run, ignore_errors=True)

@@ -931,10 +931,13 @@ async def run_daemon(config: DaemonConfig) -> int:
     private = None
     if config.ledger is not None and config.ledger.url == "auto":
         from ..fleet.private_redis import PrivateRedis, PrivateRedisError
+        from .workers import die_with_parent
 
-        private = PrivateRedis(config.runtime_dir)
+        # started from the main thread (before anything is served), so that it ends with
+        # this process however it ends
+        private = PrivateRedis(config.runtime_dir, preexec_fn=die_with_parent)
         try:
-            url = await asyncio.to_thread(private.start)
+            url = private.start()
         except PrivateRedisError as exc:
             raise ConfigError([f"ledger: {exc}"]) from None
         config = replace(config, ledger=replace(config.ledger, url=url))

@@ -178,9 +178,10 @@ class Supervisor:
         self._reserve_ports()
         try:
             if self.ledger_url == "auto":
-                self._redis = PrivateRedis(self.config.runtime_dir)
+                # started from this (the main) thread, so that it ends with this process
+                self._redis = PrivateRedis(self.config.runtime_dir, preexec_fn=die_with_parent)
                 try:
-                    self.ledger_url = await asyncio.to_thread(self._redis.start)
+                    self.ledger_url = self._redis.start()
                 except PrivateRedisError as exc:
                     raise ConfigError([f"ledger: {exc}"]) from None
             ledger = self.config.ledger
@@ -234,7 +235,7 @@ class Supervisor:
         worker.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "amqp_policy_proxy", *self.argv,
             env=self._worker_env(worker), stdin=asyncio.subprocess.DEVNULL,
-            preexec_fn=_die_with_parent)
+            preexec_fn=die_with_parent)
         logger.info("worker %d started (pid %d)", worker.index, worker.proc.pid)
 
     async def _watch(self, worker: Worker) -> None:
@@ -480,9 +481,11 @@ class Supervisor:
         return ok, "\n".join(lines)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGTERM (a drain) when the parent dies, however it dies
-    (Linux ``PR_SET_PDEATHSIG``), so that no worker outlives its supervisor."""
+    (Linux ``PR_SET_PDEATHSIG``), so that no worker (and no private redis-server) outlives
+    the process that started it. The parent must fork from its main thread: the signal
+    follows the forking thread's end, not the process's."""
     import ctypes
 
     pr_set_pdeathsig = 1

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -30,9 +31,13 @@ class PrivateRedis:
         runtime_dir: where the socket goes (``[daemon] runtime_directory``, else
             ``$RUNTIME_DIRECTORY`` as systemd's ``RuntimeDirectory=`` sets it, else a new
             directory under the system's temporary directory, removed at :meth:`stop`).
+        preexec_fn: run in the child before ``redis-server`` starts (the daemon passes one
+            that ends the server with the process that started it, however that one dies).
     """
 
-    def __init__(self, runtime_dir: str | None = None) -> None:
+    def __init__(self, runtime_dir: str | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
+        self.preexec_fn = preexec_fn
         base = runtime_dir or os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or None
         self._made_dir = base is None
         self.directory = Path(base or tempfile.mkdtemp(prefix="amqp-policy-proxy-"))
@@ -66,7 +71,7 @@ class PrivateRedis:
              "--save", "", "--appendonly", "no", "--dir", str(self.directory),
              "--daemonize", "no", "--loglevel", "warning", "--logfile", ""],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=self.preexec_fn)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
