@@ -34,6 +34,7 @@ class MessageRules:
         "principal",
         "qos_of",
         "topic_receivers",
+        "allow_router_annotations",
     )
 
     def __init__(self, ctx: Context) -> None:
@@ -55,11 +56,14 @@ class MessageRules:
         self.qos_of: Any = None
         self.topic_receivers = False
         """Some receiver link needs per-delivery topic handling (router Transfers are read)."""
+        self.allow_router_annotations = False
+        """``allowRouterAnnotations``: relay messages may carry ``x-opt-qd.*`` annotations."""
 
     def govern(self, group: Any, user: str, tls_subject: str | None) -> None:
         """Apply ``group``'s message rules to this connection (at admission)."""
         self.max_message_size = group.max_message_size
         self.check_user_id = not group.allow_user_id_proxy
+        self.allow_router_annotations = group.allow_router_annotations
         self.user_id_bytes = user.encode("utf-8")
         topics = getattr(group, "topics", None)
         if topics is not None:
@@ -97,7 +101,7 @@ class MessageRules:
         """The per-message checks on the first frame of a delivery on an inspected link:
         QDR's ``user-id`` check (allowUserIdProxy false) and anonymous-relay ``to`` (address
         rules, then topics); no router annotations on an anonymous-relay message (qdrouterd
-        would route it by ``x-opt-qd.to``); on a topic publisher's link a ``to`` other than the
+        would route it by ``x-opt-qd.to``) unless ``allowRouterAnnotations``; on a topic publisher's link a ``to`` other than the
         target must be publishable too. The head is read canonically; one that does not fit in
         the first frame is refused rather than let pass.
 
@@ -120,7 +124,7 @@ class MessageRules:
         conn = self.ctx
         topics = self.topics
         if link.anonymous:
-            if head.router_annotations:
+            if head.router_annotations and not self.allow_router_annotations:
                 return MessageDenyReason.ROUTER_ANNOTATIONS, to
             if to is not None:
                 if to != self.relay_allowed:

@@ -578,6 +578,7 @@ def _compile_group(
         allow_dynamic_source=values.get("allow_dynamic_source", False),
         allow_anonymous_sender=values.get("allow_anonymous_sender", False),
         allow_user_id_proxy=values.get("allow_user_id_proxy", False),
+        allow_router_annotations=values.get("allow_router_annotations", False),
         sources=_rules(address_items, "sources", "sourcePattern"),
         targets=_rules(address_items, "targets", "targetPattern"),
         allow_waypoint_links=values.get("allow_waypoint_links", True),

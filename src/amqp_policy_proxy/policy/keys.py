@@ -211,6 +211,9 @@ _GROUP_SPECS: Final = (
           doc="senders without a target address (anonymous relay)"),
     _spec("allowUserIdProxy", "allow_user_id_proxy", _G, Kind.BOOL, default=False,
           doc="messages whose properties.user-id differs from the user"),
+    _spec("allowRouterAnnotations", "allow_router_annotations", _G, Kind.BOOL, default=False,
+          doc="anonymous-relay messages carrying the router's x-opt-qd.* annotations (which "
+              "qdrouterd may route by, past the checked to); extension"),
     _spec("allowWaypointLinks", "allow_waypoint_links", _G, Kind.BOOL, default=True,
           enforced=False, doc="qd.waypoint terminus capability (router-internal)"),
     _spec("allowFallbackLinks", "allow_fallback_links", _G, Kind.BOOL, default=True,

@@ -98,6 +98,11 @@ class GroupSettings:
     """Senders with no target address (anonymous relay) are allowed."""
     allow_user_id_proxy: bool = False
     """Messages may carry a ``properties.user-id`` other than the authenticated user."""
+    allow_router_annotations: bool = False
+    """Anonymous-relay messages may carry the router's own ``x-opt-qd.*`` message
+    annotations (``allowRouterAnnotations``, an extension): for trusted clients such as
+    another router's or an edge's tooling. Off, such a message is refused, since qdrouterd
+    may route it by ``x-opt-qd.to`` past the ``to`` the proxy checked."""
     sources: AddressRules = field(default_factory=AddressRules.deny_all)
     """Receiver source rules (``sourcePattern`` if configured, else ``sources``)."""
     targets: AddressRules = field(default_factory=AddressRules.deny_all)

@@ -225,6 +225,23 @@ class TestCanonicalMessages:
         # the router gets no payload of it (an aborted, payload-less stand-in at most)
         assert all(payload == b"" for _, _, payload in frames)
 
+    def test_finding_8_allow_router_annotations_lets_them_through(self):
+        """``allowRouterAnnotations: true`` (an extension) is the operator's explicit trust:
+        the annotated relay message reaches the router whole."""
+        groups = {**GROUPS, "users": {**GROUPS["users"], "allowRouterAnnotations": True}}
+        s = Script(make_policy(groups))
+        s.open(user="alice")
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
+        s.begin(0, router_channel=0)
+        s.client(hostile.amqp_frame(0, hostile.described(0x12, hostile.list32(
+            hostile.attach_fields("relay", 0, role=b"\x42", source_=hostile.source(None),
+                                  target_=hostile.target(None)), 7))))
+        s.take(Side.ROUTER)
+        message = hostile.message_router_annotation("public.ok", "secret.x")
+        s.client(hostile.transfer(0, 0, 0, message))
+        assert not [e for e in s.events if isinstance(e, MessageDenied)]
+        assert [payload for _, _, payload in s.take(Side.ROUTER)] == [message]
+
     def test_a_canonical_relay_message_passes(self):
         s = self.relay()
         s.client(hostile.transfer(0, 0, 0, hostile.message_to("public.ok")))
