@@ -645,7 +645,7 @@ class Stack:
                  targets: Iterable[str] = TARGETS, proxy_pythonpath: str | None = None,
                  policy: Path = POLICY_FILE) -> None:
         """Create (not start)."""
-        from run_all import BenchHAProxy
+        from pinned import BenchHAProxy
 
         self.targets_wanted = tuple(targets)
         self.router = Router(qenv, rundir)
