@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import loadgen
-import run_all
+import pinned as run_all  # the pinned bench's helpers (peer, proxy, samples, quiet wait)
 
 sys.path.insert(0, str(run_all.ROOT))
 sys.path.insert(0, str(run_all.ROOT / "src"))
