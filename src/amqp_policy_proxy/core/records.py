@@ -8,11 +8,7 @@ changes them is in :mod:`.sessions` (Begin, Attach, Detach, End, Flow) and :mod:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .numbering import DeliveryNumbering
-    from .shaping import ShapedLink, ShapedSession
+from typing import Any
 
 
 class ReservedPool:
@@ -91,9 +87,10 @@ class LinkRecord:
         """Receiver whose principal lacks the persistent authority: durable delivered as false."""
         self.rewrite_durable = False
         """The router-to-client delivery in progress gets its ``durable`` flag cleared."""
-        self.shaper: ShapedLink | None = None
-        """A sending link under the user's message or byte rate (:mod:`.shaping`): its
-        Transfers leave the fast path and are charged."""
+        self.shaper: Any = None
+        """A sending link under the user's message or byte rate: its
+        :class:`.shaping.ShapedLink` (the Transfers leave the fast path and are charged);
+        typed ``Any`` here so that the records, which shaping reads, import nothing of it."""
         self.withheld = 0
         """Client deliveries on this sender link the router never saw (decision 0002): the
         router's ``delivery-count`` is this much behind the client's (mod 2**32)."""
@@ -149,12 +146,12 @@ class SessionRecord:
         """The first transfer-id (router numbering) the router's own window does not cover."""
         self.router_out_window = 0
         """The router's last outgoing-window."""
-        self.shaping: ShapedSession | None = None
-        """Set on connections under a message or byte rate: both legs' Flows on this session
-        are read (:mod:`.shaping`)."""
-        self.numbering: DeliveryNumbering | None = None
-        """The client's and the router's delivery-ids once a delivery was withheld
-        (:mod:`.numbering`); None while they are the same."""
+        self.shaping: Any = None
+        """Set on connections under a message or byte rate: the session's
+        :class:`.shaping.ShapedSession` (both legs' Flows on this session are read)."""
+        self.numbering: Any = None
+        """The client's and the router's delivery-ids once a delivery was withheld: a
+        :class:`.numbering.DeliveryNumbering`; None while they are the same."""
         self.tracks_router = False
         """A sender link where a delivery may be withheld is attached: the router's flow state
         (windows, link credit, next-outgoing-id and Transfers since) is kept from its Flows,
