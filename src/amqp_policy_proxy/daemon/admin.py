@@ -185,15 +185,23 @@ def build_app(control: Control, token: str = "", forwarded_peer: bool = False
         forwarded_peer: trust ``X-Admin-Peer`` (a worker's private socket, which only the
             service's own user can reach).
     """
-    app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
+    app = _application(token, (_status, _connections, _close, _pause, _resume))
     app[_CONTROL_KEY] = control
-    app[_TOKEN_KEY] = token
     app[_FORWARDED_KEY] = forwarded_peer
-    app.router.add_get(f"{API_PREFIX}/status", _status)
-    app.router.add_get(f"{API_PREFIX}/connections", _connections)
-    app.router.add_post(f"{API_PREFIX}/connections/close", _close)
-    app.router.add_post(f"{API_PREFIX}/vhosts/pause", _pause)
-    app.router.add_post(f"{API_PREFIX}/vhosts/resume", _resume)
+    return app
+
+
+def _application(token: str, handlers: tuple[Any, Any, Any, Any, Any]) -> web.Application:
+    """The API's routes (status, connections, close, pause, resume: the module docstring's
+    table, in that order) served by ``handlers``, behind the token guard."""
+    status, connections, close, pause, resume = handlers
+    app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
+    app[_TOKEN_KEY] = token
+    app.router.add_get(f"{API_PREFIX}/status", status)
+    app.router.add_get(f"{API_PREFIX}/connections", connections)
+    app.router.add_post(f"{API_PREFIX}/connections/close", close)
+    app.router.add_post(f"{API_PREFIX}/vhosts/pause", pause)
+    app.router.add_post(f"{API_PREFIX}/vhosts/resume", resume)
     return app
 
 
@@ -467,12 +475,7 @@ def build_workers_app(workers: Callable[[], list[WorkerAdmin]], token: str = ""
         workers: the running workers' private admin sockets, asked at each request.
         token: the bearer token TCP requests must carry.
     """
-    app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
-    app[_TOKEN_KEY] = token
+    app = _application(token, (_workers_status, _workers_connections, _workers_close,
+                               _workers_vhost, _workers_vhost))
     app[_WORKERS_KEY] = workers
-    app.router.add_get(f"{API_PREFIX}/status", _workers_status)
-    app.router.add_get(f"{API_PREFIX}/connections", _workers_connections)
-    app.router.add_post(f"{API_PREFIX}/connections/close", _workers_close)
-    app.router.add_post(f"{API_PREFIX}/vhosts/pause", _workers_vhost)
-    app.router.add_post(f"{API_PREFIX}/vhosts/resume", _workers_vhost)
     return app

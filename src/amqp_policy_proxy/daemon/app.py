@@ -400,26 +400,18 @@ class Daemon:
         servers: dict[int, ssl.SSLContext] = {}
         upstreams: dict[UpstreamConfig, ssl.SSLContext] = {}
         issues: list[str] = []
-        for i, listener in enumerate(self.config.listeners):
-            try:
-                ctx = self.server_ssl_context(listener)
-            except OSError as exc:  # ssl.SSLError is an OSError
-                issues.append(f"listener[{i}] {listener.address}: TLS files "
-                              f"({listener.tls_cert}, {listener.tls_key}, {listener.tls_ca}): "
-                              f"{exc}")
-                continue
-            if ctx is not None:
-                servers[i] = ctx
-        for i, upstream in enumerate(self.config.upstreams):
-            try:
-                uctx = self.build_upstream_ssl_context(upstream)
-            except OSError as exc:
-                issues.append(f"upstream[{i}] {upstream.address}: TLS files "
-                              f"({upstream.tls_ca}, {upstream.tls_cert}, {upstream.tls_key}): "
-                              f"{exc}")
-                continue
-            if uctx is not None:
-                upstreams[upstream] = uctx
+        for key, ends, build, into in (
+                ("listener", self.config.listeners, self.server_ssl_context, servers),
+                ("upstream", self.config.upstreams, self.build_upstream_ssl_context, upstreams)):
+            for i, end in enumerate(ends):
+                try:
+                    ctx = build(end)
+                except OSError as exc:  # ssl.SSLError is an OSError
+                    issues.append(f"{key}[{i}] {end.address}: TLS files ({end.tls_cert}, "
+                                  f"{end.tls_key}, {end.tls_ca}): {exc}")
+                    continue
+                if ctx is not None:
+                    into[i if key == "listener" else end] = ctx  # type: ignore[index]
         if issues:
             raise ConfigError(issues)
         return servers, upstreams
