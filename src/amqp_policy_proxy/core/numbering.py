@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..amqp.errors import AmqpError
+from ..amqp.errors import AmqpError, InvalidFieldError
 from ..amqp.performatives import Disposition, Flow, decode_performative
 from ..amqp.transfer import read_flow_fields
 from .records import LinkRecord, SessionRecord
@@ -96,11 +96,15 @@ class DeliveryNumbering:
 
     def withhold(self, delivery_id: int | None) -> None:
         """The delivery starting with this client first frame is withheld (never forwarded);
-        ``delivery_id`` None is the implicit next one."""
+        ``delivery_id`` None is the implicit next one.
+
+        Raises:
+            InvalidFieldError: ``delivery_id`` is not the session's next one.
+        """
         nxt = self.next
         u = nxt if delivery_id is None else near(delivery_id, nxt)
-        if u < nxt:
-            return  # an id the client already used: nothing new to number
+        if u != nxt:
+            raise _sequencing_error(nxt, delivery_id)
         cur = self.eras[-1]
         if u == cur.start:  # nothing forwarded since the last withheld delivery
             cur.start = u + 1
@@ -117,11 +121,16 @@ class DeliveryNumbering:
         """The router's delivery-id (wire value) for a forwarded first frame, None to leave the
         field as it is (absent: the implicit next id is right on both sides; or an id the map
         does not know). ``complete``: the delivery ends settled in this frame (nothing will
-        name it again)."""
+        name it again).
+
+        Raises:
+            InvalidFieldError: ``delivery_id`` is not the session's next one.
+        """
         nxt = self.next
         u = nxt if delivery_id is None else near(delivery_id, nxt)
-        if u >= nxt:
-            self.next = u + 1
+        if u != nxt:
+            raise _sequencing_error(nxt, delivery_id)
+        self.next = u + 1
         era = self._era(u)
         if era is None:
             return None
@@ -222,6 +231,15 @@ class DeliveryNumbering:
 
 
 # ---------------------------------------------------------------------- frames
+
+
+def _sequencing_error(expected: int, got: int | None) -> InvalidFieldError:
+    """A first frame whose delivery-id is not the session's next one (Part 2 §2.7.5: the
+    sender numbers its deliveries in order). Once the proxy renumbers a session the router
+    cannot see the client's own numbering, so the proxy refuses it as proton does
+    (``sequencing error, expected delivery-id E, got G``) instead of guessing."""
+    return InvalidFieldError(f"sequencing error, expected delivery-id {expected & MASK}, "
+                             f"got {got}")
 
 
 def _range(perf: Disposition, a: int, b: int) -> Disposition:

@@ -7,9 +7,11 @@ and across 2**32, against a reference that numbers every delivery by hand.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from amqp_policy_proxy.amqp.errors import InvalidFieldError
 from amqp_policy_proxy.amqp.performatives import Accepted, Disposition, Flow
 from amqp_policy_proxy.core.numbering import (
     MASK,
@@ -129,6 +131,21 @@ class TestDispositions:
         n.withhold(4)
         n.forget_handle(7)
         assert 1 not in n.live and 3 in n.live and len(n.eras) == 3
+
+
+def test_a_delivery_id_out_of_sequence_is_refused_as_proton_does():
+    """Once a session is renumbered the router cannot see the client's numbering: a first
+    frame that reuses or skips a delivery-id is refused (found by the differential fuzzer: a
+    reused unsettled id 0 got 'accepted' and 'rejected' both)."""
+    n = DeliveryNumbering(4)  # 4 withheld: the client's next is 5
+    for bad in (4, 0, 7):
+        with pytest.raises(InvalidFieldError, match="sequencing error, expected delivery-id 5"):
+            n.forward_first(bad, 0, complete=False)
+        with pytest.raises(InvalidFieldError, match="sequencing error"):
+            n.withhold(bad)
+    assert n.forward_first(5, 0, complete=False) == 4
+    n.withhold(None)  # the implicit next one (6)
+    assert n.forward_first(7, 0, complete=True) == 5
 
 
 def test_flows_of_a_sender_link_carry_its_withheld_count():
