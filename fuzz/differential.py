@@ -483,6 +483,7 @@ def _client_deliveries(data: bytes) -> ClientDeliveries | None:
     found = ClientDeliveries()
     nxt: dict[int, int | None] = {}  # channel -> next delivery-id
     streaming: dict[tuple[int, int], bytes | None] = {}  # (channel, handle) -> its tag
+    current: dict[tuple[int, int], int | None] = {}  # (channel, handle) -> its delivery-id
     for channel, perf in frames:
         if isinstance(perf, Begin):
             nxt[channel] = None
@@ -501,6 +502,9 @@ def _client_deliveries(data: bytes) -> ClientDeliveries | None:
                 if channel == 0:
                     found.tags[did] = tag
             streaming[key] = tag
+            current[key] = did
+        elif perf.delivery_id is not None and int(perf.delivery_id) != current.get(key):
+            found.contiguous = False  # a continuation naming another delivery (§2.7.5)
         tag = streaming[key]
         if perf.aborted and tag is not None:
             found.aborted_tags.add(tag)
