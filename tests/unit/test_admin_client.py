@@ -65,7 +65,16 @@ def test_a_daemon_error_is_shown_with_its_text_and_status(tmp_path: Path) -> Non
 
     def answer() -> None:
         conn, _ = server.accept()
-        conn.recv(65536)
+        # read the whole request (headers and body may come in two writes): answering
+        # before the body is in would make the client's second write fail with EPIPE
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(rest) < length:
+            rest += conn.recv(65536)
         body = b'{"error": "no vhost \'x\' in the running policy"}'
         conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)

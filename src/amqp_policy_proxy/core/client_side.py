@@ -61,6 +61,16 @@ from .wire import error, frame
 logger = logging.getLogger(__name__)
 
 _HDR = Struct(">IBBH")
+
+# Enum members under module names for the per-frame loops: looking a member up on its class
+# costs ~70 ns on CPython 3.11 (a plain name ~15), several times per frame.
+_OPENED = ClientState.OPENED
+_CLOSING = ClientState.CLOSING
+_TRANSFER = Descriptor.TRANSFER
+_DISPOSITION = Descriptor.DISPOSITION
+_FLOW = Descriptor.FLOW
+_CLOSE = Descriptor.CLOSE
+_AMQP_FRAME = FrameType.AMQP
 #: Bytes a client may pipeline behind its Open before the admission decision.
 PIPELINED_LIMIT = 4 * 1024 * 1024
 
@@ -165,7 +175,7 @@ class ClientSide:
         sides = self.sides
         while pos < end:
             state = sides.client
-            if state is ClientState.OPENED:
+            if state is _OPENED:
                 # The admitted steady state; returns at a partial frame, a frame it leaves to
                 # the general code below, or once the state has changed.
                 pos = self.fast.relay(buf, pos, end, now)
@@ -203,11 +213,11 @@ class ClientSide:
             fend = pos + size
             if mode == _SASL:
                 self._sasl_frame(buf, pos, doff, ftype, fend, now)
-            elif state is ClientState.OPENED or (
+            elif state is _OPENED or (
                 # a Close under way: the client's frames still count while the router leg is
                 # open (drain: the client may settle deliveries until it answers the Close);
                 # once the proxy closed the router leg itself they have nowhere to go
-                state is ClientState.CLOSING
+                state is _CLOSING
                 and not sides.client_close_received()
                 and not sides.router_close_sent()
                 and self.ctx.opened_at is not None
@@ -424,21 +434,21 @@ class ClientSide:
             never begun. IllegalStateError: a performative the client may not send.
             DecodeError: not canonical.
         """
-        if ftype != FrameType.AMQP:
+        if ftype != _AMQP_FRAME:
             raise FramingError("SASL frame after SASL negotiation")
         body = pos + doff * DOFF_UNIT
         if body == fend:
             return True  # heartbeat
         sessions = self.sessions
         code = is_transfer_descriptor(buf, body, fend)
-        if code == Descriptor.TRANSFER:
+        if code == _TRANSFER:
             self.ctx.figures.transfers_in += 1
             forward = self.deliveries.client_transfer(buf, body, channel, fend, now)
             session = sessions.sessions.get(channel)
             if session is not None and sessions.window_frames is not None:
                 sessions.reopen_window(session)
             return forward
-        if code == Descriptor.DISPOSITION:
+        if code == _DISPOSITION:
             if channel in sessions.denied_sessions:
                 return False
             session = sessions.sessions.get(channel)
@@ -446,7 +456,7 @@ class ClientSide:
                 raise NotAllowedError(f"disposition on channel {channel} that was never begun")
             if session.numbering is None:
                 return True
-        if code == Descriptor.FLOW:
+        if code == _FLOW:
             session = sessions.sessions.get(channel)
             if session is None:
                 if channel in sessions.denied_sessions:
@@ -455,7 +465,7 @@ class ClientSide:
             if (not session.denied_handles and not session.dropped_transfers
                     and session.shaping is None):
                 return True
-        if code == Descriptor.CLOSE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
+        if code == _CLOSE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
             perf: Any = EMPTY_CLOSE
         else:
             # what the proxy decides on must be what the router reads (decision 0005)

@@ -61,6 +61,15 @@ from .state import ClientState, RouterState
 from .wire import frame, run_data
 
 _HDR = Struct(">IBBH")
+
+# Enum members under module names for the per-frame loops: looking a member up on its class
+# costs ~70 ns on CPython 3.11 (a plain name ~15), several times per frame.
+_AMQP = RouterState.AMQP
+_TRANSFER = Descriptor.TRANSFER
+_DISPOSITION = Descriptor.DISPOSITION
+_FLOW = Descriptor.FLOW
+_CLOSE = Descriptor.CLOSE
+_OPEN = Descriptor.OPEN
 _U32 = Struct(">I")
 UINT_MAX = 0xFFFFFFFF
 #: The mechanisms the proxy offers when it must answer a SASL client itself (no upstream):
@@ -253,7 +262,7 @@ class RouterSide:
         sessions = self.sessions
         figures = ctx.figures
         shaped = sessions.shaping is not None  # set at admission, never while relaying
-        while end - pos >= FRAME_HEADER_SIZE and sides.router is RouterState.AMQP:
+        while end - pos >= FRAME_HEADER_SIZE and sides.router is _AMQP:
             size, doff, ftype, channel = unpack(buf, pos)
             if not frame_header_ok(size, doff, ftype, limit):
                 check_frame_header(size, doff, ftype, limit, FrameType.AMQP)
@@ -268,7 +277,7 @@ class RouterSide:
                 code = buf[body + 2]  # is_transfer_descriptor's common case, inline
             else:
                 code = is_transfer_descriptor(buf, body, fend)
-            if code == Descriptor.TRANSFER:
+            if code == _TRANSFER:
                 figures.transfers_out += 1
                 if shaped or sessions.count_router_transfers:
                     session = sessions.router_sessions.get(channel)
@@ -283,12 +292,12 @@ class RouterSide:
                         run_start = fend
                 pos = fend
                 continue
-            if code == Descriptor.DISPOSITION:
+            if code == _DISPOSITION:
                 session = sessions.router_sessions.get(channel) if sessions.renumbering else None
                 if session is None or session.numbering is None:
                     pos = fend
                     continue
-            if code == Descriptor.FLOW:
+            if code == _FLOW:
                 session = sessions.router_sessions.get(channel)
                 if session is None or (
                     not session.dropped_transfers and sessions.window_frames is None
@@ -302,9 +311,9 @@ class RouterSide:
             if pos > run_start:
                 wire.send(Side.CLIENT, run_data(buf, run_start, pos))
             perf: Any = None
-            if code == Descriptor.CLOSE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
+            if code == _CLOSE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
                 perf = EMPTY_CLOSE
-            elif code == Descriptor.OPEN:
+            elif code == _OPEN:
                 # relayed as it came (or patched): read what the proxy needs from its bytes
                 perf = read_open_head(bytes(buf[body:fend]), strict=False)
             if perf is None:
@@ -320,7 +329,7 @@ class RouterSide:
             if replacement:
                 wire.send(Side.CLIENT, replacement)
             pos = run_start = fend
-        if pos > run_start and sides.router is RouterState.AMQP:
+        if pos > run_start and sides.router is _AMQP:
             wire.send(Side.CLIENT, run_data(buf, run_start, pos))
         return pos
 

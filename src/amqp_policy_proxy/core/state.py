@@ -40,6 +40,11 @@ class IllegalTransition(RuntimeError):
 class ClientState(Enum):
     """The client leg: where the client is in its protocol, and what its bytes are."""
 
+    # Members are singletons compared by identity: hash them as objects (C), not through
+    # Enum.__hash__ (a Python call), since the transition tables and the state sets look
+    # states up several times per frame.
+    __hash__ = object.__hash__
+
     AWAIT_HEADER = "await_header"
     """Nothing received yet: the next 8 bytes are a protocol header."""
     SASL = "sasl"
@@ -68,6 +73,11 @@ class ClientState(Enum):
 class RouterState(Enum):
     """The router leg: where the upstream connection is, and what its bytes are."""
 
+    # Members are singletons compared by identity: hash them as objects (C), not through
+    # Enum.__hash__ (a Python call), since the transition tables and the state sets look
+    # states up several times per frame.
+    __hash__ = object.__hash__
+
     IDLE = "idle"
     """No upstream connection asked for yet (the client's protocol header is awaited)."""
     CONNECTING = "connecting"
@@ -90,6 +100,11 @@ class RouterState(Enum):
 
 class CloseState(Enum):
     """The AMQP Close exchange on one leg (Part 2 §2.4.3)."""
+
+    # Members are singletons compared by identity: hash them as objects (C), not through
+    # Enum.__hash__ (a Python call), since the transition tables and the state sets look
+    # states up several times per frame.
+    __hash__ = object.__hash__
 
     NONE = "none"
     SENT = "sent"
