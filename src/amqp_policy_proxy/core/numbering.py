@@ -101,10 +101,7 @@ class DeliveryNumbering:
         Raises:
             InvalidFieldError: ``delivery_id`` is not the session's next one.
         """
-        nxt = self.next
-        u = nxt if delivery_id is None else near(delivery_id, nxt)
-        if u != nxt:
-            raise _sequencing_error(nxt, delivery_id)
+        u = self._take_next(delivery_id)
         cur = self.eras[-1]
         if u == cur.start:  # nothing forwarded since the last withheld delivery
             cur.start = u + 1
@@ -114,7 +111,6 @@ class DeliveryNumbering:
             self.eras.append(Era(u + 1, None, cur.shift + 1, 0))
             if cur.live == 0:
                 self.eras.remove(cur)
-        self.next = u + 1
         self._expire()
 
     def forward_first(self, delivery_id: int | None, handle: int, complete: bool) -> int | None:
@@ -126,11 +122,7 @@ class DeliveryNumbering:
         Raises:
             InvalidFieldError: ``delivery_id`` is not the session's next one.
         """
-        nxt = self.next
-        u = nxt if delivery_id is None else near(delivery_id, nxt)
-        if u != nxt:
-            raise _sequencing_error(nxt, delivery_id)
-        self.next = u + 1
+        u = self._take_next(delivery_id)
         era = self._era(u)
         if era is None:
             return None
@@ -138,6 +130,19 @@ class DeliveryNumbering:
             self.live[u] = (era, handle)
             era.live += 1
         return None if delivery_id is None else (u - era.shift) & MASK
+
+    def _take_next(self, delivery_id: int | None) -> int:
+        """The session's next client delivery-id (unbounded), taken by a first frame whose
+        ``delivery-id`` (wire value; None: implicit) must be it.
+
+        Raises:
+            InvalidFieldError: ``delivery_id`` is not the session's next one.
+        """
+        nxt = self.next
+        if delivery_id is not None and delivery_id != nxt & MASK:
+            raise _sequencing_error(nxt, delivery_id)
+        self.next = nxt + 1
+        return nxt
 
     def forward_more(self, delivery_id: int) -> int | None:
         """The router's id for the delivery-id a continuation frame repeats (None: unknown)."""

@@ -291,15 +291,20 @@ class FleetLedger:
         return self._fallback_op(_Admit(conn_id, vhost.hostname, group.name, user, remote_host,
                                         connection_limits(vhost, group), 0.0, enforce))
 
-    def _answer_fallback(self, op: _Admit) -> None:
-        """Answer a queued or in-flight admission from the failure mode (once)."""
+    def _settle(self, op: _Admit) -> bool:
+        """Mark ``op`` answered (its timer cancelled, no longer pending); False when it was
+        answered already (the first answer, store or fallback, is the one that counts)."""
         if op.answered:
-            return
+            return False
         op.answered = True
         if op.timer is not None:
             op.timer.cancel()
         self._pending.pop(op.conn_id, None)
-        if op.cancelled:
+        return True
+
+    def _answer_fallback(self, op: _Admit) -> None:
+        """Answer a queued or in-flight admission from the failure mode (once)."""
+        if not self._settle(op) or op.cancelled:
             return
         reason = self._fallback_op(op)
         self.on_answer(op.conn_id, reason)
@@ -455,14 +460,10 @@ class FleetLedger:
 
     def _store_answered(self, op: _Admit, scope: int, now: float) -> None:
         """The store counted (0) or denied an admission; late answers only fix the store."""
-        if op.answered:
+        if not self._settle(op):
             # decided by the fallback meanwhile; what the store counted is rewritten when
             # the ledger leaves the fallback
             return
-        op.answered = True
-        if op.timer is not None:
-            op.timer.cancel()
-        self._pending.pop(op.conn_id, None)
         self.observer.ledger_latency(now - op.asked)
         if scope > 0:
             if not op.cancelled:
