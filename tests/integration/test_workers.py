@@ -226,21 +226,26 @@ def _free() -> int:
     return free_port()
 
 
-def _children(pid: int) -> list[int]:
-    """The live child processes of ``pid`` running the proxy (the workers)."""
+def _live_processes() -> list[tuple[int, int, bytes]]:
+    """``(pid, parent pid, command line)`` of every live (not zombie) process."""
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             cmd = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z" and b"amqp_policy_proxy" in cmd:
-            out.append(int(entry.name))
-    return sorted(out)
+        if fields[0] != "Z":
+            out.append((int(entry.name), int(fields[1]), cmd))
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` running the proxy (the workers)."""
+    return sorted(p for p, parent, cmd in _live_processes()
+                  if parent == pid and b"amqp_policy_proxy" in cmd)
 
 
 def test_workers_that_refuse_the_policy_stop_the_parent_with_exit_2(tmp_path: Path) -> None:
@@ -256,17 +261,7 @@ def test_workers_that_refuse_the_policy_stop_the_parent_with_exit_2(tmp_path: Pa
 
 def _processes_running(needle: bytes) -> list[int]:
     """Live processes whose command line contains ``needle``."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "cmdline").read_bytes() and \
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                out.append(int(entry.name))
-        except OSError:
-            continue
-    return out
+    return [p for p, _parent, cmd in _live_processes() if needle in cmd]
 
 
 def test_nothing_outlives_a_parent_killed_with_sigkill(tmp_path: Path) -> None:
@@ -290,9 +285,7 @@ def test_nothing_outlives_a_parent_killed_with_sigkill(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
         assert wait_for(lambda: not _processes_running(str(run).encode()), timeout=10)
-        assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() and
-                                        (Path(f"/proc/{p}/stat").read_text()
-                                         .rsplit(")", 1)[1].split()[0] != "Z")
-                                        for p in workers), timeout=15)
+        assert wait_for(lambda: not {p for p, _, _ in _live_processes()} & set(workers),
+                        timeout=15)
     finally:
         shutil.rmtree(run, ignore_errors=True)
