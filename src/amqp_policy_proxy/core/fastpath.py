@@ -22,18 +22,16 @@ from ..amqp.constants import (
     DOFF_UNIT,
     FRAME_HEADER_SIZE,
     SMALLULONG,
-    Descriptor,
+    TRANSFER_CODE,
 )
 from ..amqp.framing import PROTOCOL_HEADER_MIN_SIZE, frame_header_ok
 from ..amqp.transfer import read_transfer_fields
 from .context import Context
 from .deliveries import Deliveries
 from .sessions import Sessions
-from .state import ClientState
+from .state import C_OPENED
 
 _HDR = Struct(">IBBH")
-_TRANSFER = Descriptor.TRANSFER
-_OPENED = ClientState.OPENED  # a module name: an Enum class lookup costs ~70 ns
 #: A size of this or more may be a protocol header ("AMQP" read as a size): never a run frame.
 _RUN_FRAME_LIMIT = PROTOCOL_HEADER_MIN_SIZE - 1
 #: "No maxMessageSize" for the C scanner (which takes a signed 64-bit limit).
@@ -105,7 +103,7 @@ class FastPath:
                     fend - body > 3
                     and buf[body] == DESCRIBED
                     and buf[body + 1] == SMALLULONG
-                    and buf[body + 2] == _TRANSFER
+                    and buf[body + 2] == TRANSFER_CODE
                 ):
                     transfers += 1
                     session = sessions.get(channel)
@@ -178,7 +176,7 @@ class FastPath:
                     wire.flush_run()
                     run_start, run_end = wire.run_start, wire.run_end
                 pos = fend
-                if sides.client is not _OPENED:
+                if sides.client is not C_OPENED:
                     break
         finally:
             wire.run_start, wire.run_end = run_start, run_end

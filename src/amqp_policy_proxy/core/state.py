@@ -114,6 +114,13 @@ class CloseState(Enum):
     BOTH = "both"
 
 
+# States the per-frame loops test, as plain module names (an Enum class lookup costs ~70 ns on
+# CPython 3.11, a module name ~15).
+C_OPENED = ClientState.OPENED
+C_CLOSING = ClientState.CLOSING
+R_AMQP = RouterState.AMQP
+
+
 _C = ClientState
 _R = RouterState
 _ANY_CLIENT_END = {_C.STOPPED, _C.CLOSED}
