@@ -69,6 +69,7 @@ from amqp_policy_proxy.amqp.performatives import (  # noqa: E402
 )
 from amqp_policy_proxy.core.commands import SendData, Side  # noqa: E402
 from amqp_policy_proxy.core.connection import ProxyConnection  # noqa: E402
+from amqp_policy_proxy.ingress.peer import client_address  # noqa: E402
 from amqp_policy_proxy.limits.connections import ConnectionLedger  # noqa: E402
 from amqp_policy_proxy.limits.rates import RateLimits  # noqa: E402
 from amqp_policy_proxy.policy.load import load_policy  # noqa: E402
@@ -100,8 +101,13 @@ def _policy(name: str) -> Any:
 RATES = RateLimits()
 
 
+#: The client's address as the daemon hands it to the core: parsed once per peer address by the
+#: daemon's peer cache (``Daemon.peer_address``), not once per connection.
+PEER = client_address("127.0.0.1")
+
+
 def _connection(policy: Any, conn_id: str = "bench") -> ProxyConnection:
-    return ProxyConnection(conn_id, remote_host="127.0.0.1", listener="127.0.0.1:5672",
+    return ProxyConnection(conn_id, remote_host=PEER, listener="127.0.0.1:5672",
                            policy=policy, ledger=ConnectionLedger(1 << 30), now=0.0,
                            rates=RATES)
 

@@ -31,7 +31,7 @@ def other(side: Side) -> Side:
     return Side.ROUTER if side is Side.CLIENT else Side.CLIENT
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendData:
     """Write ``data`` (forwarded original bytes or synthesized frames) to ``side``."""
 
@@ -39,19 +39,19 @@ class SendData:
     data: bytes | bytearray | memoryview
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConnectRouter:
     """Open the upstream transport (issued once the client's protocol header is valid)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CloseTransport:
     """Close ``side``'s TCP transport after flushing what was written before."""
 
     side: Side
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Emit:
     """Publish an observability event."""
 

@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ProxyEvent:
     """Base of every event: which connection, when, and who (as far as known)."""
 
@@ -46,7 +46,7 @@ class ProxyEvent:
     (``remote_host`` is then the client's); None on listeners without ``proxy_protocol``."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ConnectionApproved(ProxyEvent):
     """The client's Open passed every admission rule; the Open is on its way to the router."""
 
@@ -54,7 +54,7 @@ class ConnectionApproved(ProxyEvent):
     """The Open hostname the client asked for (may differ from the resolved vhost)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ConnectionDenied(ProxyEvent):
     """The connection was refused (at TCP accept, at Open, or by the handshake timeout)."""
 
@@ -64,7 +64,7 @@ class ConnectionDenied(ProxyEvent):
     description: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ConnectionClosed(ProxyEvent):
     """An approved connection ended, with the figures a capacity planner needs."""
 
@@ -89,14 +89,14 @@ class ConnectionClosed(ProxyEvent):
     """One of :data:`amqp_policy_proxy.eventlog.schema.CLOSE_REASONS`."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class SessionDenied(ProxyEvent):
     """A Begin beyond maxSessions got Begin+End (QDR ``session disallowed by local policy``)."""
 
     channel: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class LinkDenied(ProxyEvent):
     """An Attach got Attach+Detach(closed) (QDR ``link disallowed by local policy``)."""
 
@@ -106,7 +106,7 @@ class LinkDenied(ProxyEvent):
     reason: LinkDenyReason
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class MessageDenied(ProxyEvent):
     """A delivery was rejected by policy (relay target, user-id proxy, message size)."""
 
@@ -116,7 +116,7 @@ class MessageDenied(ProxyEvent):
     """Bytes of the delivery payload seen so far."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class OpenDecided(ProxyEvent):
     """The client's Open was decided (the audit trail's ``auth_decision``): every admission
     decision, allowed or denied, with the rule that decided it.
@@ -140,7 +140,7 @@ class OpenDecided(ProxyEvent):
     """The Open hostname the client asked for."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ShadowDenied(ProxyEvent):
     """A denial that shadow mode let through (``enforcement: shadow``): the connection, session,
     link or message was allowed; logged ``SHADOW DENY ...`` with the denial's own fields."""
@@ -156,7 +156,7 @@ class ShadowDenied(ProxyEvent):
     """For a link or a message: the address, when it has one."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ProtocolViolation(ProxyEvent):
     """A side broke the protocol; the connection was closed with ``condition``."""
 
@@ -166,7 +166,7 @@ class ProtocolViolation(ProxyEvent):
     description: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class UpstreamConnectFailed(ProxyEvent):
     """Connecting to one upstream failed (the next one, if any, is tried)."""
 
@@ -174,7 +174,7 @@ class UpstreamConnectFailed(ProxyEvent):
     """The upstream address ``HOST:PORT``."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class PolicyReloaded:
     """A policy reload finished (``result`` ``ok`` or ``error``). Not tied to a connection."""
 
@@ -184,7 +184,7 @@ class PolicyReloaded:
     issues: tuple[str, ...] = field(default=())
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class AdminAction:
     """An operator changed something through the admin interface (``admin_action`` in the
     event log). Emitted by the daemon; not tied to a connection."""
