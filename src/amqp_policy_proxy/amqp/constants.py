@@ -90,6 +90,7 @@ TRANSFER_CODE = Descriptor.TRANSFER
 DISPOSITION_CODE = Descriptor.DISPOSITION
 CLOSE_CODE = Descriptor.CLOSE
 AMQP_FRAME = FrameType.AMQP
+SASL_FRAME = FrameType.SASL
 
 
 #: Symbolic descriptors, as a peer may send them instead of the numeric code.

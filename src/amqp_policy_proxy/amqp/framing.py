@@ -11,18 +11,19 @@ from dataclasses import dataclass
 from struct import Struct
 
 from .constants import (
+    AMQP_FRAME,
     AMQP_HEADER,
     FRAME_HEADER_SIZE,
+    SASL_FRAME,
     SASL_HEADER,
     TLS_HEADER,
-    FrameType,
 )
 from .errors import FramingError
 
 _HEADER = Struct(">IBBH")
 
 #: An empty AMQP frame (heartbeat) on channel 0: SIZE 8, DOFF 2, TYPE 0.
-EMPTY_FRAME = _HEADER.pack(8, 2, FrameType.AMQP, 0)
+EMPTY_FRAME = _HEADER.pack(8, 2, AMQP_FRAME, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ PROTOCOL_HEADER_MIN_SIZE = 0x41000000
 
 
 def frame_header_ok(size: int, doff: int, ftype: int, max_frame_size: int,
-                    frame_type: int = FrameType.AMQP) -> bool:
+                    frame_type: int = AMQP_FRAME) -> bool:
     """The frame-header rule (Part 2 §2.3.1), the one every loop of the proxy applies.
 
     SIZE from 8 (the header alone) up to ``max_frame_size``; DOFF at least 2 (the 8-byte header)
@@ -70,7 +71,7 @@ def check_frame_header(size: int, doff: int, ftype: int, max_frame_size: int,
         FramingError: "malformed frame" with the reason: SIZE below 8 or above
             ``max_frame_size``, DOFF below 2 or pointing past the frame, an unexpected TYPE.
     """
-    expected = ftype if frame_type is None and ftype in (FrameType.AMQP, FrameType.SASL) \
+    expected = ftype if frame_type is None and ftype in (AMQP_FRAME, SASL_FRAME) \
         else frame_type
     if expected is not None and frame_header_ok(size, doff, ftype, max_frame_size, expected):
         return
@@ -104,7 +105,7 @@ def parse_frame_header(
     return FrameHeader(size, doff, ftype, channel)
 
 
-def encode_frame(channel: int, body: bytes, frame_type: int = FrameType.AMQP) -> bytes:
+def encode_frame(channel: int, body: bytes, frame_type: int = AMQP_FRAME) -> bytes:
     """Return a whole frame (header + body) with DOFF 2.
 
     Args:

@@ -40,13 +40,13 @@ from ..policy import decisions
 from ..policy.lookup import lookup_vhost
 from ..policy.model import GroupSettings
 from ..policy.reasons import ConnectionDenyReason, DenialKind
-from .commands import Side
+from .commands import ROUTER
 from .context import ROUTER_FRAME_LIMIT, Context
 from .events import ConnectionApproved, ConnectionDenied, OpenDecided
 from .rules import MessageRules
 from .sessions import USHORT_MAX, Sessions
 from .shadow import in_shadow, shadowed, verb
-from .state import ClientState
+from .state import C_DENIED, C_OPENED
 from .wire import error, frame
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ class Admission:
         ctx = self.ctx
         sides = self.sides
         wire = self.wire
-        sides.to_client(ClientState.DENIED)
+        sides.to_client(C_DENIED)
         ctx.close_reason = "denied"
         err = error(Condition.RESOURCE_LIMIT_EXCEEDED, C.CONNECTION_DISALLOWED)
         self._decided("deny", reason, rule, hostname, now)
@@ -327,7 +327,7 @@ class Admission:
         )
         wire.pending.clear()
         sides.stop_router()
-        wire.close_transport(Side.ROUTER)
+        wire.close_transport(ROUTER)
         ctx.send_open_close(err)
         ctx.linger(now)
 
@@ -338,7 +338,7 @@ class Admission:
         channels kept back for session denials)."""
         ctx = self.ctx
         ctx.governed = group is not None
-        self.sides.to_client(ClientState.OPENED)
+        self.sides.to_client(C_OPENED)
         ctx.opened_at = now
         if group is not None:
             self.rules.govern(group, ctx.user or "", ctx.tls_subject)
@@ -371,7 +371,7 @@ class Admission:
         # The router may send frames up to the client's max-frame-size.
         cmfs = UINT_MAX if open_.max_frame_size is None else int(open_.max_frame_size)
         ctx.router_frame_limit = max(C.MIN_MAX_FRAME_SIZE, min(cmfs, ROUTER_FRAME_LIMIT))
-        self.wire.send(Side.ROUTER, forward)
+        self.wire.send(ROUTER, forward)
 
     def release(self) -> None:
         """Uncount the connection in the ledger (once; nothing if it was never counted)."""

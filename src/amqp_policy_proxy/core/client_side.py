@@ -27,10 +27,10 @@ from ..amqp.constants import (
     FRAME_HEADER_SIZE,
     PROTOCOL_HEADER_FIRST_BYTE,
     PROTOCOL_HEADER_SIZE,
+    SASL_FRAME,
     TRANSFER_CODE,
     Condition,
     Descriptor,
-    FrameType,
     SaslCode,
 )
 from ..amqp.errors import FramingError, IllegalStateError, NotAllowedError, ResourceLimitError
@@ -53,7 +53,7 @@ from ..amqp.performatives import (
 )
 from ..amqp.sasl import ANONYMOUS_USER, identity_from_sasl_init
 from ..amqp.transfer import is_transfer_descriptor
-from .commands import ConnectRouter, SendData, Side
+from .commands import CLIENT, ROUTER, ConnectRouter, SendData
 from .context import Context
 from .deliveries import Deliveries
 from .events import ConnectionDenyReason, ProtocolViolation
@@ -61,12 +61,17 @@ from .fastpath import FastPath
 from .framebuf import feed
 from .sessions import Sessions
 from .state import (
+    C_AWAIT_HEADER,
+    C_AWAIT_OPEN,
     C_CLOSING,
+    C_DECIDING,
+    C_DENIED,
     C_OPENED,
+    C_SASL,
+    C_UNAVAILABLE,
     CLIENT_AMQP,
     CLIENT_SASL,
-    ClientState,
-    RouterState,
+    R_CONNECTING,
 )
 from .wire import error, frame
 
@@ -82,7 +87,7 @@ _HEADER, _SASL, _AMQP, _NONE = range(4)
 
 def sasl_outcome(code: SaslCode) -> bytes:
     """A sasl-outcome frame with ``code`` (Part 5 §5.3.3.6)."""
-    return frame(0, SaslOutcome(code=int(code)), ftype=FrameType.SASL)
+    return frame(0, SaslOutcome(code=int(code)), ftype=SASL_FRAME)
 
 
 class ClientSide:
@@ -135,12 +140,12 @@ class ClientSide:
         state = self.sides.client
         if state in CLIENT_AMQP:
             ctx = self.ctx
-            if state is ClientState.UNAVAILABLE and ctx.sasl_used and not ctx.sasl_ok:
+            if state is C_UNAVAILABLE and ctx.sasl_used and not ctx.sasl_ok:
                 return _SASL
             return _AMQP
         if state in CLIENT_SASL:
             return _SASL
-        if state is ClientState.AWAIT_HEADER:
+        if state is C_AWAIT_HEADER:
             return _HEADER
         return _NONE
 
@@ -243,7 +248,7 @@ class ClientSide:
         self.wire.emit(
             ProtocolViolation(
                 **conn.event_fields(now),
-                side=str(Side.CLIENT),
+                side=str(CLIENT),
                 condition=str(Condition.CONNECTION_FRAMING_ERROR),
                 description=C.UNKNOWN_PROTOCOL,
             )
@@ -252,8 +257,8 @@ class ClientSide:
         conn.handshake_deadline = None
         conn.send_open_close(error(Condition.CONNECTION_FRAMING_ERROR, C.UNKNOWN_PROTOCOL))
         self.sides.stop_client()
-        self.wire.close_transport(Side.ROUTER)
-        self.wire.close_transport(Side.CLIENT)
+        self.wire.close_transport(ROUTER)
+        self.wire.close_transport(CLIENT)
 
     def _header(self, header: bytes, now: float) -> None:
         """A protocol header (Part 2 §2.2): SASL or AMQP first, AMQP after SASL.
@@ -263,25 +268,25 @@ class ClientSide:
         """
         sides = self.sides
         state = sides.client
-        if state is ClientState.AWAIT_HEADER:
+        if state is C_AWAIT_HEADER:
             if header == C.SASL_HEADER:
                 self.ctx.sasl_used = True
-                sides.to_client(ClientState.SASL)
+                sides.to_client(C_SASL)
             elif header == C.AMQP_HEADER:
                 # no SASL: user anonymous, as in QDR
                 self.ctx.sasl_user = ANONYMOUS_USER
                 self.ctx.sasl_ok = True
-                sides.to_client(ClientState.AWAIT_OPEN)
+                sides.to_client(C_AWAIT_OPEN)
             else:
                 self._bad_header(now)
                 return
-            sides.to_router(RouterState.CONNECTING)
+            sides.to_router(R_CONNECTING)
             self.wire.out.append(ConnectRouter())
-            self.wire.send(Side.ROUTER, header)
+            self.wire.send(ROUTER, header)
             return
         if state in CLIENT_SASL and header == C.AMQP_HEADER:
-            sides.to_client(ClientState.AWAIT_OPEN)
-            self.wire.send(Side.ROUTER, header)
+            sides.to_client(C_AWAIT_OPEN)
+            self.wire.send(ROUTER, header)
             return
         raise FramingError(f"unexpected protocol header {header!r}")
 
@@ -298,7 +303,7 @@ class ClientSide:
             IllegalStateError: a second sasl-init, or another SASL frame.
             DecodeError: not canonical, or a malformed initial response.
         """
-        if ftype != FrameType.SASL:
+        if ftype != SASL_FRAME:
             raise FramingError("AMQP frame during SASL negotiation")
         body = pos + doff * DOFF_UNIT
         if body == fend:
@@ -321,16 +326,16 @@ class ClientSide:
                 self._refuse_impersonation(identity.user, identity.authzid, now)
                 return
             ctx.sasl_user = identity.user
-            if self.sides.client is ClientState.UNAVAILABLE:
+            if self.sides.client is C_UNAVAILABLE:
                 self.answer_unavailable()
                 return
-        self.wire.send(Side.ROUTER, bytes(buf[pos:fend]))
+        self.wire.send(ROUTER, bytes(buf[pos:fend]))
 
     def answer_unavailable(self) -> None:
         """No upstream authenticated the client: sasl-outcome ``sys-temp``, then close."""
         self.sides.stop_client()
-        self.wire.send(Side.CLIENT, sasl_outcome(SaslCode.SYS_TEMP))
-        self.wire.close_transport(Side.CLIENT)
+        self.wire.send(CLIENT, sasl_outcome(SaslCode.SYS_TEMP))
+        self.wire.close_transport(CLIENT)
 
     def _refuse_impersonation(self, user: str | None, authzid: str | None, now: float) -> None:
         """The client asks to act as ``authzid`` while authenticating as ``user``.
@@ -355,9 +360,9 @@ class ClientSide:
         conn.refuse_unopened(ConnectionDenyReason.AUTHZID, "sasl-outcome auth", now)
         wire = self.wire
         wire.pending.clear()
-        wire.out.append(SendData(Side.CLIENT, sasl_outcome(SaslCode.AUTH)))
-        wire.close_transport(Side.ROUTER)
-        wire.close_transport(Side.CLIENT)
+        wire.out.append(SendData(CLIENT, sasl_outcome(SaslCode.AUTH)))
+        wire.close_transport(ROUTER)
+        wire.close_transport(CLIENT)
 
     # ------------------------------------------------------------------ before the decision
 
@@ -373,13 +378,13 @@ class ClientSide:
             IllegalStateError: something else than an Open first.
             DecodeError: an Open that is not canonical.
         """
-        if ftype != FrameType.AMQP:
+        if ftype != AMQP_FRAME:
             raise FramingError("SASL frame after SASL negotiation")
         state = self.sides.client
-        if state in (ClientState.DENIED, ClientState.UNAVAILABLE, ClientState.CLOSING):
+        if state in (C_DENIED, C_UNAVAILABLE, C_CLOSING):
             self._after_close_frame(buf, pos, doff, fend)
             return
-        if state is ClientState.DECIDING:  # pipelined behind the Open: held until the decision
+        if state is C_DECIDING:  # pipelined behind the Open: held until the decision
             self.held += buf[pos:fend]
             if len(self.held) > PIPELINED_LIMIT:
                 raise ResourceLimitError("too much data pipelined before the Open decision")
@@ -399,7 +404,7 @@ class ClientSide:
             raise FramingError("Open on a channel other than 0")
         self.open = perf
         self.open_body = raw
-        self.sides.to_client(ClientState.DECIDING)
+        self.sides.to_client(C_DECIDING)
         self.open_received(now)
 
     def _after_close_frame(self, buf: Any, pos: int, doff: int, fend: int) -> None:
@@ -410,13 +415,13 @@ class ClientSide:
             return
         code = is_transfer_descriptor(buf, body, fend)
         sides = self.sides
-        if code == Descriptor.OPEN and sides.client is ClientState.UNAVAILABLE:
+        if code == Descriptor.OPEN and sides.client is C_UNAVAILABLE:
             return
         if code == Descriptor.CLOSE:
             sides.close_received(True)
-            self.wire.close_transport(Side.CLIENT)
-            if sides.client is ClientState.CLOSING:
-                self.wire.close_transport(Side.ROUTER)
+            self.wire.close_transport(CLIENT)
+            if sides.client is C_CLOSING:
+                self.wire.close_transport(ROUTER)
 
     def release_held(self, now: float) -> None:
         """The Open was approved: process what the client pipelined behind it."""
@@ -509,17 +514,17 @@ class ClientSide:
             conn.close_reason = "client_close"
         if sides.client_close_sent():
             # the client answers a Close it was sent (shutdown, oversize, the router's): done
-            wire.close_transport(Side.CLIENT)
+            wire.close_transport(CLIENT)
             if not sides.router_close_sent():
-                wire.send_close(Side.ROUTER, None)
+                wire.send_close(ROUTER, None)
             if sides.router_close_received():
-                wire.close_transport(Side.ROUTER)
+                wire.close_transport(ROUTER)
             return
-        if sides.client is ClientState.OPENED:
-            sides.to_client(ClientState.CLOSING)
+        if sides.client is C_OPENED:
+            sides.to_client(C_CLOSING)
         sides.close_sent(False)
         conn.linger(now)  # bounded wait for the router's answer
-        wire.send(Side.ROUTER, raw)
+        wire.send(ROUTER, raw)
 
 
 #: Every performative an admitted client may send: type -> (handled by :class:`Sessions`?,

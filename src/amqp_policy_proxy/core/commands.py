@@ -26,9 +26,15 @@ class Side(StrEnum):
     depend on it, so it stays."""
 
 
+#: The two sides as plain module names (reading an Enum member through its class costs ~75 ns on
+#: CPython 3.11, a module name ~10; the core names a side several times per frame).
+CLIENT = Side.CLIENT
+ROUTER = Side.ROUTER
+
+
 def other(side: Side) -> Side:
     """Return the opposite side."""
-    return Side.ROUTER if side is Side.CLIENT else Side.CLIENT
+    return ROUTER if side is CLIENT else CLIENT
 
 
 @dataclass(slots=True)

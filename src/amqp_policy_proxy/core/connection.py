@@ -38,7 +38,7 @@ from ..ingress.peer import ClientAddress
 from ..policy.reasons import ConnectionDenyReason
 from .admission import Admission, AdmissionLedger, AdmissionRates
 from .client_side import ClientSide
-from .commands import Command, Side
+from .commands import CLIENT, ROUTER, Command, Side
 from .context import LINGER_SECONDS, Context
 from .deliveries import Deliveries
 from .events import ConnectionClosed, ConnectionDenied, ProtocolViolation
@@ -46,7 +46,23 @@ from .router_side import RouterSide
 from .rules import MessageRules
 from .sessions import Sessions
 from .shaping import Shaping, ShapingBuckets
-from .state import CLIENT_AMQP, ROUTER_CONNECTED, ClientState, RouterState
+from .state import (
+    C_AWAIT_OPEN,
+    C_CLOSED,
+    C_CLOSING,
+    C_DECIDING,
+    C_OPENED,
+    C_STOPPED,
+    C_UNAVAILABLE,
+    CLIENT_AMQP,
+    R_AMQP,
+    R_AWAIT_HEADER,
+    R_CLOSED,
+    R_CONNECTING,
+    R_FAILED,
+    R_IDLE,
+    ROUTER_CONNECTED,
+)
 from .view import ConnectionView
 from .wire import error
 
@@ -214,7 +230,7 @@ class ProxyConnection(Context):
         if self.finished or not data:
             return out
         try:
-            if side is Side.CLIENT:
+            if side is CLIENT:
                 self.figures.bytes_in += len(data)
                 self.client.data(data, now)
             else:
@@ -228,18 +244,18 @@ class ProxyConnection(Context):
         """The upstream transport is up: send what the client sent meanwhile."""
         out: list[Command] = self._begin()
         sides = self.sides
-        if self.finished or sides.router is not RouterState.CONNECTING:
-            self.wire.close_transport(Side.ROUTER)
+        if self.finished or sides.router is not R_CONNECTING:
+            self.wire.close_transport(ROUTER)
             return out
-        sides.to_router(RouterState.AWAIT_HEADER)
+        sides.to_router(R_AWAIT_HEADER)
         pending = self.wire.take_pending()
         if pending:
-            self.wire.send(Side.ROUTER, pending)
-        if sides.client is ClientState.DECIDING:
+            self.wire.send(ROUTER, pending)
+        if sides.client is C_DECIDING:
             try:
                 self._decide_when_ready(now)
             except AmqpError as exc:
-                self._violation(Side.CLIENT, exc, now)
+                self._violation(CLIENT, exc, now)
         return out
 
     def ledger_answered(self, reason: ConnectionDenyReason | None, now: float) -> list[Command]:
@@ -255,12 +271,12 @@ class ProxyConnection(Context):
             waiting for the ledger).
         """
         out = self._begin()
-        if self.finished or self.sides.client is not ClientState.DECIDING:
+        if self.finished or self.sides.client is not C_DECIDING:
             return out
         try:
             self._decided(self.admission.answered(reason, now), now)
         except AmqpError as exc:
-            self._violation(Side.CLIENT, exc, now)
+            self._violation(CLIENT, exc, now)
         return out
 
     def router_connect_failed(self, now: float) -> list[Command]:
@@ -268,8 +284,8 @@ class ProxyConnection(Context):
         :meth:`_unavailable`."""
         out = self._begin()
         sides = self.sides
-        if sides.router in (RouterState.IDLE, RouterState.CONNECTING):
-            sides.to_router(RouterState.FAILED)
+        if sides.router in (R_IDLE, R_CONNECTING):
+            sides.to_router(R_FAILED)
         self.wire.pending.clear()
         self._unavailable(now)
         return out
@@ -287,7 +303,7 @@ class ProxyConnection(Context):
         """
         sides = self.sides
         wire = self.wire
-        if self.finished or sides.client in (ClientState.STOPPED, ClientState.CLOSED):
+        if self.finished or sides.client in (C_STOPPED, C_CLOSED):
             return
         self.close_reason = self.close_reason or "upstream_unavailable"
         self.handshake_deadline = None
@@ -304,15 +320,15 @@ class ProxyConnection(Context):
         client = self.client
         if self.sasl_used and not self.sasl_ok:
             # SASL not over (the client may have pipelined its AMQP header already)
-            sides.to_client(ClientState.UNAVAILABLE)
+            sides.to_client(C_UNAVAILABLE)
             greeting = self.router.greeting_missing()
             if greeting:
-                wire.send(Side.CLIENT, greeting)
+                wire.send(CLIENT, greeting)
             if self.sasl_init_seen:
                 # the client's sasl-init came before: answer it now
                 client.answer_unavailable()
-        elif sides.client is ClientState.AWAIT_OPEN or sides.client is ClientState.DECIDING:
-            sides.to_client(ClientState.UNAVAILABLE)
+        elif sides.client is C_AWAIT_OPEN or sides.client is C_DECIDING:
+            sides.to_client(C_UNAVAILABLE)
             client.held.clear()
             self.send_open_close(error(Condition.CONNECTION_FORCED, UPSTREAM_UNAVAILABLE))
 
@@ -325,11 +341,11 @@ class ProxyConnection(Context):
         out = self._begin()
         sides = self.sides
         wire = self.wire
-        if side is Side.ROUTER:
-            failed = sides.router is RouterState.FAILED
-            if sides.router is not RouterState.CLOSED:
-                sides.to_router(RouterState.CLOSED)
-            if self.finished or failed or sides.client is ClientState.UNAVAILABLE:
+        if side is ROUTER:
+            failed = sides.router is R_FAILED
+            if sides.router is not R_CLOSED:
+                sides.to_router(R_CLOSED)
+            if self.finished or failed or sides.client is C_UNAVAILABLE:
                 return out
             if self.sasl_used and not self.sasl_ok and self.router.sasl_unfinished():
                 # the router went away before it authenticated the client: nobody can now
@@ -337,29 +353,29 @@ class ProxyConnection(Context):
                 return out
             if self.close_reason is None:
                 self.close_reason = "broker_close"
-            if sides.client is not ClientState.CLOSED:
+            if sides.client is not C_CLOSED:
                 if wire.open_sent and not sides.client_close_sent():
                     if not sides.router_close_received():
                         wire.send_close(
-                            Side.CLIENT, error(Condition.CONNECTION_FORCED, UPSTREAM_LOST)
+                            CLIENT, error(Condition.CONNECTION_FORCED, UPSTREAM_LOST)
                         )
-                    wire.close_transport(Side.CLIENT)
+                    wire.close_transport(CLIENT)
                 elif (
-                    sides.client in (ClientState.AWAIT_OPEN, ClientState.DECIDING)
+                    sides.client in (C_AWAIT_OPEN, C_DECIDING)
                     and not wire.open_sent
                 ):
                     self.send_open_close(error(Condition.CONNECTION_FORCED, UPSTREAM_LOST))
-                    wire.close_transport(Side.CLIENT)
+                    wire.close_transport(CLIENT)
                 else:
-                    wire.close_transport(Side.CLIENT)
+                    wire.close_transport(CLIENT)
             return out
         # the client's transport is gone
-        if sides.client is not ClientState.CLOSED:
-            sides.to_client(ClientState.CLOSED)
+        if sides.client is not C_CLOSED:
+            sides.to_client(C_CLOSED)
         if self.close_reason is None:
             self.close_reason = "client_close"
-        if sides.router not in (RouterState.CLOSED, RouterState.FAILED):
-            wire.close_transport(Side.ROUTER)
+        if sides.router not in (R_CLOSED, R_FAILED):
+            wire.close_transport(ROUTER)
         self._finish(now)
         return out
 
@@ -374,15 +390,15 @@ class ProxyConnection(Context):
             self.handshake_deadline = None
             self.close_reason = "timeout"
             self.refuse_unopened(ConnectionDenyReason.HANDSHAKE_TIMEOUT, "handshake timeout", now)
-            wire.close_transport(Side.ROUTER)
-            wire.close_transport(Side.CLIENT)
+            wire.close_transport(ROUTER)
+            wire.close_transport(CLIENT)
         if self.linger_deadline is not None and now >= self.linger_deadline:
             self.linger_deadline = None
-            wire.close_transport(Side.CLIENT)
-            wire.close_transport(Side.ROUTER)
+            wire.close_transport(CLIENT)
+            wire.close_transport(ROUTER)
         if self.rate_deadline is not None:
             shaping = self.sessions.shaping
-            if shaping is None or self.sides.client is not ClientState.OPENED:
+            if shaping is None or self.sides.client is not C_OPENED:
                 self.rate_deadline = None  # closing: no more credit
             else:
                 shaping.on_timer(now)
@@ -434,14 +450,14 @@ class ProxyConnection(Context):
             return out
         sides = self.sides
         self.close_reason = self.close_reason or reason
-        if sides.client is ClientState.OPENED and self.wire.open_sent:
+        if sides.client is C_OPENED and self.wire.open_sent:
             if not sides.client_close_sent():
-                self.wire.send_close(Side.CLIENT, error(Condition.CONNECTION_FORCED, description))
-            sides.to_client(ClientState.CLOSING)
+                self.wire.send_close(CLIENT, error(Condition.CONNECTION_FORCED, description))
+            sides.to_client(C_CLOSING)
             self.linger(now, LINGER_SECONDS if grace is None else grace)
-        elif sides.client is not ClientState.CLOSING:
-            self.wire.close_transport(Side.ROUTER)
-            self.wire.close_transport(Side.CLIENT)
+        elif sides.client is not C_CLOSING:
+            self.wire.close_transport(ROUTER)
+            self.wire.close_transport(CLIENT)
         return out
 
     def internal_error(self, now: float) -> None:
@@ -454,7 +470,7 @@ class ProxyConnection(Context):
         """True once ``side`` has sent its AMQP Close."""
         sides = self.sides
         return (
-            sides.client_close_received() if side is Side.CLIENT else sides.router_close_received()
+            sides.client_close_received() if side is CLIENT else sides.router_close_received()
         )
 
     # ------------------------------------------------------------------ internals
@@ -485,22 +501,22 @@ class ProxyConnection(Context):
         if self.close_reason is None:
             self.close_reason = "protocol_error"
         err = error(condition, description)
-        if side is Side.CLIENT:
+        if side is CLIENT:
             if sides.client in CLIENT_AMQP and not sides.client_close_sent():
                 if wire.open_sent:
-                    wire.send_close(Side.CLIENT, err)
+                    wire.send_close(CLIENT, err)
                 else:
                     self.send_open_close(err)
             if self.opened_at is not None and not sides.router_close_sent():
                 # the router has the client's Open: end its side cleanly
-                wire.send_close(Side.ROUTER, error(Condition.CONNECTION_FORCED, "client error"))
+                wire.send_close(ROUTER, error(Condition.CONNECTION_FORCED, "client error"))
         else:
             if wire.open_sent and not sides.client_close_sent():
                 wire.send_close(
-                    Side.CLIENT, error(Condition.CONNECTION_FORCED, "upstream protocol error")
+                    CLIENT, error(Condition.CONNECTION_FORCED, "upstream protocol error")
                 )
-            if sides.router is RouterState.AMQP and not sides.router_close_sent():
-                wire.send_close(Side.ROUTER, err)
+            if sides.router is R_AMQP and not sides.router_close_sent():
+                wire.send_close(ROUTER, err)
         sides.stop_client()
         sides.stop_router()
         self.handshake_deadline = None
@@ -510,8 +526,8 @@ class ProxyConnection(Context):
         self.router.buf = bytearray()
         self.client.held = bytearray()
         self.router.held = []
-        wire.close_transport(Side.ROUTER)
-        wire.close_transport(Side.CLIENT)
+        wire.close_transport(ROUTER)
+        wire.close_transport(CLIENT)
 
     def _finish(self, now: float) -> None:
         """Finish the connection once: stop the timers, release its admission (the ledger's

@@ -32,7 +32,7 @@ from ..amqp.message import cleared_durable_byte, durable_flag_offset, read_messa
 from ..amqp.performatives import Accepted, Detach, Disposition, Rejected, Transfer
 from ..amqp.transfer import delivery_tag_at, read_transfer_fields, transfer_with_delivery_id
 from ..policy.reasons import DenialKind, MessageDenyReason
-from .commands import Side
+from .commands import CLIENT, ROUTER
 from .context import Context
 from .events import MessageDenied
 from .numbering import DeliveryNumbering, credit_back
@@ -40,7 +40,7 @@ from .records import LinkRecord, SessionRecord
 from .rules import MessageRules
 from .sessions import Sessions
 from .shadow import DENY, SHADOW_DENY, in_shadow, shadowed
-from .state import ClientState
+from .state import C_CLOSING, C_OPENED
 from .wire import error, frame
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class Deliveries:
                 numbering.delivery_done(link.delivery_id, link.delivery_settled or aborted)
         if new is None or new == delivery_id:
             return True
-        self.wire.send(Side.ROUTER, transfer_with_delivery_id(buf, body, fend, channel, new))
+        self.wire.send(ROUTER, transfer_with_delivery_id(buf, body, fend, channel, new))
         return False
 
     def _shadow(
@@ -347,12 +347,12 @@ class Deliveries:
         wire = self.wire
         if not conn.sides.client_close_sent():  # a second oversize message, pipelined: one Close
             wire.send_close(
-                Side.CLIENT, error(Condition.CONNECTION_FORCED, C.MESSAGE_SIZE_EXCEEDED)
+                CLIENT, error(Condition.CONNECTION_FORCED, C.MESSAGE_SIZE_EXCEEDED)
             )
         if not conn.sides.router_close_sent():
-            wire.send_close(Side.ROUTER, None)
-        if conn.sides.client is ClientState.OPENED:
-            conn.sides.to_client(ClientState.CLOSING)
+            wire.send_close(ROUTER, None)
+        if conn.sides.client is C_OPENED:
+            conn.sides.to_client(C_CLOSING)
         conn.linger(now)
 
     # ------------------------------------------------------------------ router Transfers
@@ -415,7 +415,7 @@ class Deliveries:
                 if not link.delivery_settled and not aborted and link.delivery_id is not None:
                     # settle it toward the router: the subscriber may not see it
                     self.wire.send(
-                        Side.ROUTER,
+                        ROUTER,
                         frame(
                             session.channel,
                             Disposition(

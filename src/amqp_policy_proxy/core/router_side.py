@@ -18,6 +18,7 @@ from typing import Any
 from ..amqp import constants as C
 from ..amqp.codec import symbol_array
 from ..amqp.constants import (
+    AMQP_FRAME,
     CLOSE_CODE,
     DESCRIBED,
     DISPOSITION_CODE,
@@ -26,9 +27,9 @@ from ..amqp.constants import (
     FRAME_HEADER_SIZE,
     OPEN_CODE,
     PROTOCOL_HEADER_SIZE,
+    SASL_FRAME,
     SMALLULONG,
     TRANSFER_CODE,
-    FrameType,
 )
 from ..amqp.errors import FramingError, IllegalStateError
 from ..amqp.framing import check_frame_header, encode_frame, frame_header_ok
@@ -55,13 +56,25 @@ from ..amqp.performatives import (
     decode_performative,
 )
 from ..amqp.transfer import is_transfer_descriptor
-from .commands import Side
+from .commands import CLIENT, ROUTER
 from .context import PRE_OPEN_FRAME_LIMIT, ROUTER_FRAME_LIMIT, Context
 from .deliveries import Deliveries
 from .framebuf import feed
 from .numbering import disposition_to_client, note_router_flow_bytes
 from .sessions import Sessions
-from .state import R_AMQP, ClientState, RouterState
+from .state import (
+    C_AWAIT_AMQP_HEADER,
+    C_CLOSING,
+    C_OPENED,
+    C_SASL,
+    R_AMQP,
+    R_AWAIT_AMQP_HEADER,
+    R_AWAIT_HEADER,
+    R_CLOSED,
+    R_FAILED,
+    R_SASL,
+    R_STOPPED,
+)
 from .wire import frame, run_data
 
 _HDR = Struct(">IBBH")
@@ -118,7 +131,7 @@ class RouterSide:
             data += frame(
                 0,
                 SaslMechanisms(sasl_server_mechanisms=symbol_array(list(FALLBACK_MECHANISMS))),
-                ftype=FrameType.SASL,
+                ftype=SASL_FRAME,
             )
         return data
 
@@ -131,35 +144,35 @@ class RouterSide:
     def data(self, data: bytes, now: float) -> None:
         """Bytes the router sent (any split)."""
         state = self.sides.router
-        if state in (RouterState.STOPPED, RouterState.CLOSED, RouterState.FAILED):
+        if state in (R_STOPPED, R_CLOSED, R_FAILED):
             return
-        framed = state is RouterState.SASL or state is RouterState.AMQP
-        limit = PRE_OPEN_FRAME_LIMIT if state is RouterState.SASL else self.ctx.router_frame_limit
+        framed = state is R_SASL or state is R_AMQP
+        limit = PRE_OPEN_FRAME_LIMIT if state is R_SASL else self.ctx.router_frame_limit
         self.buf = feed(self.buf, data, framed, limit, self.process, now)
 
     def _relaying(self) -> bool:
         """Whether router frames go straight to the client: the client is admitted (``OPENED``)
         or its Close is under way (``CLOSING``); before that they are held."""
         client = self.sides.client
-        return client is ClientState.OPENED or client is ClientState.CLOSING
+        return client is C_OPENED or client is C_CLOSING
 
     def process(self, buf: Any, pos: int, end: int, now: float) -> int:
         """Consume whole units of router bytes from ``buf[pos:end]``; return where it ended."""
         sides = self.sides
         while pos < end:
             state = sides.router
-            if state is RouterState.AMQP:
+            if state is R_AMQP:
                 if self._relaying():
                     return self.relay(buf, pos, end, now)
                 pos = self._hold(buf, pos, end)
                 break
-            if state is RouterState.AWAIT_HEADER or state is RouterState.AWAIT_AMQP_HEADER:
+            if state is R_AWAIT_HEADER or state is R_AWAIT_AMQP_HEADER:
                 if end - pos < PROTOCOL_HEADER_SIZE:
                     break
                 self._header(bytes(buf[pos : pos + PROTOCOL_HEADER_SIZE]))
                 pos += PROTOCOL_HEADER_SIZE
                 continue
-            if state is not RouterState.SASL or end - pos < FRAME_HEADER_SIZE:
+            if state is not R_SASL or end - pos < FRAME_HEADER_SIZE:
                 break
             size, doff, ftype, _channel = _HDR.unpack_from(buf, pos)
             check_frame_header(size, doff, ftype, PRE_OPEN_FRAME_LIMIT)
@@ -177,15 +190,15 @@ class RouterSide:
             FramingError: not the SASL header (before SASL) or the AMQP header.
         """
         sides = self.sides
-        if header == C.SASL_HEADER and sides.router is RouterState.AWAIT_HEADER:
-            sides.to_router(RouterState.SASL)
+        if header == C.SASL_HEADER and sides.router is R_AWAIT_HEADER:
+            sides.to_router(R_SASL)
             self.sasl_relayed = SASL_HEADER_RELAYED
         elif header == C.AMQP_HEADER:
-            sides.to_router(RouterState.AMQP)
+            sides.to_router(R_AMQP)
             self.wire.amqp_header_sent = True
         else:
             raise FramingError(f"unexpected protocol header from upstream {header!r}")
-        self.wire.send(Side.CLIENT, header)
+        self.wire.send(CLIENT, header)
 
     def _sasl_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int) -> None:
         """A router SASL frame (Part 5 §5.3.3), relayed; its sasl-outcome ``ok`` makes the
@@ -194,7 +207,7 @@ class RouterSide:
         Raises:
             FramingError: an AMQP frame during SASL.
         """
-        if ftype != FrameType.SASL:
+        if ftype != SASL_FRAME:
             raise FramingError("AMQP frame during SASL negotiation")
         body = pos + doff * DOFF_UNIT
         if body < fend:
@@ -212,16 +225,16 @@ class RouterSide:
                 self.sasl_relayed = SASL_OUTCOME_RELAYED
                 if code == 0:
                     self.ctx.sasl_ok = True
-                    if self.sides.client is ClientState.SASL:
-                        self.sides.to_client(ClientState.AWAIT_AMQP_HEADER)
-                self.sides.to_router(RouterState.AWAIT_AMQP_HEADER)
-        self.wire.send(Side.CLIENT, bytes(buf[pos:fend]))
+                    if self.sides.client is C_SASL:
+                        self.sides.to_client(C_AWAIT_AMQP_HEADER)
+                self.sides.to_router(R_AWAIT_AMQP_HEADER)
+        self.wire.send(CLIENT, bytes(buf[pos:fend]))
 
     def _hold(self, buf: Any, pos: int, end: int) -> int:
         """Hold whole router frames until the client's Open is decided."""
         while end - pos >= FRAME_HEADER_SIZE:
             size, doff, ftype, _channel = _HDR.unpack_from(buf, pos)
-            check_frame_header(size, doff, ftype, ROUTER_FRAME_LIMIT, FrameType.AMQP)
+            check_frame_header(size, doff, ftype, ROUTER_FRAME_LIMIT, AMQP_FRAME)
             if end - pos < size:
                 break
             self.held.append(bytes(buf[pos : pos + size]))
@@ -261,7 +274,7 @@ class RouterSide:
         while end - pos >= FRAME_HEADER_SIZE and sides.router is R_AMQP:
             size, doff, ftype, channel = unpack(buf, pos)
             if not frame_header_ok(size, doff, ftype, limit):
-                check_frame_header(size, doff, ftype, limit, FrameType.AMQP)
+                check_frame_header(size, doff, ftype, limit, AMQP_FRAME)
             if end - pos < size:
                 break
             fend = pos + size
@@ -283,8 +296,8 @@ class RouterSide:
                     replacement = deliveries.router_transfer(buf, pos, body, fend, channel, now)
                     if replacement is not None:
                         if pos > run_start:
-                            wire.send(Side.CLIENT, run_data(buf, run_start, pos))
-                        wire.send(Side.CLIENT, replacement)
+                            wire.send(CLIENT, run_data(buf, run_start, pos))
+                        wire.send(CLIENT, replacement)
                         run_start = fend
                 pos = fend
                 continue
@@ -305,7 +318,7 @@ class RouterSide:
                     continue
             # a frame the proxy looks at: flush the run before it
             if pos > run_start:
-                wire.send(Side.CLIENT, run_data(buf, run_start, pos))
+                wire.send(CLIENT, run_data(buf, run_start, pos))
             perf: Any = None
             if code == CLOSE_CODE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
                 perf = EMPTY_CLOSE
@@ -323,10 +336,10 @@ class RouterSide:
                 replacement = handler(self.sessions if in_sessions else self, perf, raw,
                                       channel, now)
             if replacement:
-                wire.send(Side.CLIENT, replacement)
+                wire.send(CLIENT, replacement)
             pos = run_start = fend
         if pos > run_start and sides.router is R_AMQP:
-            wire.send(Side.CLIENT, run_data(buf, run_start, pos))
+            wire.send(CLIENT, run_data(buf, run_start, pos))
         return pos
 
     def on_open(self, perf: Open | OpenHead, raw: bytes, channel: int, now: float) -> bytes:
@@ -393,14 +406,14 @@ class RouterSide:
         sides.close_received(False)
         if sides.client_close_sent():
             # the client already has the proxy's Close (shutdown/oversize)
-            if sides.client_close_received() or sides.client is ClientState.CLOSING:
-                self.wire.close_transport(Side.ROUTER)
+            if sides.client_close_received() or sides.client is C_CLOSING:
+                self.wire.close_transport(ROUTER)
             return None
         if conn.close_reason is None:
             conn.close_reason = "broker_close"
         sides.close_sent(True)
-        if sides.client is ClientState.OPENED:
-            sides.to_client(ClientState.CLOSING)
+        if sides.client is C_OPENED:
+            sides.to_client(C_CLOSING)
         # a client that never answers (half-open) must not hold its counts forever
         conn.linger(now)
         return raw

@@ -35,7 +35,7 @@ from ..amqp.performatives import (
 )
 from ..policy import decisions
 from ..policy.reasons import DenialKind, LinkDenyReason, SessionDenyReason
-from .commands import Side
+from .commands import CLIENT, ROUTER
 from .context import Context
 from .events import LinkDenied, SessionDenied
 from .numbering import (
@@ -193,7 +193,7 @@ class Sessions:
             figures.peak_sessions = figures.active_sessions
         if reserve:
             raw = frame(channel, checked_replace(perf, handle_max=hmax - reserve))
-        self.wire.send(Side.ROUTER, raw)
+        self.wire.send(ROUTER, raw)
 
     def _deny_session(self, channel: int, now: float) -> bool:
         """Deny a Begin over ``maxSessions``, as QDR does: a Begin answering it then an End
@@ -229,7 +229,7 @@ class Sessions:
             Begin(remote_channel=channel, next_outgoing_id=0, incoming_window=0, outgoing_window=0),
         ) + frame(reply, End(error=err))
         if self.wire.open_sent:
-            self.wire.send(Side.CLIENT, data)
+            self.wire.send(CLIENT, data)
         else:  # nothing may precede the Open (Part 2 §2.4.1): the router's is on its way
             self.early_denials.append(data)
         self.wire.emit(SessionDenied(**conn.event_fields(now), channel=channel))
@@ -326,7 +326,7 @@ class Sessions:
             session.receivers += 1
             figures.active_receivers += 1
             figures.peak_receivers = max(figures.peak_receivers, figures.active_receivers)
-        self.wire.send(Side.ROUTER, raw)
+        self.wire.send(ROUTER, raw)
 
     def _deny_link(
         self,
@@ -394,7 +394,7 @@ class Sessions:
             session.pending_replies.extend(frames)
             return
         channel = session.router_channel
-        self.wire.send(Side.CLIENT, b"".join(rechannel(f, channel) for f in frames))
+        self.wire.send(CLIENT, b"".join(rechannel(f, channel) for f in frames))
 
     def on_client_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> None:
         """A client Flow (Part 2 §2.7.4) that needs a look: one for a denied handle is consumed;
@@ -418,7 +418,7 @@ class Sessions:
             self.shaping.client_flow(session, perf, changes, now)
         if changes:
             raw = frame(channel, dataclasses.replace(perf, **changes))
-        self.wire.send(Side.ROUTER, raw)
+        self.wire.send(ROUTER, raw)
 
     def on_client_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> None:
         """A client Detach (Part 2 §2.7.7): one that answers a denial is consumed (the router
@@ -448,7 +448,7 @@ class Sessions:
         self._link_gone(session, link)
         if link.router_detached:
             self._drop_link(session, link)
-        self.wire.send(Side.ROUTER, raw)
+        self.wire.send(ROUTER, raw)
 
     def on_client_end(self, perf: End, raw: bytes, channel: int, now: float) -> None:
         """A client End (Part 2 §2.7.8): one that answers a denied Begin is consumed, else the
@@ -470,7 +470,7 @@ class Sessions:
         self._session_gone(session)
         if session.router_ended:
             self._drop_session(session)
-        self.wire.send(Side.ROUTER, raw)
+        self.wire.send(ROUTER, raw)
 
     def on_client_disposition(self, perf: Any, raw: bytes, channel: int, now: float) -> None:
         """A client Disposition (Part 2 §2.7.6): forwarded, unless its session was denied;
@@ -482,7 +482,7 @@ class Sessions:
         if session.numbering is not None:
             raw = disposition_to_router(session.numbering, perf, raw, channel)
         if raw:
-            self.wire.send(Side.ROUTER, raw)
+            self.wire.send(ROUTER, raw)
 
     # ------------------------------------------------------------------ counting
 
@@ -650,4 +650,4 @@ class Sessions:
             next_outgoing_id=(session.router_next_out + session.transfers_out) & UINT_MAX,
             outgoing_window=session.router_out_window,
         )
-        self.wire.send(Side.CLIENT, frame(session.router_channel, flow))
+        self.wire.send(CLIENT, frame(session.router_channel, flow))

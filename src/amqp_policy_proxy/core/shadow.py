@@ -14,7 +14,7 @@ vhost, and an operator's pause, are always enforced.
 
 from __future__ import annotations
 
-from ..policy.keys import Enforcement
+from ..policy.keys import SHADOW
 from ..policy.reasons import DenialKind
 from .context import Context
 from .events import ShadowDenied
@@ -29,7 +29,7 @@ def in_shadow(ctx: Context) -> bool:
     """True when the denials of this connection are reported, not enforced: its group's
     enforcement, else (no group yet) its vhost's; False without a vhost."""
     scope = ctx.group if ctx.group is not None else ctx.vhost
-    return scope is not None and scope.enforcement is Enforcement.SHADOW
+    return scope is not None and scope.enforcement is SHADOW
 
 
 def shadowed(

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 from ..amqp.errors import TransferLimitError
 from ..amqp.performatives import Attach, Begin, Flow
-from .commands import Side
+from .commands import CLIENT, ROUTER
 from .context import Context
 from .records import LinkRecord, SessionRecord
 from .wire import frame
@@ -393,7 +393,7 @@ class Shaping:
             delivery_count=s.sent & UINT_MAX,
             link_credit=s.limit - s.sent,
         )
-        self.wire.send(Side.CLIENT, frame(session.router_channel, flow))
+        self.wire.send(CLIENT, frame(session.router_channel, flow))
 
     def _drain_done(self, s: ShapedLink, changes: dict[str, Any] | None) -> None:
         """The client has no credit left during the router's drain: the credit the proxy
@@ -421,4 +421,4 @@ class Shaping:
             link_credit=0,
             drain=True,
         )
-        self.wire.send(Side.ROUTER, frame(session.channel, flow))
+        self.wire.send(ROUTER, frame(session.channel, flow))

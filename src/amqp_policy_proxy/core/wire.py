@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..amqp.constants import AMQP_HEADER, FrameType
+from ..amqp.constants import AMQP_FRAME, AMQP_HEADER
 from ..amqp.framing import encode_frame
 from ..amqp.performatives import Close, Error, Open
-from .commands import CloseTransport, Command, Emit, SendData, Side
+from .commands import CLIENT, ROUTER, CloseTransport, Command, Emit, SendData, Side
 from .events import ProxyEvent
-from .state import ROUTER_WRITABLE, ClientState, RouterState, Sides
+from .state import C_CLOSED, R_CONNECTING, R_IDLE, ROUTER_WRITABLE, Sides
 
 
-def frame(channel: int, perf: Any, payload: bytes = b"", ftype: int = FrameType.AMQP) -> bytes:
+def frame(channel: int, perf: Any, payload: bytes = b"", ftype: int = AMQP_FRAME) -> bytes:
     """A whole frame (DOFF 2) holding ``perf`` encoded, then ``payload``."""
     return encode_frame(channel, perf.encode() + payload, ftype)
 
@@ -93,16 +93,16 @@ class Wire:
         """
         if self.run_start >= 0:
             self.flush_run()  # earlier frames of the client's run go first
-        if side is Side.ROUTER:
+        if side is ROUTER:
             if self.router_sealed:
                 return
             router = self.sides.router
             if router not in ROUTER_WRITABLE:
                 return
-            if router is RouterState.IDLE or router is RouterState.CONNECTING:
+            if router is R_IDLE or router is R_CONNECTING:
                 self.pending.append(bytes(data))
                 return
-        elif self.client_sealed or self.sides.client is ClientState.CLOSED:
+        elif self.client_sealed or self.sides.client is C_CLOSED:
             return
         self.out.append(SendData(side, data))
 
@@ -112,7 +112,7 @@ class Wire:
         if start < 0:
             return
         self.run_start = -1
-        self.send(Side.ROUTER, run_data(self.run_buf, start, self.run_end))
+        self.send(ROUTER, run_data(self.run_buf, start, self.run_end))
 
     def extend_run(self, pos: int, end: int) -> None:
         """Add the client frame ``run_buf[pos:end]`` to the run (it is forwarded as it came)."""
@@ -135,9 +135,9 @@ class Wire:
 
     def send_close(self, side: Side, err: Error | None) -> None:
         """Send ``side`` a Close (Part 2 §2.7.9) and record it in the Close exchange."""
-        self.sides.close_sent(side is Side.CLIENT)
+        self.sides.close_sent(side is CLIENT)
         self.send(side, frame(0, Close(error=err)))
-        if side is Side.CLIENT:
+        if side is CLIENT:
             self.client_sealed = True
         else:
             self.router_sealed = True
@@ -154,7 +154,7 @@ class Wire:
         if not self.amqp_header_sent:
             self.amqp_header_sent = True
             data = AMQP_HEADER + data
-        self.send(Side.CLIENT, data)
+        self.send(CLIENT, data)
         self.client_sealed = True
 
     # ------------------------------------------------------------------ the rest

@@ -84,6 +84,11 @@ class Enforcement(StrEnum):
     as ``SHADOW DENY ...`` and counted in ``amqp_proxy_shadow_denials_total``."""
 
 
+#: :attr:`Enforcement.SHADOW` as a plain module name: the core asks "in shadow?" at every
+#: decision, and an Enum member read through its class costs ~75 ns on CPython 3.11 (~10 here).
+SHADOW = Enforcement.SHADOW
+
+
 class Level(StrEnum):
     """Where a key may appear."""
 

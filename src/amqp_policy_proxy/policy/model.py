@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqp_policy_proxy.ingress.remote_hosts import RemoteHosts
 from amqp_policy_proxy.policy.addresses import AddressRules
-from amqp_policy_proxy.policy.keys import LINK_LIMIT_MAX, Enforcement
+from amqp_policy_proxy.policy.keys import LINK_LIMIT_MAX, SHADOW, Enforcement
 
 if TYPE_CHECKING:
     from amqp_policy_proxy.policy.errors import ConfigIssue
@@ -126,7 +126,7 @@ class GroupSettings:
     @property
     def shadow(self) -> bool:
         """True when this group's denials are reported, not enforced (shadow mode)."""
-        return self.enforcement is Enforcement.SHADOW
+        return self.enforcement is SHADOW
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
