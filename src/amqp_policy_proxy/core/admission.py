@@ -296,7 +296,7 @@ class Admission:
         ctx = self.ctx
         self.wire.emit(
             OpenDecided(
-                **ctx.event_fields(now),
+                *ctx.who(now),
                 decision=decision,
                 reason=None if reason is None else str(reason),
                 # a denial is always enforced (a pause too, in a vhost in shadow)
@@ -319,7 +319,7 @@ class Admission:
         self._decided("deny", reason, rule, hostname, now)
         wire.emit(
             ConnectionDenied(
-                **ctx.event_fields(now),
+                *ctx.who(now),
                 reason=reason,
                 condition=str(err.condition),
                 description=str(err.description),
@@ -348,7 +348,7 @@ class Admission:
                 self.sessions.policy_channel_max = max(0, group.max_sessions - 1)
         self.wire.emit(
             ConnectionApproved(
-                **ctx.event_fields(now),
+                *ctx.who(now),
                 hostname=None if open_.hostname is None else str(open_.hostname),
             )
         )

@@ -247,7 +247,7 @@ class ClientSide:
         conn = self.ctx
         self.wire.emit(
             ProtocolViolation(
-                **conn.event_fields(now),
+                *conn.who(now),
                 side=str(CLIENT),
                 condition=str(Condition.CONNECTION_FRAMING_ERROR),
                 description=C.UNKNOWN_PROTOCOL,

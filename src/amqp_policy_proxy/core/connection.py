@@ -311,7 +311,7 @@ class ProxyConnection(Context):
         logger.info("[%s] no upstream available for client %s", self.conn_id, self.remote_host)
         wire.emit(
             ConnectionDenied(
-                **self.event_fields(now),
+                *self.who(now),
                 reason=ConnectionDenyReason.UPSTREAM_UNAVAILABLE,
                 condition=str(Condition.CONNECTION_FORCED),
                 description=UPSTREAM_UNAVAILABLE,
@@ -492,7 +492,7 @@ class ProxyConnection(Context):
         sides = self.sides
         wire.emit(
             ProtocolViolation(
-                **self.event_fields(now),
+                *self.who(now),
                 side=str(side),
                 condition=condition,
                 description=description,
@@ -545,7 +545,7 @@ class ProxyConnection(Context):
             f = self.figures
             self.wire.emit(
                 ConnectionClosed(
-                    **self.event_fields(now),
+                    *self.who(now),
                     opened_at=opened,
                     duration_seconds=max(0.0, now - opened),
                     bytes_in=f.bytes_in,

@@ -124,19 +124,14 @@ class Context:
         """The resolved vhost's name (None before resolution or when none matched)."""
         return getattr(self.vhost, "hostname", None)
 
-    def event_fields(self, now: float) -> dict[str, Any]:
-        """The fields every event of this connection carries."""
+    def who(self, now: float) -> tuple[Any, ...]:
+        """The fields every event of this connection carries, in the order of
+        :class:`~.events.ProxyEvent`'s positional fields: ``(conn_id, at, vhost, group, user,
+        remote_host, listener, balancer_host)``, ``at`` being ``now``."""
         group = self.group
-        return {
-            "conn_id": self.conn_id,
-            "at": now,
-            "vhost": self.vhost_name,
-            "group": None if group is None else group.name,
-            "user": self.user,
-            "remote_host": self.remote_host,
-            "listener": self.listener,
-            "balancer_host": self.balancer_host,
-        }
+        return (self.conn_id, now, getattr(self.vhost, "hostname", None),
+                None if group is None else group.name, self.user, self.remote_host,
+                self.listener, self.balancer_host)
 
     def linger(self, now: float, seconds: float = LINGER_SECONDS) -> None:
         """Give the other side ``seconds`` to answer a Close before the transports close."""
@@ -149,7 +144,7 @@ class Context:
         is read from either leg. The caller writes what the client gets and closes."""
         self.wire.emit(
             ConnectionDenied(
-                **self.event_fields(now), reason=reason, condition="", description=description
+                *self.who(now), reason=reason, condition="", description=description
             )
         )
         self.sides.stop_client()

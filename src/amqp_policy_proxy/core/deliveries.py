@@ -210,7 +210,7 @@ class Deliveries:
         self._withhold(session, link, now)
         self.wire.emit(
             MessageDenied(
-                **self.ctx.event_fields(now),
+                *self.ctx.who(now),
                 address=address,
                 reason=reason,
                 size=link.delivery_bytes,
@@ -309,7 +309,7 @@ class Deliveries:
             session.dropped_transfers += 1
         self.wire.emit(
             MessageDenied(
-                **self.ctx.event_fields(now),
+                *self.ctx.who(now),
                 address=link.address,
                 reason=MessageDenyReason.MESSAGE_SIZE,
                 size=link.delivery_bytes,
@@ -488,7 +488,7 @@ class Deliveries:
             )
             self.wire.emit(
                 MessageDenied(
-                    **conn.event_fields(now),
+                    *conn.who(now),
                     address=to,
                     reason=MessageDenyReason.TOPIC_WITHHELD,
                     size=fend - payload,

@@ -232,7 +232,7 @@ class Sessions:
             self.wire.send(CLIENT, data)
         else:  # nothing may precede the Open (Part 2 §2.4.1): the router's is on its way
             self.early_denials.append(data)
-        self.wire.emit(SessionDenied(**conn.event_fields(now), channel=channel))
+        self.wire.emit(SessionDenied(*conn.who(now), channel=channel))
         return True
 
     def on_client_attach(self, perf: Attach, raw: bytes, channel: int, now: float) -> None:
@@ -383,7 +383,7 @@ class Sessions:
         detach = Detach(handle=reply_handle, closed=True, error=error(condition, C.LINK_DISALLOWED))
         self.reply_on_session(session, frame(0, reply), frame(0, detach))
         self.wire.emit(
-            LinkDenied(**conn.event_fields(now), role=role, address=address, reason=reason)
+            LinkDenied(*conn.who(now), role=role, address=address, reason=reason)
         )
         return True
 

@@ -60,7 +60,7 @@ def shadowed(
         return False
     ctx.wire.emit(
         ShadowDenied(
-            **ctx.event_fields(now), kind=str(kind), reason=str(reason), role=role,
+            *ctx.who(now), kind=str(kind), reason=str(reason), role=role,
             address=address,
         )
     )
