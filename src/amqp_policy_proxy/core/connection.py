@@ -94,8 +94,7 @@ class ProxyConnection(Context):
     :attr:`view` is what the shell may read.
     """
 
-    __slots__ = ("rules", "sessions", "deliveries", "client", "router", "admission", "view",
-                 "rates")
+    __slots__ = ("rules", "sessions", "deliveries", "client", "router", "admission", "rates")
 
     def __init__(
         self,
@@ -158,8 +157,13 @@ class ProxyConnection(Context):
         self.router = RouterSide(self, self.sessions, self.deliveries)
         self.admission = Admission(self, self.sessions, self.rules, ledger, rates,
                                    paused_vhosts)
-        self.view = ConnectionView(self, self.client, self.router)
         self.rates = rates
+
+    @property
+    def view(self) -> ConnectionView:
+        """What the shell may read of this connection (a new view per call: the shell keeps
+        it as long as it likes, and the connection holds no reference back to it)."""
+        return ConnectionView(self, self.client, self.router)
 
     # ------------------------------------------------------------------ the Open decision
 
@@ -558,3 +562,24 @@ class ProxyConnection(Context):
                     close_reason=self.close_reason or "client_close",
                 )
             )
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Cut the references from the rooms back to this facade and between records, once
+        the connection is finished (nothing but :attr:`view` is read after that), so that
+        reference counting frees the whole connection as soon as the shell lets go of it.
+
+        Left as cycles, every connection would be garbage for the cycle collector: ~3 µs of
+        CPU per connection, and objects that each full collection walks while they wait.
+        A room used after this raises AttributeError (a proxy bug) instead of acting on a
+        finished connection.
+        """
+        client = self.client
+        for room in (self.rules, self.sessions, self.deliveries, client, client.fast,
+                     self.router, self.admission):
+            del room.ctx
+        del client.open_received, client.fast.general
+        sessions = self.sessions
+        sessions.shaping = None  # closed above: its links and waits are gone
+        sessions.sessions.clear()
+        sessions.router_sessions.clear()
