@@ -279,6 +279,9 @@ class OpenHead(NamedTuple):
     """Bytes; ``None`` when absent or null (the default, 4294967295)."""
     channel_max: int | None
     """Highest channel number; ``None`` when absent or null (the default, 65535)."""
+    fields: tuple[list[int], int] | None = None
+    """Where each field of the body starts, and where its list ends: :func:`patch_open` takes
+    them instead of walking the body again."""
 
 
 def _open_fields(body: bytes | bytearray | memoryview) -> tuple[list[int], int] | None:
@@ -348,11 +351,12 @@ def read_open_head(body: bytes | bytearray | memoryview, *,
         return None
     if strict and ("\x00" in container_id or (hostname is not None and "\x00" in hostname)):
         return None  # proton's C engine ends a string at a NUL: the strict check refuses it
-    return OpenHead(container_id, hostname, max_frame_size, channel_max)
+    return OpenHead(container_id, hostname, max_frame_size, channel_max, fields)
 
 
 def patch_open(body: bytes, *, max_frame_size: int | None = None,
-               channel_max: int | None = None) -> bytes | None:
+               channel_max: int | None = None,
+               fields: tuple[list[int], int] | None = None) -> bytes | None:
     """The Open frame body ``body`` with max-frame-size and/or channel-max replaced.
 
     Every other field keeps the client's (or router's) bytes; the two fields are written as
@@ -363,12 +367,15 @@ def patch_open(body: bytes, *, max_frame_size: int | None = None,
         body: a frame body that :func:`read_open_head` (or proton) read successfully.
         max_frame_size: new max-frame-size in bytes (0 to 4294967295), or None to keep it.
         channel_max: new channel-max (0 to 65535), or None to keep it.
+        fields: :attr:`OpenHead.fields` of ``body`` when :func:`read_open_head` read it (the
+            body is then not walked again).
 
     Returns:
         The new body, or None when ``body`` is not a plain-encoded Open (the caller
         re-encodes the decoded Open instead).
     """
-    fields = _open_fields(body)
+    if fields is None:
+        fields = _open_fields(body)
     if fields is None:
         return None
     offsets, lend = fields

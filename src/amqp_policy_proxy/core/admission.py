@@ -357,7 +357,9 @@ class Admission:
         if given != cmax:
             # the client's own bytes with channel-max patched (plain encodings); otherwise
             # re-encoded, refusing fields proton would not re-encode faithfully
-            patched = None if body is None else patch_open(body, channel_max=given)
+            patched = None if body is None else patch_open(
+                body, channel_max=given,
+                fields=open_.fields if isinstance(open_, OpenHead) else None)
             if patched is not None:
                 forward = encode_frame(0, patched)
             else:

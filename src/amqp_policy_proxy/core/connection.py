@@ -138,18 +138,8 @@ class ProxyConnection(Context):
             rates: the connection-rate and shaping buckets shared by the daemon's
                 connections; None: no rate limit (connection, message or byte) applies.
         """
-        super().__init__(
-            conn_id,
-            remote_host=remote_host,
-            listener=listener,
-            policy=policy,
-            now=now,
-            handshake_timeout=handshake_timeout,
-            container_id=container_id,
-            tls_subject=tls_subject,
-            wall_offset=wall_offset,
-            balancer_host=balancer_host,
-        )
+        Context.__init__(self, conn_id, remote_host, listener, policy, now, handshake_timeout,
+                         container_id, tls_subject, wall_offset, balancer_host)
         self.rules = MessageRules(self)
         self.sessions = Sessions(self, self.rules)
         self.deliveries = Deliveries(self, self.sessions, self.rules)

@@ -64,7 +64,6 @@ class Context:
     def __init__(
         self,
         conn_id: str,
-        *,
         remote_host: str | ClientAddress,
         listener: str,
         policy: Any,
@@ -77,7 +76,7 @@ class Context:
     ) -> None:
         """A freshly accepted client transport (see ``ProxyConnection`` for the arguments)."""
         self.conn_id = conn_id
-        self.remote_host = str(remote_host)
+        self.remote_host = remote_host if type(remote_host) is str else remote_host.text
         """The client's normalised IP text (logs, events, per-host counts)."""
         self.client_address = remote_host
         """The same, as the shell parsed it (``remoteHosts`` checks)."""

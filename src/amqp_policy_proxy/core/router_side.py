@@ -378,7 +378,8 @@ class RouterSide:
         self.wire.open_sent = True
         data = raw
         if changes:
-            patched = patch_open(raw[raw[4] * DOFF_UNIT :], **changes)
+            patched = patch_open(raw[raw[4] * DOFF_UNIT :], **changes,
+                                 fields=perf.fields if isinstance(perf, OpenHead) else None)
             if patched is not None:
                 data = encode_frame(0, patched)
             else:

@@ -13,10 +13,10 @@ enabled at all (``settings.enable_vhost_policy``) is for the caller to check fir
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from amqp_policy_proxy.ingress.peer import ClientAddress
-from amqp_policy_proxy.policy.lookup import resolve_group, resolve_vhost
+from amqp_policy_proxy.policy.lookup import GroupMatch, VhostMatch, resolve_group, resolve_vhost
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
 from amqp_policy_proxy.policy.reasons import ConnectionDenyReason, LinkDenyReason
 
@@ -24,8 +24,7 @@ _C = ConnectionDenyReason
 _L = LinkDenyReason
 
 
-@dataclass(frozen=True, slots=True)
-class OpenAllowed:
+class OpenAllowed(NamedTuple):
     """The Open passed vhost, group and remote-host checks (counts still to be checked)."""
 
     vhost: VhostPolicy
@@ -34,8 +33,7 @@ class OpenAllowed:
     """How the vhost and the group were found (the audit trail's ``rule``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class OpenDenied:
+class OpenDenied(NamedTuple):
     """The Open is denied: Open+Close ``amqp:resource-limit-exceeded`` (QDR
     ``qd_policy_private_deny_amqp_connection``)."""
 
@@ -81,8 +79,14 @@ def approve_open(
                           f"no vhost, alias or pattern matches '{hostname or ''}' and defaultVhost "
                           "is empty")
     vhost = vmatch.vhost
-    found = _FOUND[vmatch.how].format(vmatch.via)
     gmatch = resolve_group(vhost, user)
+    if gmatch is not None and gmatch.group.remote_hosts.matches(remote_host):
+        key = (vmatch.how, vmatch.via, gmatch.group.name, gmatch.how)
+        rule = vhost.rule_texts.get(key)
+        if rule is None:
+            rule = vhost.rule_texts[key] = _allow_rule(vmatch, gmatch)
+        return OpenAllowed(vhost, gmatch.group, rule)
+    found = _FOUND[vmatch.how].format(vmatch.via)
     if gmatch is None:
         return OpenDenied(_C.UNKNOWN_USER, vhost, None, _deny_log(
             user, remote_host, vhost.hostname,
@@ -91,14 +95,17 @@ def approve_open(
             "allowUnknownUser false")
     group = gmatch.group
     member = f"group '{group.name}' ({_MEMBER[gmatch.how]})"
-    if not group.remote_hosts.matches(remote_host):
-        return OpenDenied(_C.REMOTE_HOST, vhost, group, _deny_log(
-            user, remote_host, vhost.hostname,
-            "User is not allowed to connect from this network host"),
-            f"vhost '{vhost.hostname}' ({found}); {member}; no remoteHosts item of the group "
-            "matches the client")
-    return OpenAllowed(vhost, group,
-                       f"vhost '{vhost.hostname}' ({found}); {member}; remoteHosts matches")
+    return OpenDenied(_C.REMOTE_HOST, vhost, group, _deny_log(
+        user, remote_host, vhost.hostname,
+        "User is not allowed to connect from this network host"),
+        f"vhost '{vhost.hostname}' ({found}); {member}; no remoteHosts item of the group "
+        "matches the client")
+
+
+def _allow_rule(vmatch: VhostMatch, gmatch: GroupMatch) -> str:
+    """The audit trail's ``rule`` of an admission: how the vhost and the group were found."""
+    return (f"vhost '{vmatch.vhost.hostname}' ({_FOUND[vmatch.how].format(vmatch.via)}); "
+            f"group '{gmatch.group.name}' ({_MEMBER[gmatch.how]}); remoteHosts matches")
 
 
 #: How the vhost was found (``VhostMatch.how``), for the rule text.

@@ -12,14 +12,13 @@ No I/O, no clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from amqp_policy_proxy.policy.keys import ANY_USER, DEFAULT_GROUP
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class VhostMatch:
+class VhostMatch(NamedTuple):
     """How a requested hostname resolved to a vhost (for decisions logs and ``explain``)."""
 
     vhost: VhostPolicy
@@ -29,8 +28,7 @@ class VhostMatch:
     """The name, alias, pattern or default-vhost name that matched."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GroupMatch:
+class GroupMatch(NamedTuple):
     """How a user was assigned to a group."""
 
     group: GroupSettings
@@ -53,19 +51,19 @@ def resolve_vhost(policy: Policy, hostname: str | None) -> VhostMatch | None:
     vhosts = policy.vhosts
     found = vhosts.get(name)
     if found is not None:
-        return VhostMatch(vhost=found, how="exact", via=name)
+        return VhostMatch(found, "exact", name)
     owner = policy.aliases.get(name)
     if owner is not None and owner in vhosts:
-        return VhostMatch(vhost=vhosts[owner], how="alias", via=name)
+        return VhostMatch(vhosts[owner], "alias", name)
     if policy.settings.enable_vhost_name_patterns and policy.hostname_patterns is not None:
         pattern = policy.hostname_patterns.find(name)
         if pattern is not None:
             target = pattern if pattern in vhosts else policy.aliases.get(pattern)
             if target is not None and target in vhosts:
-                return VhostMatch(vhost=vhosts[target], how="pattern", via=pattern)
+                return VhostMatch(vhosts[target], "pattern", pattern)
     default = policy.settings.default_vhost
     if default and default in vhosts:
-        return VhostMatch(vhost=vhosts[default], how="default", via=default)
+        return VhostMatch(vhosts[default], "default", default)
     return None
 
 
@@ -95,12 +93,12 @@ def resolve_group(vhost: VhostPolicy, user: str) -> GroupMatch | None:
     """
     name = vhost.user_groups.get(user)
     if name is not None:
-        return GroupMatch(group=vhost.groups[name], how="user")
+        return GroupMatch(vhost.groups[name], "user")
     name = vhost.user_groups.get(ANY_USER)
     if name is not None:
-        return GroupMatch(group=vhost.groups[name], how="any_user")
+        return GroupMatch(vhost.groups[name], "any_user")
     if vhost.allow_unknown_user and DEFAULT_GROUP in vhost.groups:
-        return GroupMatch(group=vhost.groups[DEFAULT_GROUP], how="unknown_user")
+        return GroupMatch(vhost.groups[DEFAULT_GROUP], "unknown_user")
     return None
 
 

@@ -171,6 +171,12 @@ class VhostPolicy:
     before a group is known (an unknown user)."""
     raw: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
     """The attributes as loaded (camelCase keys), read-only, for explain and export."""
+    rule_texts: dict[tuple[str, ...], str] = field(default_factory=dict, init=False,
+                                                   compare=False, repr=False)
+    """Memo of the audit trail's rule texts of this vhost's admissions (how the vhost and the
+    group were found -> the words), filled by
+    :func:`~amqp_policy_proxy.policy.decisions.approve_open`: a pure function of this
+    immutable vhost, so at most one entry per alias, pattern and group."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
