@@ -2,6 +2,7 @@
  * (amqp_policy_proxy.core.connection.ProxyConnection._client_relay).
  *
  * scan(buf, pos, end, limit, channel, handle, max_size, user_id) -> (pos, transfers)
+ * message_head(buf, pos, end, last) -> (user_id, to, False, complete) | None  (see there)
  *
  * Walks the consecutive frames of buf[pos:end] while each one is either
  *   - an empty AMQP frame (heartbeat, any channel), or
@@ -290,6 +291,82 @@ static int head_ok(const unsigned char *b, Py_ssize_t p, Py_ssize_t fend,
     return 1;
 }
 
+/* message_head(buf, pos, end, last) -> (user_id, to, False, complete) or None
+ *
+ * The message head (header, then properties: Part 3 §3.2) of buf[pos:end], read only in the
+ * plain forms plain_list() takes, each section described as 0x00 0x53 code, in order, up to
+ * the first later section (application-properties .. footer) or to `end`. Returns what
+ * amqp_policy_proxy.amqp.message.read_message_head returns for the same bytes (user-id as
+ * bytes, `to` as str, no router annotations, `complete` true at a later section, else
+ * `last`); None for anything else (annotations, a 0x00 0x80 descriptor, a list32, a 32-bit
+ * length, non-ASCII text, a NUL in `to`, a value cut by `end`): the Python reader then reads
+ * the head, or refuses it. A property test checks that every answer equals Python's. */
+static PyObject *message_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "message_head(buf, pos, end, last) takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t p = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    int last = PyObject_IsTrue(args[3]);
+    if (last < 0 || PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (p < 0 || p > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
+        return NULL;
+    }
+    if (end > view.len) end = view.len;
+    if (end < p) end = p;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    const unsigned char *user_id = NULL, *to = NULL;
+    Py_ssize_t user_id_len = 0, to_len = 0;
+    int next = 0, complete = last, plain = 1;             /* next 0: header allowed, 1: properties */
+    while (p < end) {
+        if (end - p < 4 || b[p] != 0x00 || b[p + 1] != 0x53) {
+            plain = 0;
+            break;
+        }
+        unsigned char code = b[p + 2];
+        if (code >= 0x74 && code <= 0x78) {               /* application-properties .. footer */
+            complete = 1;
+            break;
+        }
+        if (code == 0x70 && next == 0) {
+            p = plain_list(b, p + 3, end, HEADER_KINDS, 5, NULL, NULL, NULL, NULL);
+            next = 1;
+        } else if (code == 0x73 && next <= 1) {
+            p = plain_list(b, p + 3, end, PROPERTIES_KINDS, 13, &user_id, &user_id_len,
+                           &to, &to_len);
+            next = 2;
+        } else {
+            plain = 0;
+            break;
+        }
+        if (p < 0) {
+            plain = 0;
+            break;
+        }
+    }
+    PyObject *result = NULL;
+    if (!plain) {
+        result = Py_NewRef(Py_None);
+    } else {
+        PyObject *uid = user_id != NULL
+            ? PyBytes_FromStringAndSize((const char *)user_id, user_id_len) : Py_NewRef(Py_None);
+        PyObject *address = to != NULL
+            ? PyUnicode_DecodeASCII((const char *)to, to_len, NULL) : Py_NewRef(Py_None);
+        if (uid != NULL && address != NULL)
+            result = PyTuple_Pack(4, uid, address, Py_False, complete ? Py_True : Py_False);
+        Py_XDECREF(uid);
+        Py_XDECREF(address);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 8) {
@@ -358,6 +435,10 @@ static PyMethodDef methods[] = {
      "scan(buf, pos, end, limit, channel, handle, max_size, user_id) -> (pos, transfers)\n\n"
      "Skip heartbeats and single-frame Transfers on one sender link; see\n"
      "amqp_policy_proxy.amqp.accel for the contract."},
+    {"message_head", (PyCFunction)(void (*)(void))message_head, METH_FASTCALL,
+     "message_head(buf, pos, end, last) -> (user_id, to, router_annotations, complete) | None\n\n"
+     "The plain message heads of amqp_policy_proxy.amqp.message.read_message_head; None for\n"
+     "any other (the Python reader decides). See amqp_policy_proxy.amqp.accel."},
     {NULL, NULL, 0, NULL},
 };
 

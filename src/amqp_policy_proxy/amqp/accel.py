@@ -9,6 +9,12 @@ maxMessageSize, a frame header the general loop must judge, an encoding the inli
 of :func:`~amqp_policy_proxy.amqp.transfer.read_transfer_fields` does not cover) ends the
 run, and the Python loop handles that frame with its general handlers.
 
+It also reads message heads: :func:`read_head` answers
+:func:`~amqp_policy_proxy.amqp.message.read_message_head` in C (``_relayscan.message_head``)
+for the plain heads real clients send, which is every message of an anonymous-relay sender
+(its ``to`` is checked per message) and of a link under QDR's user-id check when the scanner
+stops; any other head goes to the Python reader.
+
 Why C: with small messages the proxy spends its time in the per-frame Python code (about
 1.6 µs per Transfer against 0.03 µs in C, ``bench/bench_core.py``), which is what keeps it
 behind a byte-level TCP proxy such as HAProxy on 100-byte messages.
@@ -26,7 +32,7 @@ import os
 from collections.abc import Callable
 
 from .errors import DecodeError
-from .message import read_message_head
+from .message import MessageHead, read_message_head
 from .transfer import read_transfer_fields
 
 #: Environment variable that forces the pure-Python relay loop when set (not "" or "0").
@@ -34,16 +40,41 @@ DISABLE_ENV = "AMQP_PROXY_NO_ACCEL"
 
 ScanFunction = Callable[[object, int, int, int, int, int, int, bytes | None], tuple[int, int]]
 
+HeadFunction = Callable[[object, int, int, bool], tuple[bytes | None, str | None, bool, bool] | None]
+
 try:
+    from ._relayscan import message_head as message_head_c
     from ._relayscan import scan as scan_c
 except ImportError:  # not built: no compiler at install time, or a source checkout
     scan_c = None
+    message_head_c = None
 
 _disabled = os.environ.get(DISABLE_ENV, "") not in ("", "0")
 
 #: The C scanner when it is built and not disabled, else None (the relay loop then does
 #: every frame in Python).
 scan: ScanFunction | None = None if _disabled else scan_c
+#: The C reader of plain message heads when built and not disabled, else None.
+_message_head: HeadFunction | None = None if _disabled else message_head_c
+_new_head = tuple.__new__
+
+
+def read_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *,
+              last: bool) -> MessageHead:
+    """:func:`~.message.read_message_head`, answered in C for the plain heads real clients
+    send (a header and properties in list8, short ASCII strings: ~0.3 µs instead of ~4).
+
+    The C reader (``_relayscan.message_head``) answers only where its answer is the Python
+    reader's (property-tested); for every other head, and without the extension, the Python
+    reader reads it, or raises. Arguments, result and errors are those of
+    :func:`~.message.read_message_head`.
+    """
+    reader = _message_head
+    if reader is not None:
+        got = reader(buf, pos, end, last)
+        if got is not None:
+            return _new_head(MessageHead, got)
+    return read_message_head(buf, pos, end, last=last)
 
 
 def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,

@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 from ..amqp import constants as C
+from ..amqp.accel import read_head
 from ..amqp.constants import Condition
 from ..amqp.errors import (
     DecodeError,
@@ -28,7 +29,7 @@ from ..amqp.errors import (
     NotAllowedError,
     UnattachedHandleError,
 )
-from ..amqp.message import cleared_durable_byte, durable_flag_offset, read_message_head
+from ..amqp.message import cleared_durable_byte, durable_flag_offset
 from ..amqp.performatives import Accepted, Detach, Disposition, Rejected, Transfer
 from ..amqp.transfer import delivery_tag_at, read_transfer_fields, transfer_with_delivery_id
 from ..policy.reasons import DenialKind, MessageDenyReason
@@ -452,7 +453,7 @@ class Deliveries:
         conn = self.ctx
         to: str | None = None
         try:
-            head = read_message_head(buf, payload, fend, last=not more)
+            head = read_head(buf, payload, fend, last=not more)
         except DecodeError:
             head = None
         wall_now = now + conn.wall_offset

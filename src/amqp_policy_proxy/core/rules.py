@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..amqp.message import read_message_head
+from ..amqp.accel import read_head
 from ..policy import decisions
 from ..policy.reasons import MessageDenyReason
 from .context import Context
@@ -111,7 +111,7 @@ class MessageRules:
         Raises:
             DecodeError: the message head is not canonical.
         """
-        head = read_message_head(buf, payload, fend, last=not more)
+        head = read_head(buf, payload, fend, last=not more)
         to = head.to
         if not head.complete:
             if link.anonymous:

@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..core.commands import CloseTransport, ConnectRouter, Emit, SendData, Side
+from ..core.commands import CLIENT, ROUTER, CloseTransport, ConnectRouter, Emit, SendData, Side
 from ..core.connection import ProxyConnection
 from ..core.events import ProxyEvent, UpstreamConnectFailed
+from ..core.view import ConnectionView
 from ..ingress.peer import ClientAddress
 from ..policy.reasons import ConnectionDenyReason
 from .proxy_listener import Proxied
@@ -110,7 +111,7 @@ class ClientProtocol(asyncio.Protocol):
     __slots__ = (
         "host", "listener", "transport", "router", "conn", "timer", "counted", "closed",
         "conn_id", "_connect_task", "client_eof", "router_eof", "_pauses",
-        "_connect_timed_out", "_held", "proxied", "upstream", "last_activity",
+        "_connect_timed_out", "_held", "proxied", "upstream", "last_activity", "view",
     )
 
     def __init__(self, host: RelayHost, listener: str, conn_id: str,
@@ -125,6 +126,8 @@ class ClientProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.router: RouterProtocol | None = None
         self.conn: ProxyConnection | None = None
+        self.view: ConnectionView | None = None
+        """What the relay reads of :attr:`conn` (kept: the core makes a view per request)."""
         self.timer: asyncio.TimerHandle | None = None
         self.counted = False
         self.closed = False
@@ -159,6 +162,7 @@ class ClientProtocol(asyncio.Protocol):
         self.counted = True
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
         self.conn = host.open_connection(self, remote_host, peer_subject(transport))
+        self.view = self.conn.view
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -166,10 +170,11 @@ class ClientProtocol(asyncio.Protocol):
         conn = self.conn
         if conn is None:
             return
-        view = conn.view
+        view = self.view
+        assert view is not None
         if not view.decided:
             started = time.perf_counter()
-            self._feed(conn, Side.CLIENT, data)
+            self._feed(conn, CLIENT, data)
             decided = view.decided
             if decided:
                 self.host.observe_open_decision(time.perf_counter() - started)
@@ -178,7 +183,7 @@ class ClientProtocol(asyncio.Protocol):
                 self._held = held
                 self.host.preauth_held(self, held)
         else:
-            self._feed(conn, Side.CLIENT, data)
+            self._feed(conn, CLIENT, data)
         if (self.router is None and self._connect_task is not None
                 and view.held_bytes > CONNECT_BACKLOG):
             # the upstream is not there yet and the client keeps sending: stop reading it
@@ -191,7 +196,7 @@ class ClientProtocol(asyncio.Protocol):
         if conn is None or self.closed:
             return
         self.run(conn.ledger_answered, reason)
-        if self._held and conn.view.decided:
+        if self._held and self.view is not None and self.view.decided:
             self._held = 0
             self.host.preauth_held(self, 0)
 
@@ -207,7 +212,7 @@ class ClientProtocol(asyncio.Protocol):
         router = self.router
         conn = self.conn
         if (router is None or router.transport is None or self.router_eof or conn is None
-                or not conn.close_received_from(Side.CLIENT)):
+                or not conn.close_received_from(CLIENT)):
             return None  # nothing to wait for: close now
         if router.transport.can_write_eof():
             router.transport.write_eof()
@@ -226,7 +231,7 @@ class ClientProtocol(asyncio.Protocol):
             self.host.preauth_held(self, 0)
         conn = self.conn
         if conn is not None:
-            self.run(conn.connection_lost, Side.CLIENT)
+            self.run(conn.connection_lost, CLIENT)
         if self.counted:
             self.counted = False
             self.host.connection_finished(self)
@@ -299,7 +304,7 @@ class ClientProtocol(asyncio.Protocol):
         self.abort()
 
     def _write(self, side: Side, chunks: list[Any]) -> None:
-        if side is Side.CLIENT:
+        if side is CLIENT:
             transport = self.transport if not self.closed else None
         else:
             router = self.router
@@ -330,7 +335,7 @@ class ClientProtocol(asyncio.Protocol):
             if type(cmd) is Emit:
                 self.host.emit(cmd.event)
             elif type(cmd) is CloseTransport:
-                if cmd.side is Side.CLIENT:
+                if cmd.side is CLIENT:
                     if self.transport is not None:
                         self.transport.close()
                 elif self.router is not None and self.router.transport is not None:
@@ -467,7 +472,7 @@ class RouterProtocol(asyncio.Protocol):
         conn = client.conn
         if conn is None or client.closed:
             return
-        client._feed(conn, Side.ROUTER, data)
+        client._feed(conn, ROUTER, data)
 
     def eof_received(self) -> bool | None:
         """Router half-closed: after its Close, pass the half-close on; else it is gone.
@@ -479,7 +484,7 @@ class RouterProtocol(asyncio.Protocol):
         client.router_eof = True
         conn = client.conn
         transport = client.transport
-        if (conn is None or not conn.close_received_from(Side.ROUTER) or client.client_eof
+        if (conn is None or not conn.close_received_from(ROUTER) or client.client_eof
                 or transport is None or client.closed):
             return None
         if transport.can_write_eof():
@@ -492,7 +497,7 @@ class RouterProtocol(asyncio.Protocol):
         client = self.client
         conn = client.conn
         if conn is not None and not client.closed:
-            client.run(conn.connection_lost, Side.ROUTER)
+            client.run(conn.connection_lost, ROUTER)
 
     def pause_writing(self) -> None:
         """The router is not reading: stop reading from the client."""

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from proton import Message, symbol
 
 from amqp_policy_proxy.amqp import accel
+from amqp_policy_proxy.amqp.errors import DecodeError
 from amqp_policy_proxy.amqp.framing import encode_frame
+from amqp_policy_proxy.amqp.message import read_message_head
 from amqp_policy_proxy.amqp.performatives import Disposition, Transfer
 
 scan_c = accel.scan_c
@@ -351,3 +353,98 @@ def test_proton_encoded_transfer_is_passed_by_both():
     assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 3)
     if scan_c is not None:
         assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, None) == (len(buf), 3)
+
+
+# --- the message-head reader (``_relayscan.message_head`` behind ``accel.read_head``)
+
+head_c = accel.message_head_c
+
+
+def _python_head(buf: bytes, pos: int, end: int, last: bool) -> Any:
+    """The Python reader's answer: the head as a plain tuple, or the DecodeError it raised."""
+    try:
+        return tuple(read_message_head(buf, pos, end, last=last))
+    except DecodeError as exc:
+        return exc
+
+
+def _c_head_agrees(buf: bytes, pos: int, end: int, last: bool) -> Any:
+    """Call the C reader (also on the same window with every byte outside it changed, and
+    on a copy that stops at ``end``) and check that any answer it gives is Python's."""
+    got = head_c(buf, pos, end, last)
+    flipped = bytearray(b ^ 0xFF for b in buf)
+    flipped[pos:end] = buf[pos:end]
+    assert head_c(bytes(flipped), pos, end, last) == got
+    assert head_c(buf[:end], pos, end, last) == got
+    if got is not None:
+        assert got == _python_head(buf, pos, end, last)
+    return got
+
+
+@needs_c
+@given(messages, st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_c_head_answers_as_python_on_proton_messages(item, last):
+    """On the messages real clients send, the C reader answers exactly as Python does, and
+    answers at all whenever the head is plain (no annotations, ASCII text, list8)."""
+    payload, fields = item
+    got = _c_head_agrees(payload, 0, len(payload), last)
+    user_id, to, message_id, subject, _, _, _, annotations, _, _ = fields
+    texts = [to or "", subject or "", message_id if isinstance(message_id, str) else ""]
+    if not annotations and all(t.isascii() for t in texts) and len(to or "") < 200:
+        assert got is not None
+
+
+@needs_c
+@pytest.mark.parametrize("head", [
+    "005373 c006 03 40 40 a10171",                 # to "q"
+    "005373 c008 03 40 40 a103710061",             # to "q\\0a": NUL (Python refuses)
+    "005373 c009 02 40 a005616c696365",            # user-id "alice"
+    "005373 c004 02 40 a000",                      # user-id empty
+    "005373 c009 03 40 a005616c696365",            # count 3, two fields
+    "005373 c008 02 40 a005616c696365",            # size one byte short
+    "005370 45 005373 45",                         # empty header, properties
+    "005370 c003 02 41 50 005373 45",              # priority (ubyte) cut by the size
+    "005373 45 005370 45",                         # header after properties
+    "005370 45 005370 45",                         # header twice
+    "005372 c10100 005373 45",                     # annotations: Python reads
+    "0080000000000000007345",                      # ulong descriptor
+    "005373 c006 03 40 40 a101c3",                 # to: a lone UTF-8 lead byte
+    "005373 c007 03 40 40 a102c3bc",               # to "ü": UTF-8, not ASCII
+    "005373",                                      # cut after the descriptor
+])
+@pytest.mark.parametrize("tail", ["", "005377a1017a", "0053"])
+@pytest.mark.parametrize("last", [True, False])
+def test_c_head_hand_written(head, tail, last):
+    """Heads proton does not write: wherever the C reader answers, it answers as Python."""
+    payload = bytes.fromhex((head + tail).replace(" ", ""))
+    _c_head_agrees(payload, 0, len(payload), last)
+
+
+@needs_c
+@given(st.binary(max_size=200), st.data())
+@settings(max_examples=1000, deadline=None)
+def test_c_head_on_random_and_mutated_bytes(raw, data):
+    """Random bytes, and proton's heads with bytes overwritten and cut anywhere: the C reader
+    never crashes, never reads outside the window, and only ever answers as Python does."""
+    payload, _ = data.draw(messages)
+    buf = bytearray(data.draw(st.sampled_from([b"", payload])) + raw)
+    for _ in range(data.draw(st.integers(0, 3)) if buf else 0):
+        i = data.draw(st.integers(0, len(buf) - 1))
+        buf[i] = data.draw(st.sampled_from([0x00, 0x40, 0x45, 0x53, 0x70, 0x73, 0x77, 0xA0,
+                                            0xA1, 0xC0, 0xD0, 0xFF]))
+    pos = data.draw(st.integers(0, len(buf)))
+    end = data.draw(st.integers(pos, len(buf)))
+    _c_head_agrees(bytes(buf), pos, end, data.draw(st.booleans()))
+
+
+def test_read_head_is_the_python_reader_without_the_extension():
+    """``accel.read_head`` gives the Python reader's result (with or without the C reader)
+    and raises what it raises."""
+    plain = bytes.fromhex("005373c0060340 40a10171 005377a1017a".replace(" ", ""))
+    assert accel.read_head(plain, 0, len(plain), last=True) == read_message_head(
+        plain, 0, len(plain), last=True)
+    assert accel.read_head(plain, 0, len(plain), last=True).to == "q"
+    bad = bytes.fromhex("005373c0080340 40a103710061".replace(" ", ""))
+    with pytest.raises(DecodeError):
+        accel.read_head(bad, 0, len(bad), last=True)
