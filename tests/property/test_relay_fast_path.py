@@ -20,7 +20,7 @@ that checks ``user-id`` on every message (no run can be skipped) and one that do
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pytest
@@ -33,6 +33,7 @@ from amqp_policy_proxy.amqp import accel
 from amqp_policy_proxy.amqp.performatives import Accepted, Disposition
 from amqp_policy_proxy.core.commands import SendData, Side
 
+from ..support.scanners import scanners
 from ..unit.core.helpers import (
     Attach,
     Detach,
@@ -61,15 +62,9 @@ ACCEL = [pytest.param("c", marks=pytest.mark.skipif(
     accel.scan_c is None, reason="C extension not built")), "python"]
 
 
-@contextmanager
-def _scanner(which: str) -> Iterator[None]:
-    """Run the core with the C scanner ("c") or with the pure-Python loop alone."""
-    saved = fastpath._scan
-    fastpath._scan = accel.scan_c if which == "c" else None
-    try:
-        yield
-    finally:
-        fastpath._scan = saved
+def _scanner(which: str) -> AbstractContextManager[None]:
+    """Run the core with the C accelerator parts ("c") or with the pure-Python code alone."""
+    return scanners(which)
 
 messages = st.tuples(
     st.sampled_from([0, 0, 0, 1, 1, 2]),  # handle: named q.a, anonymous relay, denied link

@@ -3,6 +3,7 @@
  *
  * scan(buf, pos, end, limit, channel, handle, max_size, user_id) -> (pos, transfers)
  * message_head(buf, pos, end, last) -> (user_id, to, False, complete) | None  (see there)
+ * scan_router(buf, pos, end, limit) -> (pos, transfers)  (the router side's run, see there)
  *
  * Walks the consecutive frames of buf[pos:end] while each one is either
  *   - an empty AMQP frame (heartbeat, any channel), or
@@ -430,7 +431,64 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return Py_BuildValue("(nn)", pos, transfers);
 }
 
+/* scan_router(buf, pos, end, limit) -> (pos, transfers)
+ *
+ * The router side's run: walks the consecutive frames of buf[pos:end] while each one is an
+ * empty AMQP frame (heartbeat), a Transfer or a Disposition (descriptor 0x00 0x53 0x14 or
+ * 0x15), on any channel, its header within the rule of
+ * amqp_policy_proxy.amqp.framing.frame_header_ok (SIZE 8..limit, DOFF >= 2 and inside the
+ * frame, TYPE 0) and the frame wholly inside buf[:end]. It stops at the first other frame
+ * (a Flow, an Attach, a descriptor in another form, a bad header, a partial frame) and
+ * returns the offset reached and the number of Transfers passed. The caller uses it only
+ * while no router Transfer or Disposition needs a look (no topic-filtered receiver, no
+ * renumbered session, no per-session count): the frames it passes are relayed as they came.
+ * Reads are bounded as in scan(). */
+static PyObject *scan_router(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "scan_router(buf, pos, end, limit) takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    long long limit = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (pos < 0 || pos > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
+        return NULL;
+    }
+    if (end > view.len) end = view.len;
+    if (end < pos) end = pos;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    Py_ssize_t transfers = 0;
+    while (end - pos >= 8) {
+        const unsigned char *h = b + pos;
+        uint32_t size = be32(h);
+        uint32_t doff = h[4];
+        if (size < 8 || (long long)size > limit || doff < 2 || h[5] != 0 || doff * 4 > size)
+            break;
+        if ((uint64_t)size > (uint64_t)(end - pos)) break;      /* partial frame */
+        Py_ssize_t fend = pos + (Py_ssize_t)size;
+        Py_ssize_t body = pos + (Py_ssize_t)(doff * 4);
+        if (body != fend) {
+            if (fend - body < 3 || b[body] != 0x00 || b[body + 1] != 0x53) break;
+            if (b[body + 2] == 0x14) transfers++;
+            else if (b[body + 2] != 0x15) break;
+        }
+        pos = fend;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nn)", pos, transfers);
+}
+
 static PyMethodDef methods[] = {
+    {"scan_router", (PyCFunction)(void (*)(void))scan_router, METH_FASTCALL,
+     "scan_router(buf, pos, end, limit) -> (pos, transfers)\n\n"
+     "Skip the router's heartbeats, Transfers and Dispositions; see\n"
+     "amqp_policy_proxy.amqp.accel.scan_router_py for the contract."},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(buf, pos, end, limit, channel, handle, max_size, user_id) -> (pos, transfers)\n\n"
      "Skip heartbeats and single-frame Transfers on one sender link; see\n"

@@ -32,6 +32,7 @@ import os
 from collections.abc import Callable
 
 from .errors import DecodeError
+from .framing import frame_header_ok
 from .message import MessageHead, read_message_head
 from .transfer import read_transfer_fields
 
@@ -42,18 +43,25 @@ ScanFunction = Callable[[object, int, int, int, int, int, int, bytes | None], tu
 
 HeadFunction = Callable[[object, int, int, bool], tuple[bytes | None, str | None, bool, bool] | None]
 
+RouterScanFunction = Callable[[object, int, int, int], tuple[int, int]]
+
 try:
     from ._relayscan import message_head as message_head_c
     from ._relayscan import scan as scan_c
+    from ._relayscan import scan_router as scan_router_c
 except ImportError:  # not built: no compiler at install time, or a source checkout
     scan_c = None
     message_head_c = None
+    scan_router_c = None
 
 _disabled = os.environ.get(DISABLE_ENV, "") not in ("", "0")
 
 #: The C scanner when it is built and not disabled, else None (the relay loop then does
 #: every frame in Python).
 scan: ScanFunction | None = None if _disabled else scan_c
+#: The C walker of the router's runs when built and not disabled, else None (the router
+#: side's loop then looks at every frame in Python).
+scan_router: RouterScanFunction | None = None if _disabled else scan_router_c
 #: The C reader of plain message heads when built and not disabled, else None.
 _message_head: HeadFunction | None = None if _disabled else message_head_c
 _new_head = tuple.__new__
@@ -146,6 +154,48 @@ def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
             if head.user_id and head.user_id != user_id:
                 break
         transfers += 1
+        pos = fend
+    return pos, transfers
+
+
+def scan_router_py(buf: bytes | bytearray | memoryview, pos: int, end: int,
+                   limit: int) -> tuple[int, int]:
+    """Pure-Python statement of the router-side walker (``_relayscan.scan_router``).
+
+    The router side's loop (``core.router_side.RouterSide.relay``) relays most router frames
+    as they came: heartbeats, Transfers and Dispositions need no look while no topic-filtered
+    receiver, renumbered session or per-session count is in play. The walker passes a run of
+    those in one call.
+
+    Args:
+        buf: the router bytes; only ``buf[pos:end]`` is read (``end`` clamped to
+            ``len(buf)``).
+        pos: offset of the first frame.
+        end: one past the last readable byte.
+        limit: the largest frame size the router may send (bytes).
+
+    Returns:
+        ``(offset reached, Transfers passed)``: it stops at the first frame that is not an
+        empty AMQP frame, a Transfer or a Disposition with the descriptor ``0x00 0x53 0x14``
+        / ``0x15``, at a header outside :func:`~.framing.frame_header_ok` (the loop then
+        raises what is wrong) and at a frame not wholly inside ``buf[:end]``.
+    """
+    end = min(end, len(buf))
+    transfers = 0
+    while end - pos >= 8:
+        size = int.from_bytes(buf[pos:pos + 4], "big")
+        doff, ftype = buf[pos + 4], buf[pos + 5]
+        if not frame_header_ok(size, doff, ftype, limit) or size > end - pos:
+            break
+        fend = pos + size
+        body = pos + doff * 4
+        if body != fend:
+            if fend - body < 3 or buf[body] != 0x00 or buf[body + 1] != 0x53:
+                break
+            if buf[body + 2] == 0x14:
+                transfers += 1
+            elif buf[body + 2] != 0x15:
+                break
         pos = fend
     return pos, transfers
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from struct import Struct
 from typing import Any
 
+from ..amqp import accel
 from ..amqp import constants as C
 from ..amqp.codec import symbol_array
 from ..amqp.constants import (
@@ -271,7 +272,16 @@ class RouterSide:
         sessions = self.sessions
         figures = ctx.figures
         shaped = sessions.shaping is not None  # set at admission, never while relaying
+        scan = accel.scan_router
         while end - pos >= FRAME_HEADER_SIZE and sides.router is R_AMQP:
+            if scan is not None and not (shaped or sessions.count_router_transfers
+                                         or rules.topic_receivers or sessions.renumbering):
+                # nothing here looks at Transfers or Dispositions: the C walker passes the
+                # run of them (and heartbeats) up to the first other frame
+                pos, passed = scan(buf, pos, end, limit)
+                figures.transfers_out += passed
+                if end - pos < FRAME_HEADER_SIZE:
+                    break
             size, doff, ftype, channel = unpack(buf, pos)
             if not frame_header_ok(size, doff, ftype, limit):
                 check_frame_header(size, doff, ftype, limit, AMQP_FRAME)

@@ -448,3 +448,78 @@ def test_read_head_is_the_python_reader_without_the_extension():
     bad = bytes.fromhex("005373c0080340 40a103710061".replace(" ", ""))
     with pytest.raises(DecodeError):
         accel.read_head(bad, 0, len(bad), last=True)
+
+
+# --- the router-side walker (``_relayscan.scan_router`` against ``accel.scan_router_py``)
+
+scan_router_c = accel.scan_router_c
+_DISPOSITION = _frame(0, Disposition(role=False, first=0, last=3, settled=True).encode())
+_FLOW = _frame(1, bytes.fromhex("005313c00c05434370000003e8437000000064"))
+router_frames = st.one_of(
+    st.builds(lambda ch, did: _frame(ch, _transfer(0, did, b"t", payload=b"x" * 20)),
+              st.integers(0, 3), st.integers(0, 300)),
+    st.just(_DISPOSITION), st.just(_FLOW), st.just(HEARTBEAT),
+    st.just(_frame(0, bytes.fromhex("00800000000000000014c0020140"))),  # ulong descriptor
+    st.just(_frame(0, Transfer(handle=0, delivery_id=1).encode(), doff=3)),  # extended header
+)
+
+
+def _router_agrees(buf: bytes, pos: int, end: int, limit: int) -> tuple[int, int]:
+    """The C walker's answer, which must be the Python statement's, and must not change when
+    the bytes outside the window do (or when the buffer stops at ``end``)."""
+    got = scan_router_c(buf, pos, end, limit)
+    assert got == accel.scan_router_py(buf, pos, end, limit)
+    flipped = bytearray(b ^ 0xFF for b in buf)
+    flipped[pos:end] = buf[pos:end]
+    assert scan_router_c(bytes(flipped), pos, end, limit) == got
+    assert scan_router_c(buf[:end], pos, end, limit) == got
+    return got
+
+
+@needs_c
+@given(st.lists(router_frames, min_size=1, max_size=8), st.data())
+@settings(max_examples=400, deadline=None)
+def test_router_walker_same_as_python_on_router_streams(frames, data):
+    """Runs of what a router sends: the C walker passes exactly what the Python statement
+    passes (Transfers and Dispositions with the short descriptor, heartbeats), cut anywhere."""
+    buf = b"".join(frames)
+    end = data.draw(st.integers(0, len(buf)))
+    limit = data.draw(st.sampled_from([65536, 40, 0x40FFFFFF]))
+    pos, transfers = _router_agrees(buf, 0, end, limit)
+    # the run stops at the first frame that is not passed, or at a partial one
+    passed = 0
+    expected_pos = 0
+    for f in frames:
+        if expected_pos + len(f) > end or len(f) > limit:
+            break
+        body = f[f[4] * 4:]
+        if body and not (body[:2] == b"\x00\x53" and body[2] in (0x14, 0x15)):
+            break
+        passed += body[:3] == b"\x00\x53\x14"
+        expected_pos += len(f)
+    assert (pos, transfers) == (expected_pos, passed)
+
+
+@needs_c
+@given(st.binary(max_size=300), st.data())
+@settings(max_examples=500, deadline=None)
+def test_router_walker_on_random_and_mutated_bytes(raw, data):
+    frames = data.draw(st.lists(router_frames, max_size=4))
+    buf = bytearray(b"".join(frames) + raw)
+    for _ in range(data.draw(st.integers(0, 3)) if buf else 0):
+        i = data.draw(st.integers(0, len(buf) - 1))
+        buf[i] = data.draw(st.sampled_from([0x00, 0x01, 0x02, 0x08, 0x14, 0x15, 0x53, 0xFF]))
+    pos = data.draw(st.integers(0, len(buf)))
+    end = data.draw(st.integers(pos, len(buf)))
+    _router_agrees(bytes(buf), pos, end, data.draw(st.sampled_from([65536, 20, 0x40FFFFFF])))
+
+
+def test_router_walker_stops_where_the_loop_must_look():
+    t = _frame(0, _transfer(0, 1, b"t"))
+    assert accel.scan_router_py(t + HEARTBEAT + _DISPOSITION + _FLOW + t, 0, 10**6, 65536) == (
+        len(t + HEARTBEAT + _DISPOSITION), 1)
+    assert accel.scan_router_py(t + t, 0, len(t) * 2 - 1, 65536) == (len(t), 1)  # partial
+    assert accel.scan_router_py(t, 0, len(t), len(t) - 1) == (0, 0)  # over the limit
+    if scan_router_c is not None:
+        with pytest.raises(TypeError):
+            scan_router_c(t, 0, len(t))

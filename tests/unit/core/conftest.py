@@ -1,5 +1,6 @@
-"""Every core test runs twice: with the C relay scanner (``amqp.accel``, when built) and with
-the pure-Python relay loop alone, so both implementations meet the same expectations."""
+"""Every core test runs twice: with the C accelerator parts (``amqp.accel``, when built: the
+client relay scanner, the router-side walker, the message-head reader) and with the
+pure-Python code alone, so both implementations meet the same expectations."""
 
 from __future__ import annotations
 
@@ -7,20 +8,15 @@ from collections.abc import Iterator
 
 import pytest
 
-import amqp_policy_proxy.core.fastpath as core
-from amqp_policy_proxy.amqp import accel
+from tests.support.scanners import BUILT, scanners
 
 
 @pytest.fixture(autouse=True, params=[
-    pytest.param("c", marks=pytest.mark.skipif(accel.scan_c is None,
-                                               reason="C extension not built")),
+    pytest.param("c", marks=pytest.mark.skipif(not BUILT, reason="C extension not built")),
     "python",
 ])
 def relay_scanner(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The scanner the relay loop uses in this test: "c" or "python" (None: no scanner)."""
-    saved = core._scan
-    core._scan = accel.scan_c if request.param == "c" else None
-    try:
+    """The accelerator parts the core uses in this test: "c" (the C relay scanner, router
+    walker and head reader) or "python" (none)."""
+    with scanners(request.param):
         yield request.param
-    finally:
-        core._scan = saved

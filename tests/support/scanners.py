@@ -1,0 +1,27 @@
+"""Run the core with its C accelerator parts (``amqp.accel``) or with the pure-Python code
+alone: the client relay scanner, the router-side walker and the message-head reader."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import amqp_policy_proxy.core.fastpath as fastpath
+from amqp_policy_proxy.amqp import accel
+
+#: Whether the C extension is built (the "c" runs are skipped without it).
+BUILT = accel.scan_c is not None
+
+
+@contextmanager
+def scanners(which: str) -> Iterator[None]:
+    """``which`` "c": the C parts (as built); "python": none of them."""
+    c = which == "c"
+    saved = (fastpath._scan, accel.scan_router, accel._message_head)
+    fastpath._scan = accel.scan_c if c else None
+    accel.scan_router = accel.scan_router_c if c else None
+    accel._message_head = accel.message_head_c if c else None
+    try:
+        yield
+    finally:
+        fastpath._scan, accel.scan_router, accel._message_head = saved
