@@ -152,6 +152,41 @@ static int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fe
     return 1;
 }
 
+/* The window buf[pos:end] named by a call's first three arguments (buf, pos, end): the
+ * buffer (the caller releases it with PyBuffer_Release), `pos` checked to be inside it, `end`
+ * clamped to [pos, len(buf)]. Returns 0, or -1 with an exception set (nothing to release). */
+static int open_window(PyObject *const *args, Py_buffer *view, Py_ssize_t *pos,
+                       Py_ssize_t *end) {
+    *pos = PyLong_AsSsize_t(args[1]);
+    *end = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return -1;
+    if (PyObject_GetBuffer(args[0], view, PyBUF_SIMPLE) < 0) return -1;
+    if (*pos < 0 || *pos > view->len) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
+        return -1;
+    }
+    if (*end > view->len) *end = view->len;
+    if (*end < *pos) *end = *pos;
+    return 0;
+}
+
+/* The AMQP frame at b[pos] (end - pos >= 8 checked by the caller): its end, with *body set to
+ * where its body starts, when its header keeps the rule of
+ * amqp_policy_proxy.amqp.framing.frame_header_ok (SIZE 8..limit, DOFF >= 2 and inside the
+ * frame, TYPE 0) and it lies wholly inside b[:end]; else -1 (the Python loop looks at it). */
+static inline Py_ssize_t whole_frame(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end,
+                                     long long limit, Py_ssize_t *body) {
+    const unsigned char *h = b + pos;
+    uint32_t size = be32(h);
+    uint32_t doff = h[4];
+    if (size < 8 || (long long)size > limit || doff < 2 || h[5] != 0 || doff * 4 > size)
+        return -1;
+    if ((uint64_t)size > (uint64_t)(end - pos)) return -1;       /* partial frame */
+    *body = pos + (Py_ssize_t)(doff * 4);
+    return pos + (Py_ssize_t)size;
+}
+
 /* Field kinds of the header (Part 3 §3.2.1) and properties (§3.2.4) lists, in order. */
 enum { K_BOOL, K_UBYTE, K_UINT, K_MSGID, K_BINARY, K_STRING, K_SYMBOL, K_TIMESTAMP };
 static const unsigned char HEADER_KINDS[] = {K_BOOL, K_UBYTE, K_UINT, K_BOOL, K_UINT};
@@ -161,7 +196,7 @@ static const unsigned char PROPERTIES_KINDS[] = {
 
 /* The field at b[q] (q < lend checked by the caller) of kind `kind`, in one of the plain
  * canonical forms below; anything else (32-bit lengths, non-ASCII text, another constructor)
- * returns -1 and the Python reader judges the message. Sets *text/*len to the bytes of a
+ * returns -1 and the Python reader judges the message. Sets *text and *len to the bytes of a
  * binary/string/symbol. Returns the offset past the field. */
 static Py_ssize_t plain_field(const unsigned char *b, Py_ssize_t q, Py_ssize_t lend, int kind,
                               const unsigned char **text, Py_ssize_t *len) {
@@ -227,7 +262,7 @@ static Py_ssize_t plain_field(const unsigned char *b, Py_ssize_t q, Py_ssize_t l
 
 /* A header or properties list at b[v] (v < fend checked by the caller): list0, or list8
  * whose `count` fields (at most nkinds) of the given kinds exactly fill its size. For the
- * properties, *user_id/*to receive those fields' bytes (NULL when absent or null).
+ * properties, *user_id and *to receive those fields' bytes (NULL when absent or null).
  * Returns the offset past the list, or -1 (the Python reader judges it). */
 static Py_ssize_t plain_list(const unsigned char *b, Py_ssize_t v, Py_ssize_t fend,
                              const unsigned char *kinds, Py_ssize_t nkinds,
@@ -308,19 +343,11 @@ static PyObject *message_head(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "message_head(buf, pos, end, last) takes 4 arguments");
         return NULL;
     }
-    Py_ssize_t p = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
     int last = PyObject_IsTrue(args[3]);
-    if (last < 0 || PyErr_Occurred()) return NULL;
+    if (last < 0) return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (p < 0 || p > view.len) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
-        return NULL;
-    }
-    if (end > view.len) end = view.len;
-    if (end < p) end = p;
+    Py_ssize_t p, end;
+    if (open_window(args, &view, &p, &end) < 0) return NULL;
     const unsigned char *b = (const unsigned char *)view.buf;
     const unsigned char *user_id = NULL, *to = NULL;
     Py_ssize_t user_id_len = 0, to_len = 0;
@@ -386,39 +413,25 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         uid = (const unsigned char *)PyBytes_AS_STRING(args[7]);
         uid_len = PyBytes_GET_SIZE(args[7]);
     }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
     long long limit = PyLong_AsLongLong(args[3]);
     long long channel = PyLong_AsLongLong(args[4]);
     long long want = PyLong_AsLongLong(args[5]);
     long long max_size = PyLong_AsLongLong(args[6]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (pos < 0 || pos > view.len) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
-        return NULL;
-    }
-    if (end > view.len) end = view.len;
-    if (end < pos) end = pos;
+    Py_ssize_t pos, end;
+    if (open_window(args, &view, &pos, &end) < 0) return NULL;
     const unsigned char *b = (const unsigned char *)view.buf;
     Py_ssize_t transfers = 0;
     int usable = channel >= 0 && channel <= 0xFFFF && want >= 0 && want <= 0xFFFFFFFFLL;
     while (end - pos >= 8) {
-        const unsigned char *h = b + pos;
-        uint32_t size = be32(h);
-        uint32_t doff = h[4];
-        if (size < 8 || (long long)size > limit || doff < 2 || h[5] != 0 || doff * 4 > size)
-            break;
-        if ((uint64_t)size > (uint64_t)(end - pos)) break;      /* partial frame */
-        Py_ssize_t fend = pos + (Py_ssize_t)size;
-        Py_ssize_t body = pos + (Py_ssize_t)(doff * 4);
+        Py_ssize_t body, fend = whole_frame(b, pos, end, limit, &body);
+        if (fend < 0) break;
         if (body == fend) {                                      /* heartbeat */
             pos = fend;
             continue;
         }
-        if (!usable || (((uint32_t)h[6] << 8) | h[7]) != (uint32_t)channel) break;
+        if (!usable || (((uint32_t)b[pos + 6] << 8) | b[pos + 7]) != (uint32_t)channel) break;
         if (fend - body <= 3 || b[body] != 0x00 || b[body + 1] != 0x53 || b[body + 2] != 0x14)
             break;
         Py_ssize_t payload;
@@ -449,30 +462,16 @@ static PyObject *scan_router(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "scan_router(buf, pos, end, limit) takes 4 arguments");
         return NULL;
     }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
     long long limit = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (pos < 0 || pos > view.len) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
-        return NULL;
-    }
-    if (end > view.len) end = view.len;
-    if (end < pos) end = pos;
+    Py_ssize_t pos, end;
+    if (open_window(args, &view, &pos, &end) < 0) return NULL;
     const unsigned char *b = (const unsigned char *)view.buf;
     Py_ssize_t transfers = 0;
     while (end - pos >= 8) {
-        const unsigned char *h = b + pos;
-        uint32_t size = be32(h);
-        uint32_t doff = h[4];
-        if (size < 8 || (long long)size > limit || doff < 2 || h[5] != 0 || doff * 4 > size)
-            break;
-        if ((uint64_t)size > (uint64_t)(end - pos)) break;      /* partial frame */
-        Py_ssize_t fend = pos + (Py_ssize_t)size;
-        Py_ssize_t body = pos + (Py_ssize_t)(doff * 4);
+        Py_ssize_t body, fend = whole_frame(b, pos, end, limit, &body);
+        if (fend < 0) break;
         if (body != fend) {
             if (fend - body < 3 || b[body] != 0x00 || b[body + 1] != 0x53) break;
             if (b[body + 2] == 0x14) transfers++;
