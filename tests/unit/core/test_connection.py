@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from proton import Message
 
@@ -209,6 +211,29 @@ class TestAdmission:
         closed = [e for e in s.events if isinstance(e, ConnectionClosed)]
         assert len(closed) == 1
         assert closed[0].user == "nobody-in-any-group" and closed[0].vhost is None
+
+    def test_a_finished_connection_is_freed_without_the_cycle_collector(self):
+        """Once both transports are gone, dropping the connection frees it (and its rooms,
+        sessions and links) by reference counting: nothing is left for the cycle collector,
+        and the rooms no longer reach the facade (one used after the end would raise)."""
+        gc.collect()
+        gc.disable()
+        try:
+            s = admitted()
+            _sender(s, "q1")
+            s.client(frame(0, Close()))
+            s.router(frame(0, Close()))
+            s._run(s.conn.connection_lost(Side.ROUTER, 1.0))
+            s._run(s.conn.connection_lost(Side.CLIENT, 1.0))
+            view = s.conn.view
+            assert view.finished and view.held_bytes == 0 and view.figures.bytes_in > 0
+            assert s.conn.receive_data(Side.CLIENT, b"more", 2.0) == []
+            client = s.conn.client
+            assert not hasattr(client, "ctx")  # a room used after the end would raise
+            del s, view, client
+            assert gc.collect() == 0
+        finally:
+            gc.enable()
 
     def test_counts_released_exactly_once(self):
         s = admitted()
