@@ -194,10 +194,7 @@ class Shaping:
             ss.in_end = near(int(nid), session.client_next_out + session.transfers_in) + int(iw)
         if perf.outgoing_window is not None:
             ss.out_window = int(perf.outgoing_window)
-        if perf.handle is None:
-            return
-        link = session.router_links.get(int(perf.handle))
-        s = None if link is None else link.shaper
+        s = _shaped_link(session.router_links, perf)
         if s is None:
             return
         credit = 0 if perf.link_credit is None else int(perf.link_credit)
@@ -238,10 +235,7 @@ class Shaping:
             ss.client_iw = int(perf.incoming_window)
         if perf.outgoing_window is not None:
             ss.client_ow = int(perf.outgoing_window)
-        if perf.handle is None:
-            return
-        link = session.links.get(int(perf.handle))
-        s = None if link is None else link.shaper
+        s = _shaped_link(session.links, perf)
         if s is None:
             return
         if perf.delivery_count is not None:
@@ -422,3 +416,12 @@ class Shaping:
             drain=True,
         )
         self.wire.send(ROUTER, frame(session.channel, flow))
+
+
+def _shaped_link(links: dict[int, LinkRecord], perf: Flow) -> ShapedLink | None:
+    """The shaped link a Flow names (``links``: the session's links by the sender's handle
+    numbering), or None for a session-only Flow or a link that is not shaped."""
+    if perf.handle is None:
+        return None
+    link = links.get(int(perf.handle))
+    return None if link is None else link.shaper
