@@ -185,6 +185,14 @@ CLOSE_TRANSITIONS: dict[tuple[CloseState, str], CloseState] = {
     (CLOSE_SENT, "received"): CLOSE_BOTH,
     (CLOSE_RECEIVED, "sent"): CLOSE_BOTH,
 }
+#: :data:`CLOSE_TRANSITIONS` by event, for the setters.
+_ON_SENT = {old: new for (old, event), new in CLOSE_TRANSITIONS.items() if event == "sent"}
+_ON_RECEIVED = {old: new for (old, event), new in CLOSE_TRANSITIONS.items()
+                if event == "received"}
+#: The Close states in which the proxy has sent that leg a Close, and those in which the leg
+#: has sent one.
+_SENT = frozenset({CLOSE_SENT, CLOSE_BOTH})
+_RECEIVED = frozenset({CLOSE_RECEIVED, CLOSE_BOTH})
 
 #: Client states whose bytes are SASL frames (or the AMQP header that ends SASL).
 CLIENT_SASL = frozenset({_C.SASL, _C.AWAIT_AMQP_HEADER})
@@ -250,11 +258,16 @@ class Sides:
         Raises:
             IllegalTransition: a second Close to the same leg.
         """
-        attr = "client_close" if to_client else "router_close"
-        new = CLOSE_TRANSITIONS.get((getattr(self, attr), "sent"))
-        if new is None:
-            raise IllegalTransition(f"a second Close sent to the {attr[:-6]}")
-        setattr(self, attr, new)
+        if to_client:
+            new = _ON_SENT.get(self.client_close)
+            if new is None:
+                raise IllegalTransition("a second Close sent to the client")
+            self.client_close = new
+        else:
+            new = _ON_SENT.get(self.router_close)
+            if new is None:
+                raise IllegalTransition("a second Close sent to the router")
+            self.router_close = new
 
     def close_received(self, from_client: bool) -> bool:
         """Record a Close from the client (``from_client``) or the router.
@@ -262,25 +275,30 @@ class Sides:
         Returns:
             False when that leg had already sent one (nothing changes).
         """
-        attr = "client_close" if from_client else "router_close"
-        new = CLOSE_TRANSITIONS.get((getattr(self, attr), "received"))
-        if new is None:
-            return False
-        setattr(self, attr, new)
+        if from_client:
+            new = _ON_RECEIVED.get(self.client_close)
+            if new is None:
+                return False
+            self.client_close = new
+        else:
+            new = _ON_RECEIVED.get(self.router_close)
+            if new is None:
+                return False
+            self.router_close = new
         return True
 
     def client_close_sent(self) -> bool:
         """The proxy has sent the client a Close."""
-        return self.client_close in (CLOSE_SENT, CLOSE_BOTH)
+        return self.client_close in _SENT
 
     def client_close_received(self) -> bool:
         """The client has sent a Close."""
-        return self.client_close in (CLOSE_RECEIVED, CLOSE_BOTH)
+        return self.client_close in _RECEIVED
 
     def router_close_sent(self) -> bool:
         """The proxy has sent the router a Close."""
-        return self.router_close in (CLOSE_SENT, CLOSE_BOTH)
+        return self.router_close in _SENT
 
     def router_close_received(self) -> bool:
         """The router has sent a Close."""
-        return self.router_close in (CLOSE_RECEIVED, CLOSE_BOTH)
+        return self.router_close in _RECEIVED
