@@ -395,6 +395,59 @@ static PyObject *message_head(PyObject *self, PyObject *const *args, Py_ssize_t 
     return result;
 }
 
+/* What a walker's rule says of one non-empty frame: stop before it, pass it, or pass it and
+ * count it as a Transfer. */
+enum { STOP, PASS, PASS_TRANSFER };
+typedef int (*frame_rule)(const void *rule_args, const unsigned char *b, Py_ssize_t pos,
+                          Py_ssize_t body, Py_ssize_t fend);
+
+/* The walk both scanners make: the whole frames of the window (args: buf, pos, end) within
+ * the header rule and `limit`, heartbeats always passed, every other frame as `rule` says, up
+ * to the first one it stops at. Returns (offset reached, Transfers passed). */
+static PyObject *walk(PyObject *const *args, long long limit, frame_rule rule,
+                      const void *rule_args) {
+    Py_buffer view;
+    Py_ssize_t pos, end;
+    if (open_window(args, &view, &pos, &end) < 0) return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    Py_ssize_t transfers = 0;
+    while (end - pos >= 8) {
+        Py_ssize_t body, fend = whole_frame(b, pos, end, limit, &body);
+        if (fend < 0) break;
+        if (body != fend) {                                      /* not a heartbeat */
+            int verdict = rule(rule_args, b, pos, body, fend);
+            if (verdict == STOP) break;
+            transfers += verdict == PASS_TRANSFER;
+        }
+        pos = fend;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nn)", pos, transfers);
+}
+
+/* scan()'s link and limits. */
+struct link_rule {
+    int usable;
+    long long channel, want, max_size;
+    const unsigned char *uid;
+    Py_ssize_t uid_len;
+};
+
+/* scan()'s rule: a single-frame Transfer on the link, plain, within max_size, and (with a
+ * user-id) whose head head_ok() passes. */
+static int link_transfer(const void *rule_args, const unsigned char *b, Py_ssize_t pos,
+                         Py_ssize_t body, Py_ssize_t fend) {
+    const struct link_rule *r = rule_args;
+    if (!r->usable || (((uint32_t)b[pos + 6] << 8) | b[pos + 7]) != (uint32_t)r->channel)
+        return STOP;
+    if (fend - body <= 3 || b[body] != 0x00 || b[body + 1] != 0x53 || b[body + 2] != 0x14)
+        return STOP;
+    Py_ssize_t payload;
+    if (!plain_transfer(b, body, fend, (int64_t)r->want, r->max_size, &payload)) return STOP;
+    if (r->uid != NULL && !head_ok(b, payload, fend, r->uid, r->uid_len)) return STOP;
+    return PASS_TRANSFER;
+}
+
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 8) {
@@ -403,45 +456,22 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                         "takes 8 arguments");
         return NULL;
     }
-    const unsigned char *uid = NULL;
-    Py_ssize_t uid_len = 0;
+    struct link_rule r = {0};
     if (args[7] != Py_None) {
         if (!PyBytes_Check(args[7])) {
             PyErr_SetString(PyExc_TypeError, "user_id must be bytes or None");
             return NULL;
         }
-        uid = (const unsigned char *)PyBytes_AS_STRING(args[7]);
-        uid_len = PyBytes_GET_SIZE(args[7]);
+        r.uid = (const unsigned char *)PyBytes_AS_STRING(args[7]);
+        r.uid_len = PyBytes_GET_SIZE(args[7]);
     }
     long long limit = PyLong_AsLongLong(args[3]);
-    long long channel = PyLong_AsLongLong(args[4]);
-    long long want = PyLong_AsLongLong(args[5]);
-    long long max_size = PyLong_AsLongLong(args[6]);
+    r.channel = PyLong_AsLongLong(args[4]);
+    r.want = PyLong_AsLongLong(args[5]);
+    r.max_size = PyLong_AsLongLong(args[6]);
     if (PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    Py_ssize_t pos, end;
-    if (open_window(args, &view, &pos, &end) < 0) return NULL;
-    const unsigned char *b = (const unsigned char *)view.buf;
-    Py_ssize_t transfers = 0;
-    int usable = channel >= 0 && channel <= 0xFFFF && want >= 0 && want <= 0xFFFFFFFFLL;
-    while (end - pos >= 8) {
-        Py_ssize_t body, fend = whole_frame(b, pos, end, limit, &body);
-        if (fend < 0) break;
-        if (body == fend) {                                      /* heartbeat */
-            pos = fend;
-            continue;
-        }
-        if (!usable || (((uint32_t)b[pos + 6] << 8) | b[pos + 7]) != (uint32_t)channel) break;
-        if (fend - body <= 3 || b[body] != 0x00 || b[body + 1] != 0x53 || b[body + 2] != 0x14)
-            break;
-        Py_ssize_t payload;
-        if (!plain_transfer(b, body, fend, (int64_t)want, max_size, &payload)) break;
-        if (uid != NULL && !head_ok(b, payload, fend, uid, uid_len)) break;
-        transfers++;
-        pos = fend;
-    }
-    PyBuffer_Release(&view);
-    return Py_BuildValue("(nn)", pos, transfers);
+    r.usable = r.channel >= 0 && r.channel <= 0xFFFF && r.want >= 0 && r.want <= 0xFFFFFFFFLL;
+    return walk(args, limit, link_transfer, &r);
 }
 
 /* scan_router(buf, pos, end, limit) -> (pos, transfers)
@@ -456,6 +486,15 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * while no router Transfer or Disposition needs a look (no topic-filtered receiver, no
  * renumbered session, no per-session count): the frames it passes are relayed as they came.
  * Reads are bounded as in scan(). */
+static int router_run(const void *rule_args, const unsigned char *b, Py_ssize_t pos,
+                      Py_ssize_t body, Py_ssize_t fend) {
+    (void)rule_args;
+    (void)pos;
+    if (fend - body < 3 || b[body] != 0x00 || b[body + 1] != 0x53) return STOP;
+    if (b[body + 2] == 0x14) return PASS_TRANSFER;
+    return b[body + 2] == 0x15 ? PASS : STOP;
+}
+
 static PyObject *scan_router(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 4) {
@@ -464,23 +503,7 @@ static PyObject *scan_router(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     long long limit = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    Py_ssize_t pos, end;
-    if (open_window(args, &view, &pos, &end) < 0) return NULL;
-    const unsigned char *b = (const unsigned char *)view.buf;
-    Py_ssize_t transfers = 0;
-    while (end - pos >= 8) {
-        Py_ssize_t body, fend = whole_frame(b, pos, end, limit, &body);
-        if (fend < 0) break;
-        if (body != fend) {
-            if (fend - body < 3 || b[body] != 0x00 || b[body + 1] != 0x53) break;
-            if (b[body + 2] == 0x14) transfers++;
-            else if (b[body + 2] != 0x15) break;
-        }
-        pos = fend;
-    }
-    PyBuffer_Release(&view);
-    return Py_BuildValue("(nn)", pos, transfers);
+    return walk(args, limit, router_run, NULL);
 }
 
 static PyMethodDef methods[] = {
