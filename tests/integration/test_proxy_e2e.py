@@ -6,6 +6,7 @@ client sees (QDR's), link/session/message rules, and counts released and reused.
 
 from __future__ import annotations
 
+import gc
 import re
 import socket
 import time
@@ -412,3 +413,35 @@ def test_begin_above_channel_max_is_denied_politely_through_a_real_proxy(proxy):
     from amqp_policy_proxy.core.events import SessionDenied
 
     assert wait_for(lambda: len(proxy.events_of(SessionDenied)) == 1)
+
+
+def test_finished_connections_leave_nothing_for_the_cycle_collector(proxy):
+    """A real client's connection through the daemon (messages both ways, then Close) is
+    freed by reference counting once both transports are gone: the shell's legs and the core
+    leave no cycle behind (the collector would otherwise walk every finished connection).
+    Garbage of the client library itself is not counted."""
+    def one() -> None:
+        c = connect(proxy.port, "alice")
+        snd = c.create_sender("orders.eu")
+        rcv = c.create_receiver("orders.eu")
+        snd.send(Message(body=b"x"))
+        assert rcv.receive(timeout=5).body == b"x"
+        rcv.accept()
+        c.close()
+
+    one()
+    assert wait_for(lambda: not proxy.daemon.connections)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            one()
+        assert wait_for(lambda: not proxy.daemon.connections)
+        time.sleep(0.2)  # the transports' last callbacks
+        gc.collect()
+        ours = [type(o).__qualname__ for o in gc.garbage
+                if type(o).__module__.startswith("amqp_policy_proxy")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert ours == []

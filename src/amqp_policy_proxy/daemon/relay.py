@@ -235,8 +235,23 @@ class ClientProtocol(asyncio.Protocol):
         if self.counted:
             self.counted = False
             self.host.connection_finished(self)
-        if self.router is not None and self.router.transport is not None:
-            self.router.transport.close()
+        router = self.router
+        if router is not None and router.transport is not None:
+            router.transport.close()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Once both transports are gone, cut the legs' references to each other and to their
+        transports, so that reference counting frees the connection (its core included) when
+        the daemon drops it, instead of the cycle collector."""
+        router = self.router
+        if not self.closed or (router is not None and not router.lost):
+            return
+        self.transport = None
+        self._connect_task = None
+        if router is not None:
+            router.transport = None
+            self.router = None
 
     def pause(self, reason: int) -> None:
         """Stop reading the client for ``reason`` (a ``PAUSED_*`` bit); reasons add up."""
@@ -418,7 +433,8 @@ class ClientProtocol(asyncio.Protocol):
             conn = self.conn
             assert conn is not None
             # a client that sent its Open before the upstream was there is decided now
-            view = conn.view
+            view = self.view
+            assert view is not None
             waiting = not view.decided
             started = time.perf_counter()
             self.run(conn.router_connected)
@@ -454,12 +470,14 @@ class ClientProtocol(asyncio.Protocol):
 class RouterProtocol(asyncio.Protocol):
     """The router leg; feeds router bytes into its client's :class:`ProxyConnection`."""
 
-    __slots__ = ("client", "transport")
+    __slots__ = ("client", "transport", "lost")
 
     def __init__(self, client: ClientProtocol) -> None:
         """Create the leg for ``client``."""
         self.client = client
         self.transport: asyncio.Transport | None = None
+        self.lost = False
+        """The router transport is gone (``connection_lost`` was called)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Record the transport and apply the write-buffer limits."""
@@ -494,10 +512,12 @@ class RouterProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The router transport is gone."""
+        self.lost = True
         client = self.client
         conn = client.conn
         if conn is not None and not client.closed:
             client.run(conn.connection_lost, ROUTER)
+        client._let_go()
 
     def pause_writing(self) -> None:
         """The router is not reading: stop reading from the client."""
