@@ -115,7 +115,11 @@ class EventLogWriter:
         self._sink = sink
         self._on_drop = on_drop
         self._max_batch = max_batch
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queue)
+        # A SimpleQueue (in C: a put costs ~0.1 µs against ~2 µs for queue.Queue's condition
+        # variables) bounded here by ``max_queue``: only submit() checks the bound, and it is
+        # called from one thread at a time under ``_lock``.
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._max_queue = max_queue
         # Orders submit() against stop(): nothing is enqueued after the stop sentinel.
         self._lock = threading.Lock()
         self._closed = False
@@ -181,12 +185,9 @@ class EventLogWriter:
             A drop is counted in :attr:`dropped` and reported to ``on_drop(1)``.
         """
         with self._lock:
-            if not self._closed:
-                try:
-                    self._queue.put_nowait(record)
-                    return True
-                except queue.Full:
-                    pass
+            if not self._closed and self._queue.qsize() < self._max_queue:
+                self._queue.put(record)
+                return True
             self._dropped_at_submit += 1
             n = self._dropped_at_submit
         if n & (n - 1) == 0:  # 1, 2, 4, 8, ...: log without flooding
@@ -215,12 +216,7 @@ class EventLogWriter:
         assert thread is not None
         deadline = time.monotonic() + timeout
         if not self._stop_queued:
-            try:
-                # Blocks only while the queue is full, i.e. while the thread is draining it.
-                self._queue.put(_STOP, timeout=max(0.0, timeout))
-            except queue.Full:
-                logger.error("event log writer did not drain within %.1f s", timeout)
-                return False
+            self._queue.put(_STOP)  # after every record submitted before (none can follow)
             self._stop_queued = True
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
