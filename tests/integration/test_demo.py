@@ -28,9 +28,18 @@ def test_demo_output_has_no_proton_lines_and_says_the_proxy_stopped() -> None:
     assert len([line for line in result.stderr.splitlines() if " started: " in line]) == 1
 
 
-def test_demo_keep_running_stays_up_until_ctrl_c() -> None:
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_demo_keep_running_stays_up_until_ctrl_c(inherited: str, stop_signal: int) -> None:
+    """Ctrl-C (or SIGTERM) stops the demo, also when it was started with SIGINT ignored (a
+    background job of a non-interactive shell: Python then raises no KeyboardInterrupt
+    unless the demo asks for it)."""
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen([str(CLI), "demo", "--keep-running"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ignore_sigint if inherited == "ignored" else None)
     try:
         assert proc.stdout is not None
         lines = []
@@ -45,7 +54,7 @@ def test_demo_keep_running_stays_up_until_ctrl_c() -> None:
         assert any(line.startswith("press Ctrl-C to stop it") for line in lines), "".join(lines)
         time.sleep(0.5)
         assert proc.poll() is None  # still serving
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop_signal)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

@@ -10,11 +10,14 @@ held back, so the narration on stdout and the proxy's own log lines on stderr ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import signal
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +154,25 @@ def run_clients(port: int) -> int:
     return surprises
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """Signal handler: stop the demo as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stopped_by_ctrl_c() -> Iterator[None]:
+    """Make Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt while the demo keeps running,
+    whatever the demo inherited: a process started in the background by a non-interactive
+    shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt for it. The
+    previous handlers are put back afterwards."""
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(*, keep_running: bool = False) -> int:
     """Run the whole demo; return 0 when every step behaved as expected."""
     from ..daemon.config import Address, DaemonConfig, ListenerConfig, UpstreamConfig
@@ -204,8 +226,9 @@ def main(*, keep_running: bool = False) -> int:
                      "allow_insecure_mechs=True)")
                 _say("   users: alice, bob (group traders); anonymous may read public.*")
                 _say("press Ctrl-C to stop it.")
-                while True:
-                    time.sleep(1)
+                with _stopped_by_ctrl_c():
+                    while True:
+                        time.sleep(1)
             except KeyboardInterrupt:
                 _say()
         return 0 if not surprises else 1
