@@ -37,13 +37,16 @@ class IllegalTransition(RuntimeError):
     """A move the tables do not allow: a bug in the proxy, not a protocol violation."""
 
 
-class ClientState(Enum):
-    """The client leg: where the client is in its protocol, and what its bytes are."""
+class _State(Enum):
+    """Base of the state enums: members are singletons compared by identity, hashed as
+    objects (in C), not through ``Enum.__hash__`` (a Python call), since the transition tables
+    and the state sets look states up several times per frame."""
 
-    # Members are singletons compared by identity: hash them as objects (C), not through
-    # Enum.__hash__ (a Python call), since the transition tables and the state sets look
-    # states up several times per frame.
     __hash__ = object.__hash__
+
+
+class ClientState(_State):
+    """The client leg: where the client is in its protocol, and what its bytes are."""
 
     AWAIT_HEADER = "await_header"
     """Nothing received yet: the next 8 bytes are a protocol header."""
@@ -70,13 +73,8 @@ class ClientState(Enum):
     """The client transport is gone."""
 
 
-class RouterState(Enum):
+class RouterState(_State):
     """The router leg: where the upstream connection is, and what its bytes are."""
-
-    # Members are singletons compared by identity: hash them as objects (C), not through
-    # Enum.__hash__ (a Python call), since the transition tables and the state sets look
-    # states up several times per frame.
-    __hash__ = object.__hash__
 
     IDLE = "idle"
     """No upstream connection asked for yet (the client's protocol header is awaited)."""
@@ -98,13 +96,8 @@ class RouterState(Enum):
     """The router transport is gone."""
 
 
-class CloseState(Enum):
+class CloseState(_State):
     """The AMQP Close exchange on one leg (Part 2 §2.4.3)."""
-
-    # Members are singletons compared by identity: hash them as objects (C), not through
-    # Enum.__hash__ (a Python call), since the transition tables and the state sets look
-    # states up several times per frame.
-    __hash__ = object.__hash__
 
     NONE = "none"
     SENT = "sent"
@@ -144,38 +137,35 @@ CLOSE_RECEIVED = CloseState.RECEIVED
 CLOSE_BOTH = CloseState.BOTH
 
 
-_C = ClientState
-_R = RouterState
-_ANY_CLIENT_END = {_C.STOPPED, _C.CLOSED}
-_ANY_ROUTER_END = {_R.STOPPED, _R.CLOSED}
+_ANY_CLIENT_END = {C_STOPPED, C_CLOSED}
+_ANY_ROUTER_END = {R_STOPPED, R_CLOSED}
 
 #: ``ClientState`` -> the states it may move to.
 CLIENT_TRANSITIONS: dict[ClientState, frozenset[ClientState]] = {
-    _C.AWAIT_HEADER: frozenset({_C.SASL, _C.AWAIT_OPEN, *_ANY_CLIENT_END}),
-    _C.SASL: frozenset({_C.AWAIT_AMQP_HEADER, _C.AWAIT_OPEN, _C.UNAVAILABLE,
-                        *_ANY_CLIENT_END}),
-    _C.AWAIT_AMQP_HEADER: frozenset({_C.AWAIT_OPEN, _C.UNAVAILABLE, *_ANY_CLIENT_END}),
-    _C.AWAIT_OPEN: frozenset({_C.DECIDING, _C.UNAVAILABLE, *_ANY_CLIENT_END}),
-    _C.DECIDING: frozenset({_C.OPENED, _C.DENIED, _C.UNAVAILABLE, *_ANY_CLIENT_END}),
-    _C.OPENED: frozenset({_C.CLOSING, *_ANY_CLIENT_END}),
-    _C.CLOSING: frozenset(_ANY_CLIENT_END),
-    _C.DENIED: frozenset(_ANY_CLIENT_END),
-    _C.UNAVAILABLE: frozenset(_ANY_CLIENT_END),
-    _C.STOPPED: frozenset({_C.CLOSED}),
-    _C.CLOSED: frozenset(),
+    C_AWAIT_HEADER: frozenset({C_SASL, C_AWAIT_OPEN, *_ANY_CLIENT_END}),
+    C_SASL: frozenset({C_AWAIT_AMQP_HEADER, C_AWAIT_OPEN, C_UNAVAILABLE, *_ANY_CLIENT_END}),
+    C_AWAIT_AMQP_HEADER: frozenset({C_AWAIT_OPEN, C_UNAVAILABLE, *_ANY_CLIENT_END}),
+    C_AWAIT_OPEN: frozenset({C_DECIDING, C_UNAVAILABLE, *_ANY_CLIENT_END}),
+    C_DECIDING: frozenset({C_OPENED, C_DENIED, C_UNAVAILABLE, *_ANY_CLIENT_END}),
+    C_OPENED: frozenset({C_CLOSING, *_ANY_CLIENT_END}),
+    C_CLOSING: frozenset(_ANY_CLIENT_END),
+    C_DENIED: frozenset(_ANY_CLIENT_END),
+    C_UNAVAILABLE: frozenset(_ANY_CLIENT_END),
+    C_STOPPED: frozenset({C_CLOSED}),
+    C_CLOSED: frozenset(),
 }
 
 #: ``RouterState`` -> the states it may move to.
 ROUTER_TRANSITIONS: dict[RouterState, frozenset[RouterState]] = {
-    _R.IDLE: frozenset({_R.CONNECTING, *_ANY_ROUTER_END}),
-    _R.CONNECTING: frozenset({_R.AWAIT_HEADER, _R.FAILED, *_ANY_ROUTER_END}),
-    _R.AWAIT_HEADER: frozenset({_R.SASL, _R.AMQP, *_ANY_ROUTER_END}),
-    _R.SASL: frozenset({_R.AWAIT_AMQP_HEADER, *_ANY_ROUTER_END}),
-    _R.AWAIT_AMQP_HEADER: frozenset({_R.AMQP, *_ANY_ROUTER_END}),
-    _R.AMQP: frozenset(_ANY_ROUTER_END),
-    _R.FAILED: frozenset({_R.CLOSED}),
-    _R.STOPPED: frozenset({_R.CLOSED}),
-    _R.CLOSED: frozenset(),
+    R_IDLE: frozenset({R_CONNECTING, *_ANY_ROUTER_END}),
+    R_CONNECTING: frozenset({R_AWAIT_HEADER, R_FAILED, *_ANY_ROUTER_END}),
+    R_AWAIT_HEADER: frozenset({R_SASL, R_AMQP, *_ANY_ROUTER_END}),
+    R_SASL: frozenset({R_AWAIT_AMQP_HEADER, *_ANY_ROUTER_END}),
+    R_AWAIT_AMQP_HEADER: frozenset({R_AMQP, *_ANY_ROUTER_END}),
+    R_AMQP: frozenset(_ANY_ROUTER_END),
+    R_FAILED: frozenset({R_CLOSED}),
+    R_STOPPED: frozenset({R_CLOSED}),
+    R_CLOSED: frozenset(),
 }
 
 #: ``(CloseState, event)`` -> the new state; event is ``"sent"`` or ``"received"``.
@@ -195,18 +185,18 @@ _SENT = frozenset({CLOSE_SENT, CLOSE_BOTH})
 _RECEIVED = frozenset({CLOSE_RECEIVED, CLOSE_BOTH})
 
 #: Client states whose bytes are SASL frames (or the AMQP header that ends SASL).
-CLIENT_SASL = frozenset({_C.SASL, _C.AWAIT_AMQP_HEADER})
+CLIENT_SASL = frozenset({C_SASL, C_AWAIT_AMQP_HEADER})
 #: Client states whose bytes are AMQP frames.
-CLIENT_AMQP = frozenset({_C.AWAIT_OPEN, _C.DECIDING, _C.OPENED, _C.CLOSING, _C.DENIED,
-                         _C.UNAVAILABLE})
+CLIENT_AMQP = frozenset({C_AWAIT_OPEN, C_DECIDING, C_OPENED, C_CLOSING, C_DENIED,
+                         C_UNAVAILABLE})
 #: Client states in which nothing more is read.
-CLIENT_DONE = frozenset({_C.STOPPED, _C.CLOSED})
+CLIENT_DONE = frozenset({C_STOPPED, C_CLOSED})
 #: Router states in which bytes may be sent to it (queued while it connects).
-ROUTER_WRITABLE = frozenset({_R.IDLE, _R.CONNECTING, _R.AWAIT_HEADER, _R.SASL,
-                             _R.AWAIT_AMQP_HEADER, _R.AMQP})
+ROUTER_WRITABLE = frozenset({R_IDLE, R_CONNECTING, R_AWAIT_HEADER, R_SASL,
+                             R_AWAIT_AMQP_HEADER, R_AMQP})
 #: Router states in which it is connected.
-ROUTER_CONNECTED = frozenset({_R.AWAIT_HEADER, _R.SASL, _R.AWAIT_AMQP_HEADER, _R.AMQP,
-                              _R.STOPPED})
+ROUTER_CONNECTED = frozenset({R_AWAIT_HEADER, R_SASL, R_AWAIT_AMQP_HEADER, R_AMQP,
+                              R_STOPPED})
 
 
 class Sides:
