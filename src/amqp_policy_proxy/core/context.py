@@ -128,7 +128,7 @@ class Context:
         :class:`~.events.ProxyEvent`'s positional fields: ``(conn_id, at, vhost, group, user,
         remote_host, listener, balancer_host)``, ``at`` being ``now``."""
         group = self.group
-        return (self.conn_id, now, getattr(self.vhost, "hostname", None),
+        return (self.conn_id, now, self.vhost_name,
                 None if group is None else group.name, self.user, self.remote_host,
                 self.listener, self.balancer_host)
 

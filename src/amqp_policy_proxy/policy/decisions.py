@@ -84,28 +84,29 @@ def approve_open(
         key = (vmatch.how, vmatch.via, gmatch.group.name, gmatch.how)
         rule = vhost.rule_texts.get(key)
         if rule is None:
-            rule = vhost.rule_texts[key] = _allow_rule(vmatch, gmatch)
+            rule = vhost.rule_texts[key] = (
+                f"{_vhost_words(vmatch)}; {_group_words(gmatch)}; remoteHosts matches")
         return OpenAllowed(vhost, gmatch.group, rule)
-    found = _FOUND[vmatch.how].format(vmatch.via)
     if gmatch is None:
         return OpenDenied(_C.UNKNOWN_USER, vhost, None, _deny_log(
             user, remote_host, vhost.hostname,
             "User is not in a user group and unknown users are denied"),
-            f"vhost '{vhost.hostname}' ({found}); user in no group's users, no '*', "
-            "allowUnknownUser false")
-    group = gmatch.group
-    member = f"group '{group.name}' ({_MEMBER[gmatch.how]})"
-    return OpenDenied(_C.REMOTE_HOST, vhost, group, _deny_log(
+            f"{_vhost_words(vmatch)}; user in no group's users, no '*', allowUnknownUser false")
+    return OpenDenied(_C.REMOTE_HOST, vhost, gmatch.group, _deny_log(
         user, remote_host, vhost.hostname,
         "User is not allowed to connect from this network host"),
-        f"vhost '{vhost.hostname}' ({found}); {member}; no remoteHosts item of the group "
+        f"{_vhost_words(vmatch)}; {_group_words(gmatch)}; no remoteHosts item of the group "
         "matches the client")
 
 
-def _allow_rule(vmatch: VhostMatch, gmatch: GroupMatch) -> str:
-    """The audit trail's ``rule`` of an admission: how the vhost and the group were found."""
-    return (f"vhost '{vmatch.vhost.hostname}' ({_FOUND[vmatch.how].format(vmatch.via)}); "
-            f"group '{gmatch.group.name}' ({_MEMBER[gmatch.how]}); remoteHosts matches")
+def _vhost_words(vmatch: VhostMatch) -> str:
+    """How the vhost was found, for a ``rule``: ``vhost 'v' (alias 'a')``."""
+    return f"vhost '{vmatch.vhost.hostname}' ({_FOUND[vmatch.how].format(vmatch.via)})"
+
+
+def _group_words(gmatch: GroupMatch) -> str:
+    """How the user got its group, for a ``rule``: ``group 'g' (user listed)``."""
+    return f"group '{gmatch.group.name}' ({_MEMBER[gmatch.how]})"
 
 
 #: How the vhost was found (``VhostMatch.how``), for the rule text.
