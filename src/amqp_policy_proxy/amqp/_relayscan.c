@@ -294,30 +294,35 @@ static Py_ssize_t plain_list(const unsigned char *b, Py_ssize_t v, Py_ssize_t fe
     return q == lend ? lend : -1;
 }
 
-/* The message head (Part 3 §3.2: header, then properties) of a whole single-frame message in
- * b[p:fend], read only in the plain forms plain_list() takes, each section described as
- * 0x00 0x53 code, in order; delivery- or message-annotations, a 0x00 0x80 descriptor or
- * anything unusual return 0 (the Python reader decides). Returns 1 when the head was read
- * and its user-id is absent, null or equal to uid[0:uid_len]. */
-static int head_ok(const unsigned char *b, Py_ssize_t p, Py_ssize_t fend,
-                   const unsigned char *uid, Py_ssize_t uid_len) {
+/* What plain_head() read of a message head: the properties' user-id and `to` (NULL when
+ * absent or null), and whether a later section (application-properties .. footer) follows. */
+struct head {
+    const unsigned char *user_id, *to;
+    Py_ssize_t user_id_len, to_len;
+    int later;
+};
+
+/* The message head (Part 3 §3.2: header, then properties) in b[p:end], read only in the plain
+ * forms plain_list() takes, each section described as 0x00 0x53 code, in order, up to the
+ * first later section or to `end`. Returns 1 with *h filled when the head is plain; 0 for
+ * delivery- or message-annotations, a 0x00 0x80 descriptor, a section out of order, a value
+ * cut by `end` or anything unusual (the Python reader decides). */
+static int plain_head(const unsigned char *b, Py_ssize_t p, Py_ssize_t end, struct head *h) {
     int next = 0;                                         /* 0: header allowed, 1: properties */
-    while (p < fend) {
-        if (fend - p < 4 || b[p] != 0x00 || b[p + 1] != 0x53) return 0;
+    memset(h, 0, sizeof *h);
+    while (p < end) {
+        if (end - p < 4 || b[p] != 0x00 || b[p + 1] != 0x53) return 0;
         unsigned char code = b[p + 2];
-        if (code >= 0x74 && code <= 0x78) return 1;       /* application-properties, body... */
-        const unsigned char *user_id = NULL, *to = NULL;
-        Py_ssize_t user_id_len = 0, to_len = 0;
+        if (code >= 0x74 && code <= 0x78) {               /* application-properties .. footer */
+            h->later = 1;
+            return 1;
+        }
         if (code == 0x70 && next == 0) {
-            p = plain_list(b, p + 3, fend, HEADER_KINDS, 5, NULL, NULL, NULL, NULL);
+            p = plain_list(b, p + 3, end, HEADER_KINDS, 5, NULL, NULL, NULL, NULL);
             next = 1;
         } else if (code == 0x73 && next <= 1) {
-            p = plain_list(b, p + 3, fend, PROPERTIES_KINDS, 13, &user_id, &user_id_len,
-                           &to, &to_len);
-            if (p < 0) return 0;
-            if (user_id != NULL &&
-                (user_id_len != uid_len || memcmp(user_id, uid, (size_t)uid_len) != 0))
-                return 0;                                 /* a user-id proxy violation */
+            p = plain_list(b, p + 3, end, PROPERTIES_KINDS, 13, &h->user_id, &h->user_id_len,
+                           &h->to, &h->to_len);
             next = 2;
         } else {
             return 0;
@@ -325,6 +330,17 @@ static int head_ok(const unsigned char *b, Py_ssize_t p, Py_ssize_t fend,
         if (p < 0) return 0;
     }
     return 1;
+}
+
+/* The head of a whole single-frame message in b[p:fend] (plain_head()): 1 when it is plain
+ * and its user-id is absent, null or equal to uid[0:uid_len]; 0 otherwise (a user-id proxy
+ * violation, or a head only the Python reader judges). */
+static int head_ok(const unsigned char *b, Py_ssize_t p, Py_ssize_t fend,
+                   const unsigned char *uid, Py_ssize_t uid_len) {
+    struct head h;
+    if (!plain_head(b, p, fend, &h)) return 0;
+    return h.user_id == NULL ||
+           (h.user_id_len == uid_len && memcmp(h.user_id, uid, (size_t)uid_len) == 0);
 }
 
 /* message_head(buf, pos, end, last) -> (user_id, to, False, complete) or None
@@ -335,8 +351,9 @@ static int head_ok(const unsigned char *b, Py_ssize_t p, Py_ssize_t fend,
  * amqp_policy_proxy.amqp.message.read_message_head returns for the same bytes (user-id as
  * bytes, `to` as str, no router annotations, `complete` true at a later section, else
  * `last`); None for anything else (annotations, a 0x00 0x80 descriptor, a list32, a 32-bit
- * length, non-ASCII text, a NUL in `to`, a value cut by `end`): the Python reader then reads
- * the head, or refuses it. A property test checks that every answer equals Python's. */
+ * length, non-ASCII text, a NUL in `to`, a value cut by `end`; see plain_head()): the Python
+ * reader then reads the head, or refuses it. A property test checks that every answer equals
+ * Python's. */
 static PyObject *message_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 4) {
@@ -348,46 +365,19 @@ static PyObject *message_head(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_buffer view;
     Py_ssize_t p, end;
     if (open_window(args, &view, &p, &end) < 0) return NULL;
-    const unsigned char *b = (const unsigned char *)view.buf;
-    const unsigned char *user_id = NULL, *to = NULL;
-    Py_ssize_t user_id_len = 0, to_len = 0;
-    int next = 0, complete = last, plain = 1;             /* next 0: header allowed, 1: properties */
-    while (p < end) {
-        if (end - p < 4 || b[p] != 0x00 || b[p + 1] != 0x53) {
-            plain = 0;
-            break;
-        }
-        unsigned char code = b[p + 2];
-        if (code >= 0x74 && code <= 0x78) {               /* application-properties .. footer */
-            complete = 1;
-            break;
-        }
-        if (code == 0x70 && next == 0) {
-            p = plain_list(b, p + 3, end, HEADER_KINDS, 5, NULL, NULL, NULL, NULL);
-            next = 1;
-        } else if (code == 0x73 && next <= 1) {
-            p = plain_list(b, p + 3, end, PROPERTIES_KINDS, 13, &user_id, &user_id_len,
-                           &to, &to_len);
-            next = 2;
-        } else {
-            plain = 0;
-            break;
-        }
-        if (p < 0) {
-            plain = 0;
-            break;
-        }
-    }
+    struct head h;
     PyObject *result = NULL;
-    if (!plain) {
+    if (!plain_head((const unsigned char *)view.buf, p, end, &h)) {
         result = Py_NewRef(Py_None);
     } else {
-        PyObject *uid = user_id != NULL
-            ? PyBytes_FromStringAndSize((const char *)user_id, user_id_len) : Py_NewRef(Py_None);
-        PyObject *address = to != NULL
-            ? PyUnicode_DecodeASCII((const char *)to, to_len, NULL) : Py_NewRef(Py_None);
+        PyObject *uid = h.user_id != NULL
+            ? PyBytes_FromStringAndSize((const char *)h.user_id, h.user_id_len)
+            : Py_NewRef(Py_None);
+        PyObject *address = h.to != NULL
+            ? PyUnicode_DecodeASCII((const char *)h.to, h.to_len, NULL) : Py_NewRef(Py_None);
         if (uid != NULL && address != NULL)
-            result = PyTuple_Pack(4, uid, address, Py_False, complete ? Py_True : Py_False);
+            result = PyTuple_Pack(4, uid, address, Py_False,
+                                  h.later || last ? Py_True : Py_False);
         Py_XDECREF(uid);
         Py_XDECREF(address);
     }
