@@ -124,11 +124,9 @@ def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
     while end - pos >= 8:
         size = int.from_bytes(buf[pos:pos + 4], "big")
         doff, ftype = buf[pos + 4], buf[pos + 5]
-        if size > limit or size < 8 or doff < 2 or ftype or doff * 4 > size:
+        if not frame_header_ok(size, doff, ftype, limit) or size > end - pos:
             break
         fend = pos + size
-        if fend > end:
-            break
         body = pos + doff * 4
         if body == fend:
             pos = fend
