@@ -20,7 +20,7 @@ that checks ``user-id`` on every message (no run can be skipped) and one that do
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -61,10 +61,6 @@ HEARTBEAT = bytes.fromhex("0000000802000000")
 ACCEL = [pytest.param("c", marks=pytest.mark.skipif(
     accel.scan_c is None, reason="C extension not built")), "python"]
 
-
-def _scanner(which: str) -> AbstractContextManager[None]:
-    """Run the core with the C accelerator parts ("c") or with the pure-Python code alone."""
-    return scanners(which)
 
 messages = st.tuples(
     st.sampled_from([0, 0, 0, 1, 1, 2]),  # handle: named q.a, anonymous relay, denied link
@@ -193,7 +189,7 @@ def _router_numbering_is_contiguous(commands: list[Any]) -> None:
 def test_fast_path_matches_the_general_handlers(scanner, policy, msgs, tail, data):
     stream = _stream(msgs, tail)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
-    with _scanner(scanner):
+    with scanners(scanner):
         fast = _run(stream, cuts, fast=True, policy=POLICIES[policy])
     assert fast == _run(stream, cuts, fast=False, policy=POLICIES[policy])
 
@@ -219,7 +215,7 @@ def test_runs_on_one_link_match_the_general_handlers(scanner, msgs, tail, data):
     of frame it must hand back (oversize, multi-frame, aborted, Flow, Disposition)."""
     stream = _stream(msgs, tail)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
-    with _scanner(scanner):
+    with scanners(scanner):
         fast = _run(stream, cuts, fast=True, policy=POLICY_TRUSTED)
     assert fast == _run(stream, cuts, fast=False, policy=POLICY_TRUSTED)
 
@@ -243,7 +239,7 @@ def test_fast_path_is_taken(scanner):
 
     fastpath.FastPath.relay = spy  # type: ignore[method-assign]
     try:
-        with _scanner(scanner):
+        with scanners(scanner):
             if scanner == "c":
                 fastpath._scan = scan_spy
             stream = _stream([(0, b"x", None, None, 2000, True, False, "")] * 5, "")
