@@ -119,41 +119,30 @@ def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
     Raises:
         Nothing for any bytes: a malformed frame simply ends the run.
     """
-    end = min(end, len(buf))
-    transfers = 0
-    while end - pos >= 8:
-        size = int.from_bytes(buf[pos:pos + 4], "big")
-        doff, ftype = buf[pos + 4], buf[pos + 5]
-        if not frame_header_ok(size, doff, ftype, limit) or size > end - pos:
-            break
-        fend = pos + size
-        body = pos + doff * 4
-        if body == fend:
-            pos = fend
-            continue
+    def link_transfer(pos: int, body: int, fend: int) -> int:
         if int.from_bytes(buf[pos + 6:pos + 8], "big") != channel:
-            break
+            return _STOP
         if not (fend - body > 3 and buf[body] == 0x00 and buf[body + 1] == 0x53
                 and buf[body + 2] == 0x14):
-            break
+            return _STOP
         if not _inline_fields(buf, body, fend):
-            break
+            return _STOP
         try:
             f = read_transfer_fields(buf, body, fend)
         except DecodeError:
-            break
+            return _STOP
         if f[0] != handle or f[3] or f[4] or (max_size >= 0 and fend - f[5] > max_size):
-            break
+            return _STOP
         if user_id is not None:
             try:
                 head = read_message_head(buf, f[5], fend, last=True)
             except DecodeError:
-                break
+                return _STOP
             if head.user_id and head.user_id != user_id:
-                break
-        transfers += 1
-        pos = fend
-    return pos, transfers
+                return _STOP
+        return _PASS_TRANSFER
+
+    return _walk(buf, pos, end, limit, link_transfer)
 
 
 def scan_router_py(buf: bytes | bytearray | memoryview, pos: int, end: int,
@@ -178,6 +167,27 @@ def scan_router_py(buf: bytes | bytearray | memoryview, pos: int, end: int,
         / ``0x15``, at a header outside :func:`~.framing.frame_header_ok` (the loop then
         raises what is wrong) and at a frame not wholly inside ``buf[:end]``.
     """
+    def router_run(pos: int, body: int, fend: int) -> int:
+        if fend - body < 3 or buf[body] != 0x00 or buf[body + 1] != 0x53:
+            return _STOP
+        if buf[body + 2] == 0x14:
+            return _PASS_TRANSFER
+        return _PASS if buf[body + 2] == 0x15 else _STOP
+
+    return _walk(buf, pos, end, limit, router_run)
+
+
+#: What a walk's rule says of one non-empty frame (as in ``_relayscan.c``): stop before it,
+#: pass it, or pass it and count it as a Transfer.
+_STOP, _PASS, _PASS_TRANSFER = 0, 1, 2
+
+
+def _walk(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
+          rule: Callable[[int, int, int], int]) -> tuple[int, int]:
+    """The walk both statements make (the C ``walk()``): the whole frames of
+    ``buf[pos:min(end, len(buf))]`` within :func:`~.framing.frame_header_ok` and ``limit``,
+    heartbeats always passed, every other frame as ``rule(pos, body, fend)`` says, up to the
+    first it stops at. Returns ``(offset reached, Transfers passed)``."""
     end = min(end, len(buf))
     transfers = 0
     while end - pos >= 8:
@@ -187,13 +197,11 @@ def scan_router_py(buf: bytes | bytearray | memoryview, pos: int, end: int,
             break
         fend = pos + size
         body = pos + doff * 4
-        if body != fend:
-            if fend - body < 3 or buf[body] != 0x00 or buf[body + 1] != 0x53:
+        if body != fend:  # not a heartbeat
+            verdict = rule(pos, body, fend)
+            if verdict == _STOP:
                 break
-            if buf[body + 2] == 0x14:
-                transfers += 1
-            elif buf[body + 2] != 0x15:
-                break
+            transfers += verdict == _PASS_TRANSFER
         pos = fend
     return pos, transfers
 
