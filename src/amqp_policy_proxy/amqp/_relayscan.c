@@ -1,35 +1,43 @@
 /* Sans-IO. Optional C accelerator for the proxy's client relay loop
- * (amqp_policy_proxy.core.connection.ProxyConnection._client_relay).
+ * (amqp_policy_proxy.core.fastpath.FastPath.relay).
  *
- * scan(buf, pos, end, limit, channel, handle, max_size, user_id) -> (pos, transfers)
+ * scan(buf, pos, end, limit, channel, handle, max_size, user_id, delivery)
+ *     -> (pos, transfers, delivery)
  * message_head(buf, pos, end, last) -> (user_id, to, False, complete) | None  (see there)
  * scan_router(buf, pos, end, limit) -> (pos, transfers)  (the router side's run, see there)
  *
- * Walks the consecutive frames of buf[pos:end] while each one is either
+ * scan() walks the consecutive frames of buf[pos:end] while each one is either
  *   - an empty AMQP frame (heartbeat, any channel), or
- *   - a Transfer (descriptor 0x00 0x53 0x14) on `channel` for link `handle` that completes a
- *     delivery in one frame (more false), is not aborted, and carries at most `max_size`
- *     payload bytes (max_size < 0: no limit), encoded in the forms
- *     amqp_policy_proxy.amqp.transfer.read_transfer_fields reads inline: list8/list32 with
- *     1 to 6 fields, uint as 0x43/0x52/0x70 (delivery-id and message-format may be null),
- *     delivery-tag as binary8 or null, booleans as 0x41/0x42/null, and whose fields exactly
- *     fill the list's size (canonical: a field hidden inside the size past the count would
- *     be read by the router, which reads lists by their size).
+ *   - a Transfer (descriptor 0x00 0x53 0x14) on `channel` for link `handle`, not aborted,
+ *     that keeps its delivery within `max_size` payload bytes (max_size < 0: no limit),
+ *     encoded in the forms amqp_policy_proxy.amqp.transfer.read_transfer_fields reads
+ *     inline: list8/list32 with 1 to 6 fields, uint as 0x43/0x52/0x70 (delivery-id and
+ *     message-format may be null), delivery-tag as binary8 or null, booleans as
+ *     0x41/0x42/null, and whose fields exactly fill the list's size (canonical: a field
+ *     hidden inside the size past the count would be read by the router, which reads lists
+ *     by their size).
+ * A Transfer may be a whole delivery, the first frame of a multi-frame delivery (`more`) or a
+ * later frame of the delivery in progress. `delivery` carries that delivery across calls and
+ * frames: None between deliveries, else (payload bytes so far, its first frame's
+ * delivery-id or None, whether a frame of it was settled); the call returns it as it stands
+ * after the last frame passed (Part 2 §2.6.12, the same bookkeeping as
+ * amqp_policy_proxy.core.records.LinkRecord.frame_in).
  * With `user_id` (bytes, not None) the link carries QDR's per-message user-id check
- * (allowUserIdProxy false): a Transfer is passed only when its message head is one
+ * (allowUserIdProxy false): a whole delivery is passed only when its message head is one
  * head_ok() reads whole (see there) and its properties.user-id is absent, null or exactly
- * `user_id`. Every other head (a denial, or an encoding only the Python reader judges) stops
- * the run, and amqp_policy_proxy.amqp.message.read_message_head decides in Python.
+ * `user_id`; the first frame of a multi-frame delivery stops the run. Every other head (a
+ * denial, or an encoding only the Python reader judges) stops the run, and
+ * amqp_policy_proxy.amqp.message.read_message_head decides in Python.
  * It stops at the first frame that is anything else, including every frame header the
  * Python loop would look at twice (size above `limit`, below 8, doff < 2, doff*4 > size,
  * a non-AMQP frame type) and a frame not wholly inside buf[:end]. The Python loop then
  * handles that frame with its general handlers, so every decision (denial, maxMessageSize,
- * multi-frame state, protocol errors, other links and sessions) stays in Python.
+ * protocol errors, other links and sessions) stays in Python.
  *
- * Returns the offset reached (the first frame not consumed; `pos` itself when nothing was)
- * and the number of Transfers passed. The caller guarantees that (channel, handle) is an
- * attached sender link that needs no per-message decision and that is between deliveries;
- * a passed frame changes none of that state, which is why the run can be skipped here.
+ * Returns the offset reached (the first frame not consumed; `pos` itself when nothing was),
+ * the number of Transfers passed and the delivery in progress. The caller guarantees that
+ * (channel, handle) is an attached sender link that needs no per-message decision (or only
+ * the user-id check) and whose delivery in progress, if any, is not being discarded.
  *
  * Safety: every read is bounds-checked against the frame end, itself checked against `end`,
  * itself clamped to the buffer's length; no size from the wire is added before it has been
@@ -87,11 +95,18 @@ static inline Py_ssize_t read_bool(const unsigned char *b, Py_ssize_t p, Py_ssiz
     }
 }
 
+/* The fields of a Transfer the scanner reads (the first six: Part 2 §2.7.5). */
+struct transfer {
+    int64_t handle, delivery_id; /* delivery_id -1: null or absent */
+    int settled, more;
+    Py_ssize_t payload;          /* offset of the first byte after the list */
+};
+
 /* The Transfer whose body (descriptor) starts at b[body], frame ending at fend (body + 3 <
- * fend is checked by the caller). Returns 1 when it is a single-frame Transfer on `want`
- * within max_size, else 0. */
+ * fend is checked by the caller). Returns 1 with *t filled when its list is one the scanner
+ * reads (see the top of the file), else 0. */
 static int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fend,
-                          int64_t want, long long max_size, Py_ssize_t *payload) {
+                          struct transfer *t) {
     Py_ssize_t p = body + 3, lend;
     uint32_t count;
     if (b[p] == 0xC0) {                                   /* list8: size, count */
@@ -112,12 +127,13 @@ static int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fe
         return 0;
     }
     if (count < 1 || count > 6) return 0;                 /* > 6: rcv-settle-mode.. aborted */
-    int64_t handle, ignored;
-    int settled = 0, more = 0;
-    p = read_uint(b, p, lend, 0, &handle);
-    if (p < 0 || handle != want) return 0;
+    int64_t ignored;
+    t->delivery_id = -1;
+    t->settled = t->more = 0;
+    p = read_uint(b, p, lend, 0, &t->handle);
+    if (p < 0) return 0;
     if (count > 1) {                                      /* delivery-id */
-        p = read_uint(b, p, lend, 1, &ignored);
+        p = read_uint(b, p, lend, 1, &t->delivery_id);
         if (p < 0) return 0;
     }
     if (count > 2) {                                      /* delivery-tag */
@@ -138,17 +154,15 @@ static int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fe
         if (p < 0) return 0;
     }
     if (count > 4) {
-        p = read_bool(b, p, lend, &settled);
+        p = read_bool(b, p, lend, &t->settled);
         if (p < 0) return 0;
     }
     if (count > 5) {
-        p = read_bool(b, p, lend, &more);
+        p = read_bool(b, p, lend, &t->more);
         if (p < 0) return 0;
     }
     if (p != lend) return 0;                              /* count and size disagree */
-    if (more) return 0;                                   /* multi-frame delivery: Python */
-    if (max_size >= 0 && (long long)(fend - lend) > max_size) return 0;
-    *payload = lend;
+    t->payload = lend;
     return 1;
 }
 
@@ -393,38 +407,52 @@ typedef int (*frame_rule)(const void *rule_args, const unsigned char *b, Py_ssiz
 
 /* The walk both scanners make: the whole frames of the window (args: buf, pos, end) within
  * the header rule and `limit`, heartbeats always passed, every other frame as `rule` says, up
- * to the first one it stops at. Returns (offset reached, Transfers passed). */
-static PyObject *walk(PyObject *const *args, long long limit, frame_rule rule,
-                      const void *rule_args) {
+ * to the first one it stops at. Sets the offset reached and the Transfers passed; returns 0,
+ * or -1 with an exception set. */
+static int walk(PyObject *const *args, long long limit, frame_rule rule,
+                const void *rule_args, Py_ssize_t *reached, Py_ssize_t *transfers) {
     Py_buffer view;
     Py_ssize_t pos, end;
-    if (open_window(args, &view, &pos, &end) < 0) return NULL;
+    if (open_window(args, &view, &pos, &end) < 0) return -1;
     const unsigned char *b = (const unsigned char *)view.buf;
-    Py_ssize_t transfers = 0;
+    *transfers = 0;
     while (end - pos >= 8) {
         Py_ssize_t body, fend = whole_frame(b, pos, end, limit, &body);
         if (fend < 0) break;
         if (body != fend) {                                      /* not a heartbeat */
             int verdict = rule(rule_args, b, pos, body, fend);
             if (verdict == STOP) break;
-            transfers += verdict == PASS_TRANSFER;
+            *transfers += verdict == PASS_TRANSFER;
         }
         pos = fend;
     }
     PyBuffer_Release(&view);
-    return Py_BuildValue("(nn)", pos, transfers);
+    *reached = pos;
+    return 0;
 }
 
-/* scan()'s link and limits. */
+/* The link's delivery in progress, as scan() carries it across frames: `bytes` of payload
+ * so far (-1: between deliveries), its first frame's delivery-id (-1: null) and whether any
+ * frame of it was settled. */
+struct delivery {
+    long long bytes;
+    int64_t id;
+    int settled;
+};
+
+/* scan()'s link, limits and the delivery it carries. */
 struct link_rule {
     int usable;
     long long channel, want, max_size;
     const unsigned char *uid;
     Py_ssize_t uid_len;
+    struct delivery *delivery;
 };
 
-/* scan()'s rule: a single-frame Transfer on the link, plain, within max_size, and (with a
- * user-id) whose head head_ok() passes. */
+/* scan()'s rule: a Transfer on the link, plain, whose delivery stays within max_size: a whole
+ * delivery (with a user-id, only one whose head head_ok() passes), the first frame of a
+ * multi-frame delivery (not with a user-id: its head may not be whole), or a later frame of
+ * the delivery in progress (nothing to check but its size). */
 static int link_transfer(const void *rule_args, const unsigned char *b, Py_ssize_t pos,
                          Py_ssize_t body, Py_ssize_t fend) {
     const struct link_rule *r = rule_args;
@@ -432,21 +460,36 @@ static int link_transfer(const void *rule_args, const unsigned char *b, Py_ssize
         return STOP;
     if (fend - body <= 3 || b[body] != 0x00 || b[body + 1] != 0x53 || b[body + 2] != 0x14)
         return STOP;
-    Py_ssize_t payload;
-    if (!plain_transfer(b, body, fend, (int64_t)r->want, r->max_size, &payload)) return STOP;
-    if (r->uid != NULL && !head_ok(b, payload, fend, r->uid, r->uid_len)) return STOP;
+    struct transfer t;
+    if (!plain_transfer(b, body, fend, &t) || t.handle != (int64_t)r->want) return STOP;
+    struct delivery *d = r->delivery;
+    long long total = (long long)(fend - t.payload);
+    if (d->bytes >= 0) total += d->bytes;                 /* more of the delivery under way */
+    if (r->max_size >= 0 && total > r->max_size) return STOP;
+    if (d->bytes >= 0) {
+        d->settled |= t.settled;
+    } else if (t.more) {                                  /* a multi-frame delivery starts */
+        if (r->uid != NULL) return STOP;
+        d->id = t.delivery_id;
+        d->settled = t.settled;
+    } else if (r->uid != NULL && !head_ok(b, t.payload, fend, r->uid, r->uid_len)) {
+        return STOP;
+    }
+    d->bytes = t.more ? total : -1;
     return PASS_TRANSFER;
 }
 
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 8) {
+    if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError,
-                        "scan(buf, pos, end, limit, channel, handle, max_size, user_id) "
-                        "takes 8 arguments");
+                        "scan(buf, pos, end, limit, channel, handle, max_size, user_id, "
+                        "delivery) takes 9 arguments");
         return NULL;
     }
+    struct delivery d = {-1, -1, 0};
     struct link_rule r = {0};
+    r.delivery = &d;
     if (args[7] != Py_None) {
         if (!PyBytes_Check(args[7])) {
             PyErr_SetString(PyExc_TypeError, "user_id must be bytes or None");
@@ -455,13 +498,32 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         r.uid = (const unsigned char *)PyBytes_AS_STRING(args[7]);
         r.uid_len = PyBytes_GET_SIZE(args[7]);
     }
+    if (args[8] != Py_None) {
+        PyObject *id;
+        int settled;
+        if (!PyTuple_Check(args[8])) {
+            PyErr_SetString(PyExc_TypeError, "delivery must be a tuple or None");
+            return NULL;
+        }
+        if (!PyArg_ParseTuple(args[8], "LOp", &d.bytes, &id, &settled)) return NULL;
+        d.id = id == Py_None ? -1 : PyLong_AsLongLong(id);
+        d.settled = settled;
+        if (!PyErr_Occurred() && (d.bytes < 0 || d.id < -1 || d.id > 0xFFFFFFFFLL))
+            PyErr_SetString(PyExc_ValueError, "delivery out of range");
+    }
     long long limit = PyLong_AsLongLong(args[3]);
     r.channel = PyLong_AsLongLong(args[4]);
     r.want = PyLong_AsLongLong(args[5]);
     r.max_size = PyLong_AsLongLong(args[6]);
     if (PyErr_Occurred()) return NULL;
     r.usable = r.channel >= 0 && r.channel <= 0xFFFF && r.want >= 0 && r.want <= 0xFFFFFFFFLL;
-    return walk(args, limit, link_transfer, &r);
+    Py_ssize_t reached, transfers;
+    if (walk(args, limit, link_transfer, &r, &reached, &transfers) < 0) return NULL;
+    if (d.bytes < 0) return Py_BuildValue("(nnO)", reached, transfers, Py_None);
+    PyObject *id = d.id < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(d.id);
+    if (id == NULL) return NULL;
+    return Py_BuildValue("(nn(LNO))", reached, transfers, d.bytes, id,
+                         d.settled ? Py_True : Py_False);
 }
 
 /* scan_router(buf, pos, end, limit) -> (pos, transfers)
@@ -493,7 +555,9 @@ static PyObject *scan_router(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     long long limit = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred()) return NULL;
-    return walk(args, limit, router_run, NULL);
+    Py_ssize_t reached, transfers;
+    if (walk(args, limit, router_run, NULL, &reached, &transfers) < 0) return NULL;
+    return Py_BuildValue("(nn)", reached, transfers);
 }
 
 static PyMethodDef methods[] = {

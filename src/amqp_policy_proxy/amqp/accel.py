@@ -1,11 +1,11 @@
 """Sans-IO. The optional C accelerator of the client relay loop, with its pure-Python twin.
 
 What it does: :func:`scan_py` (and its C build, ``_relayscan.scan``) walks a run of client
-frames that need no decision — heartbeats and single-frame Transfers on one sender link —
-and returns how far the run goes, so that ``ProxyConnection._client_relay`` forwards the run
-as one slice of the original bytes without looking at each frame in Python. Anything else
-(another link or session, a multi-frame delivery, an aborted Transfer, a payload over
-maxMessageSize, a frame header the general loop must judge, an encoding the inline reader
+frames that need no decision — heartbeats and the Transfers of one sender link, whole
+deliveries or the frames of a multi-frame one — and returns how far the run goes, so that
+the relay's fast path (``core.fastpath.FastPath.relay``) forwards the run as one slice of the
+original bytes without looking at each frame in Python. Anything else (another link or
+session, an aborted Transfer, a delivery over maxMessageSize, a frame header the general loop must judge, an encoding the inline reader
 of :func:`~amqp_policy_proxy.amqp.transfer.read_transfer_fields` does not cover) ends the
 run, and the Python loop handles that frame with its general handlers.
 
@@ -39,7 +39,12 @@ from .transfer import read_transfer_fields
 #: Environment variable that forces the pure-Python relay loop when set (not "" or "0").
 DISABLE_ENV = "AMQP_PROXY_NO_ACCEL"
 
-ScanFunction = Callable[[object, int, int, int, int, int, int, bytes | None], tuple[int, int]]
+Delivery = tuple[int, int | None, bool]
+"""A sender link's delivery in progress as the scanner carries it: ``(payload bytes so far,
+its first frame's delivery-id or None, whether a frame of it was settled)``."""
+
+ScanFunction = Callable[[object, int, int, int, int, int, int, bytes | None, Delivery | None],
+                        tuple[int, int, Delivery | None]]
 
 HeadFunction = Callable[[object, int, int, bool], tuple[bytes | None, str | None, bool, bool] | None]
 
@@ -86,8 +91,8 @@ def read_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *,
 
 
 def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
-            channel: int, handle: int, max_size: int,
-            user_id: bytes | None = None) -> tuple[int, int]:
+            channel: int, handle: int, max_size: int, user_id: bytes | None = None,
+            delivery: Delivery | None = None) -> tuple[int, int, Delivery | None]:
     """Pure-Python statement of the scanner's contract (the C code does the same).
 
     Args:
@@ -98,27 +103,34 @@ def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
         limit: the largest frame size to pass (the connection's max-frame-size, at most
             0x40FFFFFF so that a protocol header is never taken for a frame).
         channel: the session's channel; handle: the sender link's handle.
-        max_size: the largest payload of a passed Transfer in bytes (maxMessageSize), or
-            ``-1`` for no limit.
+        max_size: the largest payload of a delivery in bytes (maxMessageSize), or ``-1`` for
+            no limit.
         user_id: for a link under QDR's user-id check (``allowUserIdProxy`` false), the
-            user's name as UTF-8: a Transfer is passed only when
+            user's name as UTF-8: a whole delivery is passed only when
             :func:`~.message.read_message_head` reads its head and its ``user-id`` is absent,
-            empty or this; None: no per-message check.
+            empty or this, and the first frame of a multi-frame delivery is not passed; None:
+            no per-message check.
+        delivery: the link's delivery in progress (:data:`Delivery`), None between
+            deliveries. The caller guarantees it is not being discarded.
 
     Returns:
-        ``(offset reached, Transfers passed)``: the offset is that of the first frame not
-        passed (``pos`` when none was). A frame is passed when it is an empty AMQP frame
-        (heartbeat) or a Transfer on ``channel``/``handle`` whose fields the inline reader of
-        :func:`read_transfer_fields` reads (list8/list32 with 1 to 6 fields), with ``more``
-        false and a payload within ``max_size``. The C build may stop earlier, at a Transfer
-        whose fields use an encoding only the general reader takes (a binary32 delivery-tag,
-        a ``0x56`` boolean; with ``user_id``, a message head with annotations, a list32, a
-        32-bit length or non-ASCII text): it never passes a frame this function would not
-        pass.
+        ``(offset reached, Transfers passed, delivery in progress)``: the offset is that of
+        the first frame not passed (``pos`` when none was). A frame is passed when it is an
+        empty AMQP frame (heartbeat) or a Transfer on ``channel``/``handle`` whose fields the
+        inline reader of :func:`read_transfer_fields` reads (list8/list32 with 1 to 6
+        fields), not aborted, that keeps its delivery within ``max_size``: a whole delivery,
+        the first frame of a multi-frame one (``more``) or a later frame of the one in
+        progress, which is carried as :meth:`.core.records.LinkRecord.frame_in` keeps it
+        (Part 2 §2.6.12). The C build may stop earlier, at a Transfer whose fields use an
+        encoding only the general reader takes (a binary32 delivery-tag, a ``0x56`` boolean;
+        with ``user_id``, a message head with annotations, a list32, a 32-bit length or
+        non-ASCII text): it never passes a frame this function would not pass.
 
     Raises:
         Nothing for any bytes: a malformed frame simply ends the run.
     """
+    state = [delivery]
+
     def link_transfer(pos: int, body: int, fend: int) -> int:
         if int.from_bytes(buf[pos + 6:pos + 8], "big") != channel:
             return _STOP
@@ -131,18 +143,30 @@ def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
             f = read_transfer_fields(buf, body, fend)
         except DecodeError:
             return _STOP
-        if f[0] != handle or f[3] or f[4] or (max_size >= 0 and fend - f[5] > max_size):
+        if f[0] != handle or f[4]:
             return _STOP
-        if user_id is not None:
+        current = state[0]
+        total = fend - f[5] + (0 if current is None else current[0])
+        if max_size >= 0 and total > max_size:
+            return _STOP
+        if current is not None:  # more of the delivery under way
+            current = (total, current[1], current[2] or f[2])
+        elif f[3]:  # a multi-frame delivery starts: its head may not be whole
+            if user_id is not None:
+                return _STOP
+            current = (total, f[1], f[2])
+        elif user_id is not None:
             try:
                 head = read_message_head(buf, f[5], fend, last=True)
             except DecodeError:
                 return _STOP
             if head.user_id and head.user_id != user_id:
                 return _STOP
+        state[0] = current if f[3] else None
         return _PASS_TRANSFER
 
-    return _walk(buf, pos, end, limit, link_transfer)
+    pos, transfers = _walk(buf, pos, end, limit, link_transfer)
+    return pos, transfers, state[0]
 
 
 def scan_router_py(buf: bytes | bytearray | memoryview, pos: int, end: int,

@@ -106,18 +106,7 @@ class Deliveries:
             raise NotAllowedError("transfer on a link where the client is the receiver")
         if link.client_detached:
             raise IllegalStateError("transfer after detach")
-        first = not link.in_delivery
-        if first:
-            link.in_delivery = True
-            link.delivery_bytes = 0
-            link.delivery_id = delivery_id
-            link.delivery_settled = settled
-            link.discarding = False
-            link.discard_reason = None
-        elif settled:
-            link.delivery_settled = True
-        if not more or aborted:
-            link.in_delivery = False
+        first = link.frame_in(delivery_id, settled, more, aborted)
         shaper = link.shaper
         if shaper is not None:  # under the user's message or byte rate: charged
             shaper.transfer(first, fend - payload_offset, now)

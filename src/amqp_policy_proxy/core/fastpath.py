@@ -1,12 +1,14 @@
 """Sans-IO. The relay's hot path: admitted client frames that need no decision.
 
-An admitted client mostly sends Transfers on a sender link, each a whole delivery, within
-``maxMessageSize``, with no per-message rule to apply, and heartbeats. Those only extend the
-*run* (the slice of original bytes forwarded in one write, :class:`~.wire.Wire`); when one is
-found, the optional C scanner (:mod:`..amqp.accel`) skips the frames after it that are more of
-the same. Every other frame (another performative, a multi-frame delivery, a denied or
-inspected link, an aborted Transfer, a frame header the general loop must judge) goes to the
-general handlers (:mod:`.client_side`, :mod:`.deliveries`), so the behaviour is the same with
+An admitted client mostly sends Transfers on a sender link, whole deliveries or the frames of
+a multi-frame one, within ``maxMessageSize``, with no per-message rule to apply, and
+heartbeats. Those only extend the *run* (the slice of original bytes forwarded in one write,
+:class:`~.wire.Wire`); once the first Transfer's link is known, the optional C scanner
+(:mod:`..amqp.accel`) passes it and the frames after it that are more of the same, carrying
+the link's delivery in progress (the state :meth:`.records.LinkRecord.frame_in` keeps, the one
+delivery bookkeeping). Every other frame (another performative, the first frame of a delivery
+on an inspected link, a denied or shaped link, an aborted Transfer, a delivery over
+``maxMessageSize``, a frame header the general loop must judge) goes to the general handlers (:mod:`.client_side`, :mod:`.deliveries`), so the behaviour is the same with
 or without this path, and with or without the C scanner (the property tests run all three).
 """
 
@@ -113,41 +115,48 @@ class FastPath:
                         # it: the general handler does, and the scanner never sees them)
                         f = read_fields(buf, body, fend)
                         link = session.links.get(f[0])
+                        n = 0  # Transfers passed from this one on
                         if (
                             link is not None
                             and link.is_sender
-                            and not link.in_delivery
-                            and not f[3]
                             and not f[4]
                             and not link.client_detached
                             and link.shaper is None
-                            and (max_size is None or fend - f[5] <= max_size)
+                            and not (link.in_delivery and link.discarding)
                         ):
-                            n = 0  # deliveries passed from this frame on
-                            if not link.inspect:
-                                # a whole delivery that needs no decision: forwarded as it came
-                                if run_start < 0:
-                                    run_start = pos
-                                pos = fend
-                                n = 1
-                                if scan is not None:
-                                    # the frames after it on the same link are most often more
-                                    # of the same: the C scanner passes them (and heartbeats)
-                                    # and stops at the first frame that may need a decision
-                                    pos, more = scan(buf, pos, end, limit, channel, f[0],
-                                                     scan_max, None)
-                                    n += more
-                            elif uid_scan is not None and scan is not None and not link.anonymous:
-                                # QDR's user-id check is this link's one per-message rule: the
-                                # C scanner reads plain message heads and passes, from this
-                                # frame on, the deliveries whose user-id is the user's; a head
-                                # it does not read plainly goes to the general handler below
-                                npos, n = scan(buf, pos, end, limit, channel, f[0], scan_max,
-                                               uid_scan)
+                            if scan is not None and (
+                                not link.inspect or (uid_scan is not None and not link.anonymous)
+                            ):
+                                # the C scanner passes this frame and the ones after it on the
+                                # same link that need no decision (and heartbeats), carrying
+                                # the link's delivery in progress; with QDR's user-id check as
+                                # the link's one per-message rule, it passes the whole
+                                # deliveries whose plain head has the user's user-id
+                                npos, n, delivery = scan(
+                                    buf, pos, end, limit, channel, f[0], scan_max,
+                                    uid_scan if link.inspect else None,
+                                    (link.delivery_bytes, link.delivery_id,
+                                     link.delivery_settled) if link.in_delivery else None,
+                                )
                                 if n:
+                                    link.carry(delivery)
                                     if run_start < 0:
                                         run_start = pos
                                     pos = npos
+                            if not n and (link.in_delivery or not link.inspect):
+                                # no scanner, or a frame it leaves to Python: a frame that needs
+                                # no decision (a later frame of a delivery, or one on a link
+                                # without per-message rules) within maxMessageSize
+                                payload = fend - f[5]
+                                if link.in_delivery:
+                                    payload += link.delivery_bytes
+                                if max_size is None or payload <= max_size:
+                                    link.frame_in(f[1], f[2], f[3], False)
+                                    link.delivery_bytes = payload
+                                    if run_start < 0:
+                                        run_start = pos
+                                    pos = fend
+                                    n = 1
                             if n:
                                 transfers += n - 1  # this frame was counted above
                                 session.transfers_in += n

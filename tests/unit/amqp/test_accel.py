@@ -67,9 +67,9 @@ def _transfer(handle: int, did: int | None, tag: bytes | None, *, count: int = 5
 
 
 def _both(buf: bytes, pos: int, end: int, limit: int = LIMIT, channel: int = 0,
-          handle: int = 0, max_size: int = -1) -> tuple[tuple[int, int], tuple[int, int]]:
-    return (scan_c(buf, pos, end, limit, channel, handle, max_size, None),
-            accel.scan_py(buf, pos, end, limit, channel, handle, max_size))
+          handle: int = 0, max_size: int = -1, delivery: Any = None) -> tuple[Any, Any]:
+    return (scan_c(buf, pos, end, limit, channel, handle, max_size, None, delivery),
+            accel.scan_py(buf, pos, end, limit, channel, handle, max_size, None, delivery))
 
 
 @needs_c
@@ -77,14 +77,13 @@ def test_a_run_of_plain_transfers_and_heartbeats_is_passed_whole():
     run = b"".join(_frame(0, _transfer(0, i, b"t%d" % i)) + HEARTBEAT for i in range(50))
     stop = _frame(0, Disposition(role=False, first=0, settled=True).encode())
     buf = run + stop
-    assert _both(buf, 0, len(buf)) == ((len(run), 50), (len(run), 50))
+    assert _both(buf, 0, len(buf)) == ((len(run), 50, None), (len(run), 50, None))
 
 
 @needs_c
 @pytest.mark.parametrize("stop, why", [
     (_frame(1, _transfer(0, 1, b"x")), "another channel"),
     (_frame(0, _transfer(1, 1, b"x")), "another link"),
-    (_frame(0, _transfer(0, 1, b"x", count=6, more=True)), "first frame of a multi-frame delivery"),
     (_frame(0, _transfer(0, 1, b"x", payload=b"y" * 101)), "over max_size"),
     (_frame(0, _transfer(0, 1, b"x", payload=b"y" * 100) + b"\x00", doff=3), "over max_size"),
     (_frame(0, b"\x00\x53\x14\xc0\x0b\x0a" + b"\x43\x43\x40\x43\x42\x42\x40\x40\x40\x41"),
@@ -111,7 +110,7 @@ def test_stops_at_any_frame_that_may_need_a_decision(stop, why):
     head = _frame(0, _transfer(0, 0, b"a")) + HEARTBEAT
     buf = head + stop
     c, py = _both(buf, 0, len(buf), max_size=100)
-    assert c == py == (len(head), 1), why
+    assert c == py == (len(head), 1, None), why
 
 
 @needs_c
@@ -119,31 +118,39 @@ def test_partial_frame_is_left_for_the_next_read():
     one = _frame(0, _transfer(0, 0, b"a"))
     buf = one + one
     for end in range(len(one), len(buf)):
-        assert _both(buf, 0, end) == ((len(one), 1), (len(one), 1))
+        assert _both(buf, 0, end) == ((len(one), 1, None), (len(one), 1, None))
 
 
 @needs_c
 def test_arguments_are_checked():
     with pytest.raises(ValueError):
-        scan_c(b"x" * 8, 9, 8, LIMIT, 0, 0, -1, None)
+        scan_c(b"x" * 8, 9, 8, LIMIT, 0, 0, -1, None, None)
     with pytest.raises(ValueError):
-        scan_c(b"x" * 8, -1, 8, LIMIT, 0, 0, -1, None)
+        scan_c(b"x" * 8, -1, 8, LIMIT, 0, 0, -1, None, None)
     with pytest.raises(TypeError):
-        scan_c("not bytes", 0, 8, LIMIT, 0, 0, -1, None)
+        scan_c("not bytes", 0, 8, LIMIT, 0, 0, -1, None, None)
     with pytest.raises(TypeError):
         scan_c(b"", 0, 0)
     buf = _frame(0, _transfer(0, 0, b"a"))
-    assert scan_c(buf, 0, 10**6, LIMIT, 0, 0, -1, None) == (len(buf), 1)  # end clamped
-    assert scan_c(buf, 5, 2, LIMIT, 0, 0, -1, None) == (5, 0)  # end before pos
-    assert scan_c(buf, 0, len(buf), LIMIT, 70000, 0, -1, None) == (0, 0)  # no such channel
-    assert scan_c(buf, 0, len(buf), LIMIT, 0, -1, -1, None) == (0, 0)  # no such handle
-    assert scan_c(bytearray(buf), 0, len(buf), LIMIT, 0, 0, -1, None) == (len(buf), 1)
-    assert scan_c(memoryview(buf), 0, len(buf), LIMIT, 0, 0, -1, None) == (len(buf), 1)
+    with pytest.raises(TypeError):
+        scan_c(b"", 0, 0, LIMIT, 0, 0, -1, None, 5)  # delivery not a tuple
+    with pytest.raises(ValueError):
+        scan_c(b"", 0, 0, LIMIT, 0, 0, -1, None, (-1, None, False))
+    with pytest.raises(ValueError):
+        scan_c(b"", 0, 0, LIMIT, 0, 0, -1, None, (0, 2**32, False))
+    assert scan_c(buf, 0, 10**6, LIMIT, 0, 0, -1, None, None) == (len(buf), 1, None)  # clamped
+    assert scan_c(buf, 5, 2, LIMIT, 0, 0, -1, None, None) == (5, 0, None)  # end before pos
+    assert scan_c(buf, 0, len(buf), LIMIT, 70000, 0, -1, None, None) == (0, 0, None)  # channel
+    assert scan_c(buf, 0, len(buf), LIMIT, 0, -1, -1, None, None) == (0, 0, None)  # handle
+    assert scan_c(bytearray(buf), 0, len(buf), LIMIT, 0, 0, -1, None, None) == (len(buf), 1, None)
+    assert scan_c(memoryview(buf), 0, len(buf), LIMIT, 0, 0, -1, None, None) == (len(buf), 1, None)
+    # a delivery in progress is carried through, untouched when nothing is passed
+    assert scan_c(buf, 0, 0, LIMIT, 0, 0, -1, None, (5, 7, True)) == (0, 0, (5, 7, True))
 
 
 plain = st.builds(
-    lambda handle, did, tag, count, settled, kind, list32, payload, doff, hb: (
-        _frame(0, _transfer(handle, did, tag, count=count, settled=settled, more=False,
+    lambda handle, did, tag, count, settled, more, kind, list32, payload, doff, hb: (
+        _frame(0, _transfer(handle, did, tag, count=count, settled=settled, more=more,
                             kind=kind, list32=list32, payload=payload), doff=doff)
         + (HEARTBEAT if hb else b"")),
     st.sampled_from([0, 0, 0, 7, 300]),
@@ -151,6 +158,7 @@ plain = st.builds(
     st.one_of(st.none(), st.binary(max_size=40)),
     st.integers(1, 6),
     st.one_of(st.none(), st.booleans()),
+    st.sampled_from([None, False, False, True]),
     st.sampled_from(["small", "wide"]),
     st.booleans(),
     st.binary(max_size=120),
@@ -165,6 +173,13 @@ other = st.one_of(
     st.just(_frame(0, Transfer(handle=0, more=False, aborted=True).encode())),
 )
 
+#: A link's delivery in progress as the scanner carries it (None: between deliveries).
+deliveries = st.one_of(
+    st.none(),
+    st.tuples(st.sampled_from([0, 1, 59, 60, 100]), st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+              st.booleans()),
+)
+
 
 @needs_c
 @given(st.lists(st.one_of(plain, plain, plain, other), max_size=12), st.data())
@@ -176,7 +191,7 @@ def test_same_decisions_as_python_on_client_encodings(frames, data):
     max_size = data.draw(st.sampled_from([-1, 0, 60, 100, 10**9]))
     limit = data.draw(st.sampled_from([LIMIT, 100, 0x40FFFFFF]))
     handle = data.draw(st.sampled_from([0, 7]))
-    c, py = _both(buf, pos, end, limit, 0, handle, max_size)
+    c, py = _both(buf, pos, end, limit, 0, handle, max_size, data.draw(deliveries))
     assert c == py
 
 
@@ -248,12 +263,12 @@ def test_user_id_check_same_decisions_as_python_on_proton_messages(items):
     not read plainly, where it only stops earlier)."""
     for (payload, fields), user_id in items:
         buf = _frame(0, _transfer(0, 1, b"t", payload=payload)) * 2
-        c = scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, user_id)
+        c = scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, user_id, None)
         py = accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, user_id)
         if user_id is None or _plainly_read(fields):
             assert c == py
         else:
-            assert c == (0, 0) and py[1] in (0, 2)
+            assert c == (0, 0, None) and py[1] in (0, 2)
 
 
 def test_user_id_check_passes_the_users_messages_and_stops_at_others():
@@ -264,11 +279,11 @@ def test_user_id_check_passes_the_users_messages_and_stops_at_others():
         b"mallory", None, None, None, False, None, None, None, None, b"x")))
     buf = mine + anyone + mine + theirs + mine
     stop = len(mine + anyone + mine)
-    assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice") == (stop, 3)
+    assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice") == (stop, 3, None)
     if scan_c is not None:
-        assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice") == (stop, 3)
+        assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice", None) == (stop, 3, None)
         with pytest.raises(TypeError):
-            scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, "alice")
+            scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, "alice", None)
 
 
 @pytest.mark.parametrize("head, passed, plain", [
@@ -291,10 +306,10 @@ def test_hand_written_heads(head, passed, plain):
     payload = bytes.fromhex(head.replace(" ", "")) + bytes.fromhex("005377a1017a")
     buf = _frame(0, _transfer(0, 1, b"t", payload=payload))
     py = accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice")
-    assert py == ((len(buf), 1) if passed else (0, 0))
+    assert py == ((len(buf), 1, None) if passed else (0, 0, None))
     if scan_c is not None:
-        c = scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice")
-        assert c == (py if plain else (0, 0))
+        c = scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice", None)
+        assert c == (py if plain else (0, 0, None))
 
 
 @needs_c
@@ -306,12 +321,13 @@ def test_random_bytes_never_crash_or_pass_more_than_python(raw, data):
     pos = data.draw(st.integers(0, len(buf)))
     end = data.draw(st.integers(pos, len(buf)))
     args = (data.draw(st.sampled_from([LIMIT, 20, 0x40FFFFFF])), 0, 0,
-            data.draw(st.sampled_from([-1, 0, 50])), data.draw(st.sampled_from([None, b"alice"])))
-    c_pos, c_n = _never_reads_outside(scan_c, buf, pos, end, *args)
-    py_pos, py_n = accel.scan_py(buf, pos, end, *args)
+            data.draw(st.sampled_from([-1, 0, 50])), data.draw(st.sampled_from([None, b"alice"])),
+            data.draw(deliveries))
+    c_pos, c_n, c_delivery = _never_reads_outside(scan_c, buf, pos, end, *args)
+    py_pos, py_n, _ = accel.scan_py(buf, pos, end, *args)
     assert pos <= c_pos <= py_pos and c_n <= py_n
-    # every frame the C scanner passed, Python passes too
-    assert accel.scan_py(buf, pos, c_pos, *args) == (c_pos, c_n)
+    # every frame the C scanner passed, Python passes too, to the same delivery state
+    assert accel.scan_py(buf, pos, c_pos, *args) == (c_pos, c_n, c_delivery)
 
 
 @needs_c
@@ -326,11 +342,11 @@ def test_mutated_transfers_never_crash_or_pass_more_than_python(frames, data):
                                             0xA0, 0xB0, 0xC0, 0xD0, 0xFF, 0x7F]))
     buf = bytes(buf)
     args = (LIMIT, 0, 0, data.draw(st.sampled_from([-1, 60])),
-            data.draw(st.sampled_from([None, b"alice"])))
-    c_pos, c_n = _never_reads_outside(scan_c, buf, 0, len(buf), *args)
-    py_pos, py_n = accel.scan_py(buf, 0, len(buf), *args)
+            data.draw(st.sampled_from([None, b"alice"])), data.draw(deliveries))
+    c_pos, c_n, c_delivery = _never_reads_outside(scan_c, buf, 0, len(buf), *args)
+    py_pos, py_n, _ = accel.scan_py(buf, 0, len(buf), *args)
     assert c_pos <= py_pos and c_n <= py_n
-    assert accel.scan_py(buf, 0, c_pos, *args) == (c_pos, c_n)
+    assert accel.scan_py(buf, 0, c_pos, *args) == (c_pos, c_n, c_delivery)
 
 
 def test_env_switch_forces_the_python_loop():
@@ -350,9 +366,9 @@ def test_proton_encoded_transfer_is_passed_by_both():
     body = Transfer(handle=0, delivery_id=5, delivery_tag=b"tag", message_format=0,
                     settled=True, more=False).encode() + b"payload"
     buf = encode_frame(0, body) * 3
-    assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 3)
+    assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 3, None)
     if scan_c is not None:
-        assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, None) == (len(buf), 3)
+        assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, None, None) == (len(buf), 3, None)
 
 
 # --- the message-head reader (``_relayscan.message_head`` behind ``accel.read_head``)
@@ -515,3 +531,38 @@ def test_router_walker_stops_where_the_loop_must_look():
     if scan_router_c is not None:
         with pytest.raises(TypeError):
             scan_router_c(t, 0, len(t))
+
+
+@needs_c
+def test_a_multi_frame_delivery_is_carried_across_frames_and_calls():
+    """The frames of a multi-frame delivery pass while the delivery stays within max_size;
+    the state comes back to the caller and goes on in the next call (Part 2 §2.6.12)."""
+    first = _frame(0, _transfer(0, 9, b"t", count=6, settled=False, more=True, payload=b"a" * 40))
+    middle = _frame(0, _transfer(0, None, None, count=6, settled=True, more=True,
+                                 payload=b"b" * 40))
+    last = _frame(0, _transfer(0, None, None, count=6, settled=False, more=False,
+                               payload=b"c" * 40))
+    whole = _frame(0, _transfer(0, 10, b"u"))
+    buf = first + HEARTBEAT + middle
+    assert _both(buf, 0, len(buf)) == ((len(buf), 2, (80, 9, True)),) * 2
+    buf = last + whole
+    assert _both(buf, 0, len(buf), delivery=(80, 9, True)) == ((len(buf), 2, None),) * 2
+    # over max_size on its third frame: stops there, the delivery as it stood before it
+    buf = first + middle + last
+    stop = len(first + middle)
+    assert _both(buf, 0, len(buf), max_size=100) == ((stop, 2, (80, 9, True)),) * 2
+    # a later frame's own size counts with what came before
+    assert _both(last, 0, len(last), max_size=100, delivery=(61, None, False)) == (
+        (0, 0, (61, None, False)),) * 2
+
+
+@needs_c
+def test_user_id_check_leaves_the_first_frame_of_a_multi_frame_delivery_to_python():
+    """With QDR's user-id check its head may not be whole in the first frame: Python decides;
+    the later frames of a delivery Python let through need no check."""
+    first = _frame(0, _transfer(0, 1, b"t", count=6, more=True, payload=b"x" * 10))
+    last = _frame(0, _transfer(0, None, None, count=6, more=False, payload=b"y" * 10))
+    assert scan_c(first, 0, len(first), LIMIT, 0, 0, -1, b"alice", None) == (0, 0, None)
+    assert accel.scan_py(first, 0, len(first), LIMIT, 0, 0, -1, b"alice") == (0, 0, None)
+    assert scan_c(last, 0, len(last), LIMIT, 0, 0, -1, b"alice", (10, 1, True)) == (
+        len(last), 1, None)
