@@ -4,6 +4,7 @@
  * scan(buf, pos, end, limit, channel, handle, max_size, user_id, delivery)
  *     -> (pos, transfers, delivery)
  * message_head(buf, pos, end, last) -> (user_id, to, False, complete) | None  (see there)
+ * open_head(body, strict) -> the fields of handshake.read_open_head | None  (see there)
  * scan_router(buf, pos, end, limit) -> (pos, transfers)  (the router side's run, see there)
  *
  * scan() walks the consecutive frames of buf[pos:end] while each one is either
@@ -399,6 +400,163 @@ static PyObject *message_head(PyObject *self, PyObject *const *args, Py_ssize_t 
     return result;
 }
 
+/* The offset past the AMQP value at b[p] (p < end checked here), for the values an Open
+ * carries in their plain forms: a fixed-width value (constructors 0x40..0x9F) or a
+ * variable-width or compound one (0xA0..0xFF, one- or four-byte size). -1 for anything else
+ * (a described value, an invalid constructor, a value cut by `end`): the Python reader
+ * decides. */
+static Py_ssize_t skip_plain(const unsigned char *b, Py_ssize_t p, Py_ssize_t end) {
+    static const unsigned char FIXED[] = {1, 2, 3, 5, 9, 17};   /* widths 0x4 .. 0x9 */
+    if (p >= end) return -1;
+    unsigned width = b[p] >> 4;
+    Py_ssize_t next;
+    if (width >= 0x4 && width <= 0x9) {
+        next = p + FIXED[width - 0x4];
+    } else if (width == 0xA || width == 0xC || width == 0xE) {
+        if (end - p < 2) return -1;
+        next = p + 2 + b[p + 1];
+    } else if (width == 0xB || width == 0xD || width == 0xF) {
+        if (end - p < 5) return -1;
+        uint32_t n = be32(b + p + 1);
+        if ((uint64_t)n > (uint64_t)(end - (p + 5))) return -1;
+        next = p + 5 + (Py_ssize_t)n;
+    } else {
+        return -1;
+    }
+    return next > end ? -1 : next;
+}
+
+/* A str8/str32-utf8 (0xA1/0xB1) at b[p] filling b[p:stop] exactly, or null (0x40) when
+ * `nullable`: a new reference to the text (Py_None for null), NULL without an exception for
+ * anything else (not UTF-8 included), NULL with one only when memory ran out. */
+static PyObject *open_string(const unsigned char *b, Py_ssize_t p, Py_ssize_t stop,
+                             int nullable) {
+    Py_ssize_t start;
+    if (b[p] == 0x40 && nullable) return stop == p + 1 ? Py_NewRef(Py_None) : NULL;
+    if (b[p] == 0xA1) start = p + 2;
+    else if (b[p] == 0xB1) start = p + 5;
+    else return NULL;
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)b + start, stop - start, "strict");
+    if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear();
+    return text;
+}
+
+/* A uint (0x43, 0x52, 0x70) or null at b[p] filling b[p:stop]: 1 with *out set (-1 for
+ * null), else 0. */
+static int open_uint(const unsigned char *b, Py_ssize_t p, Py_ssize_t stop, int64_t *out) {
+    return read_uint(b, p, stop, 1, out) == stop;
+}
+
+/* open_head(body, strict) -> (container_id, hostname, max_frame_size, channel_max,
+ *                             (offsets, list_end)) or None
+ *
+ * What amqp_policy_proxy.amqp.handshake.read_open_head(body, strict=strict) answers for the
+ * Open frame body `body` (Part 2 §2.7.1), read in C for the plain encoding: 0x00 0x53 0x10, a
+ * list8/list32 that fills the body with 1 to 10 fields, each a value skip_plain() walks;
+ * container-id a str8/str32-utf8, hostname one or null, max-frame-size a uint or null,
+ * channel-max a ushort (0x60) or null; with `strict`, idle-time-out a uint or null, every
+ * later field null and no NUL in the two strings. None for anything else (a described field,
+ * text that is not UTF-8, ...): the Python reader then reads the body, or refuses it. A
+ * property test checks that every answer equals Python's. */
+static PyObject *open_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "open_head(body, strict) takes 2 arguments");
+        return NULL;
+    }
+    int strict = PyObject_IsTrue(args[1]);
+    if (strict < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    Py_ssize_t end = view.len, p, lend, offsets[11];
+    uint32_t count = 0;
+    PyObject *result = NULL, *container_id = NULL, *hostname = NULL;
+    int64_t mfs = -1, cmax = -1, idle;
+    if (end < 6 || b[0] != 0x00 || b[1] != 0x53 || b[2] != 0x10) goto plain_no;
+    if (b[3] == 0xC0) {
+        if (end < 6 || b[4] < 1 || 5 + (Py_ssize_t)b[4] != end) goto plain_no;
+        count = b[5];
+        p = 6;
+    } else if (b[3] == 0xD0) {
+        if (end < 12) goto plain_no;
+        uint32_t size = be32(b + 4);
+        if (size < 4 || (uint64_t)size != (uint64_t)(end - 8)) goto plain_no;
+        count = be32(b + 8);
+        p = 12;
+    } else {
+        goto plain_no;
+    }
+    lend = end;
+    if (count < 1 || count > 10) goto plain_no;
+    for (uint32_t i = 0; i < count; i++) {
+        offsets[i] = p;
+        p = skip_plain(b, p, lend);
+        if (p < 0) goto plain_no;
+    }
+    if (p != lend) goto plain_no;
+    offsets[count] = lend;
+    container_id = open_string(b, offsets[0], offsets[1], 0);
+    if (container_id == NULL) goto fail_or_no;
+    if (count > 1) {
+        hostname = open_string(b, offsets[1], offsets[2], 1);
+        if (hostname == NULL) goto fail_or_no;
+    } else {
+        hostname = Py_NewRef(Py_None);
+    }
+    if (count > 2 && !open_uint(b, offsets[2], offsets[3], &mfs)) goto plain_no;
+    if (count > 3) {
+        Py_ssize_t q = offsets[3];
+        if (b[q] == 0x40 && offsets[4] == q + 1) cmax = -1;
+        else if (b[q] == 0x60 && offsets[4] == q + 3) cmax = ((int64_t)b[q + 1] << 8) | b[q + 2];
+        else goto plain_no;
+    }
+    if (strict) {
+        if (count > 4 && !open_uint(b, offsets[4], offsets[5], &idle)) goto plain_no;
+        for (uint32_t i = 5; i < count; i++)
+            if (b[offsets[i]] != 0x40) goto plain_no;
+        Py_ssize_t nul = PyUnicode_FindChar(container_id, 0, 0, PY_SSIZE_T_MAX, 1);
+        if (nul == -2) goto fail_or_no;
+        if (nul >= 0) goto plain_no;
+        if (hostname != Py_None) {
+            nul = PyUnicode_FindChar(hostname, 0, 0, PY_SSIZE_T_MAX, 1);
+            if (nul == -2) goto fail_or_no;
+            if (nul >= 0) goto plain_no;
+        }
+    }
+    {
+        PyObject *list = PyList_New((Py_ssize_t)count);
+        if (list == NULL) goto fail_or_no;
+        for (uint32_t i = 0; i < count; i++) {
+            PyObject *n = PyLong_FromSsize_t(offsets[i]);
+            if (n == NULL) {
+                Py_DECREF(list);
+                goto fail_or_no;
+            }
+            PyList_SET_ITEM(list, i, n);
+        }
+        PyObject *mfs_obj = mfs < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(mfs);
+        PyObject *cmax_obj = cmax < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(cmax);
+        if (mfs_obj != NULL && cmax_obj != NULL)
+            result = Py_BuildValue("(OOOO(Nn))", container_id, hostname, mfs_obj, cmax_obj,
+                                   list, lend);
+        else
+            Py_DECREF(list);
+        Py_XDECREF(mfs_obj);
+        Py_XDECREF(cmax_obj);
+    }
+    goto done;
+fail_or_no:
+    if (PyErr_Occurred()) goto done;                      /* out of memory: raise */
+plain_no:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(container_id);
+    Py_XDECREF(hostname);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* What a walker's rule says of one non-empty frame: stop before it, pass it, or pass it and
  * count it as a Transfer. */
 enum { STOP, PASS, PASS_TRANSFER };
@@ -566,9 +724,15 @@ static PyMethodDef methods[] = {
      "Skip the router's heartbeats, Transfers and Dispositions; see\n"
      "amqp_policy_proxy.amqp.accel.scan_router_py for the contract."},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
-     "scan(buf, pos, end, limit, channel, handle, max_size, user_id) -> (pos, transfers)\n\n"
-     "Skip heartbeats and single-frame Transfers on one sender link; see\n"
+     "scan(buf, pos, end, limit, channel, handle, max_size, user_id, delivery)\n"
+     "-> (pos, transfers, delivery)\n\n"
+     "Skip heartbeats and the Transfers of one sender link; see\n"
      "amqp_policy_proxy.amqp.accel for the contract."},
+    {"open_head", (PyCFunction)(void (*)(void))open_head, METH_FASTCALL,
+     "open_head(body, strict) -> (container_id, hostname, max_frame_size, channel_max,\n"
+     "(offsets, list_end)) | None\n\n"
+     "The plain Opens of amqp_policy_proxy.amqp.handshake.read_open_head; None for any\n"
+     "other (the Python reader decides). See amqp_policy_proxy.amqp.accel."},
     {"message_head", (PyCFunction)(void (*)(void))message_head, METH_FASTCALL,
      "message_head(buf, pos, end, last) -> (user_id, to, router_annotations, complete) | None\n\n"
      "The plain message heads of amqp_policy_proxy.amqp.message.read_message_head; None for\n"

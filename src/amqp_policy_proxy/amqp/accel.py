@@ -9,7 +9,10 @@ session, an aborted Transfer, a delivery over maxMessageSize, a frame header the
 of :func:`~amqp_policy_proxy.amqp.transfer.read_transfer_fields` does not cover) ends the
 run, and the Python loop handles that frame with its general handlers.
 
-It also reads message heads: :func:`read_head` answers
+It also reads the Opens of the handshake: :func:`read_open_head` answers
+:func:`~amqp_policy_proxy.amqp.handshake.read_open_head` in C (``_relayscan.open_head``) for
+the plain Opens clients and routers send (two per connection), any other going to the Python
+reader. And it reads message heads: :func:`read_head` answers
 :func:`~amqp_policy_proxy.amqp.message.read_message_head` in C (``_relayscan.message_head``)
 for the plain heads real clients send, which is every message of an anonymous-relay sender
 (its ``to`` is checked per message) and of a link under QDR's user-id check when the scanner
@@ -30,9 +33,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 from .errors import DecodeError
 from .framing import frame_header_ok
+from .handshake import OpenHead
+from .handshake import read_open_head as read_open_head_py
 from .message import MessageHead, read_message_head
 from .transfer import read_transfer_fields
 
@@ -50,14 +56,18 @@ HeadFunction = Callable[[object, int, int, bool], tuple[bytes | None, str | None
 
 RouterScanFunction = Callable[[object, int, int, int], tuple[int, int]]
 
+OpenHeadFunction = Callable[[object, bool], tuple[Any, ...] | None]
+
 try:
     from ._relayscan import message_head as message_head_c
+    from ._relayscan import open_head as open_head_c
     from ._relayscan import scan as scan_c
     from ._relayscan import scan_router as scan_router_c
 except ImportError:  # not built: no compiler at install time, or a source checkout
     scan_c = None
     message_head_c = None
     scan_router_c = None
+    open_head_c = None
 
 _disabled = os.environ.get(DISABLE_ENV, "") not in ("", "0")
 
@@ -69,6 +79,8 @@ scan: ScanFunction | None = None if _disabled else scan_c
 scan_router: RouterScanFunction | None = None if _disabled else scan_router_c
 #: The C reader of plain message heads when built and not disabled, else None.
 _message_head: HeadFunction | None = None if _disabled else message_head_c
+#: The C reader of plain Opens when built and not disabled, else None.
+_open_head: OpenHeadFunction | None = None if _disabled else open_head_c
 _new_head = tuple.__new__
 
 
@@ -88,6 +100,23 @@ def read_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *,
         if got is not None:
             return _new_head(MessageHead, got)
     return read_message_head(buf, pos, end, last=last)
+
+
+def read_open_head(body: bytes | bytearray | memoryview, *,
+                   strict: bool = True) -> OpenHead | None:
+    """:func:`~.handshake.read_open_head`, answered in C for the plain Opens clients and
+    routers send (~0.3 µs instead of ~3).
+
+    The C reader (``_relayscan.open_head``) answers only where its answer is the Python
+    reader's (property-tested); for every other Open, and without the extension, the Python
+    reader reads it. Arguments and result are those of :func:`~.handshake.read_open_head`.
+    """
+    reader = _open_head
+    if reader is not None:
+        got = reader(body, strict)
+        if got is not None:
+            return _new_head(OpenHead, got)
+    return read_open_head_py(body, strict=strict)
 
 
 def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,

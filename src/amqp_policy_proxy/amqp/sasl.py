@@ -36,6 +36,9 @@ class SaslIdentity(NamedTuple):
         return self.authzid is not None and self.authzid != self.user
 
 
+_ANONYMOUS = SaslIdentity(ANONYMOUS_USER, None)
+
+
 def _utf8(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")
@@ -72,7 +75,7 @@ def identity_from_sasl_init(mechanism: str, initial_response: bytes | None, *,
     """
     mech = mechanism.upper()
     if mech == "ANONYMOUS":
-        return SaslIdentity(ANONYMOUS_USER, None)
+        return _ANONYMOUS
     if initial_response is not None and not isinstance(initial_response, bytes | bytearray):
         # The field is binary (Part 5 §5.3.3.2); anything else comes from a hostile client.
         # Never call bytes() on it: bytes(int) allocates that many bytes.

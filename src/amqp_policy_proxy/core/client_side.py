@@ -16,6 +16,7 @@ from collections.abc import Callable
 from struct import Struct
 from typing import Any
 
+from ..amqp import accel
 from ..amqp import constants as C
 from ..amqp.canonical import check_performative
 from ..amqp.constants import (
@@ -35,7 +36,7 @@ from ..amqp.constants import (
 )
 from ..amqp.errors import FramingError, IllegalStateError, NotAllowedError, ResourceLimitError
 from ..amqp.framing import check_frame_header
-from ..amqp.handshake import OpenHead, read_open_head, read_sasl_init
+from ..amqp.handshake import OpenHead, read_sasl_init
 from ..amqp.performatives import (
     EMPTY_CLOSE,
     EMPTY_CLOSE_BODIES,
@@ -72,6 +73,7 @@ from .state import (
     CLIENT_AMQP,
     CLIENT_SASL,
     R_CONNECTING,
+    ClientState,
 )
 from .wire import error, frame
 
@@ -83,6 +85,13 @@ _HDR = Struct(">IBBH")
 PIPELINED_LIMIT = 4 * 1024 * 1024
 
 _HEADER, _SASL, _AMQP, _NONE = range(4)
+#: How the client's bytes are cut in each state (:meth:`ClientSide._mode`; ``UNAVAILABLE``
+#: depends on how far SASL went and is looked at there).
+_MODE_OF = {
+    state: (_AMQP if state in CLIENT_AMQP else _SASL if state in CLIENT_SASL
+            else _HEADER if state is C_AWAIT_HEADER else _NONE)
+    for state in ClientState
+}
 
 
 def sasl_outcome(code: SaslCode) -> bytes:
@@ -136,18 +145,13 @@ class ClientSide:
 
     def _mode(self) -> int:
         """How the next client bytes are cut, from the client state: ``_HEADER`` (an 8-byte
-        protocol header), ``_SASL`` or ``_AMQP`` (frames) or ``_NONE`` (ignore them: closed)."""
+        protocol header), ``_SASL`` or ``_AMQP`` (frames) or ``_NONE`` (ignore them: closed).
+        A client refused for want of an upstream before its SASL finished still sends SASL."""
         state = self.sides.client
-        if state in CLIENT_AMQP:
+        if state is C_UNAVAILABLE:
             ctx = self.ctx
-            if state is C_UNAVAILABLE and ctx.sasl_used and not ctx.sasl_ok:
-                return _SASL
-            return _AMQP
-        if state in CLIENT_SASL:
-            return _SASL
-        if state is C_AWAIT_HEADER:
-            return _HEADER
-        return _NONE
+            return _SASL if ctx.sasl_used and not ctx.sasl_ok else _AMQP
+        return _MODE_OF[state]
 
     def data(self, data: bytes, now: float) -> None:
         """Bytes the client sent (any split; frames may span reads)."""
@@ -190,7 +194,7 @@ class ClientSide:
                 if pos >= end:
                     break
                 state = sides.client  # the fast path stops when a frame changed it
-            mode = self._mode()
+            mode = _MODE_OF[state] if state is not C_UNAVAILABLE else self._mode()
             if mode == _NONE:
                 break
             if mode == _HEADER:
@@ -394,7 +398,7 @@ class ClientSide:
             return  # heartbeat before Open: nothing to relay yet
         raw = bytes(buf[body:fend])
         # the fields admission needs, read from the plain encoding without a decode
-        perf: Open | OpenHead | None = read_open_head(raw)
+        perf: Open | OpenHead | None = accel.read_open_head(raw)
         if perf is None:
             check_performative(raw, 0, len(raw))
             perf, _ = decode_performative(raw)

@@ -143,7 +143,7 @@ class ProxyConnection(Context):
         self.rules = MessageRules(self)
         self.sessions = Sessions(self, self.rules)
         self.deliveries = Deliveries(self, self.sessions, self.rules)
-        self.client = ClientSide(self, self.sessions, self.deliveries, self._open_received)
+        self.client = ClientSide(self, self.sessions, self.deliveries, self._decide_when_ready)
         self.router = RouterSide(self, self.sessions, self.deliveries)
         self.admission = Admission(self, self.sessions, self.rules, ledger, rates,
                                    paused_vhosts)
@@ -157,12 +157,9 @@ class ProxyConnection(Context):
 
     # ------------------------------------------------------------------ the Open decision
 
-    def _open_received(self, now: float) -> None:
-        """The client's Open is here (the client leg is DECIDING): decide it when ready."""
-        self._decide_when_ready(now)
-
     def _decide_when_ready(self, now: float) -> None:
-        """Decide the client's Open now, or once the upstream is connected.
+        """Decide the client's Open now, or once the upstream is connected (called when the
+        client's Open is here, the client leg DECIDING, and when the upstream connects).
 
         Nobody is admitted without an upstream: while the connect is under way the decision
         waits (the Open could not reach the router before that anyway); if no upstream

@@ -128,7 +128,8 @@ class Context:
         :class:`~.events.ProxyEvent`'s positional fields: ``(conn_id, at, vhost, group, user,
         remote_host, listener, balancer_host)``, ``at`` being ``now``."""
         group = self.group
-        return (self.conn_id, now, self.vhost_name,
+        vhost = self.vhost
+        return (self.conn_id, now, None if vhost is None else vhost.hostname,
                 None if group is None else group.name, self.user, self.remote_host,
                 self.listener, self.balancer_host)
 

@@ -38,7 +38,6 @@ from ..amqp.handshake import (
     OpenHead,
     is_sasl_mechanisms,
     patch_open,
-    read_open_head,
     sasl_outcome_code,
 )
 from ..amqp.performatives import (
@@ -151,19 +150,16 @@ class RouterSide:
         limit = PRE_OPEN_FRAME_LIMIT if state is R_SASL else self.ctx.router_frame_limit
         self.buf = feed(self.buf, data, framed, limit, self.process, now)
 
-    def _relaying(self) -> bool:
-        """Whether router frames go straight to the client: the client is admitted (``OPENED``)
-        or its Close is under way (``CLOSING``); before that they are held."""
-        client = self.sides.client
-        return client is C_OPENED or client is C_CLOSING
-
     def process(self, buf: Any, pos: int, end: int, now: float) -> int:
         """Consume whole units of router bytes from ``buf[pos:end]``; return where it ended."""
         sides = self.sides
         while pos < end:
             state = sides.router
             if state is R_AMQP:
-                if self._relaying():
+                # router frames go straight to the client once it is admitted (OPENED) or its
+                # Close is under way (CLOSING); before that they are held
+                client = sides.client
+                if client is C_OPENED or client is C_CLOSING:
                     return self.relay(buf, pos, end, now)
                 pos = self._hold(buf, pos, end)
                 break
@@ -334,7 +330,7 @@ class RouterSide:
                 perf = EMPTY_CLOSE
             elif code == OPEN_CODE:
                 # relayed as it came (or patched): read what the proxy needs from its bytes
-                perf = read_open_head(bytes(buf[body:fend]), strict=False)
+                perf = accel.read_open_head(bytes(buf[body:fend]), strict=False)
             if perf is None:
                 perf, _ = decode_performative(memoryview(buf)[body:fend])
             raw = bytes(buf[pos:fend])

@@ -61,6 +61,9 @@ USHORT_MAX = 0xFFFF
 RESERVED_CHANNELS = 8
 #: Handles kept back from the router (top of the client's handle-max) for Attach+Detach replies.
 RESERVED_HANDLES = 64
+#: The reserve of a connection whose Open is not decided yet: empty, so nothing is ever taken
+#: from it or given back to it, and one pool serves every connection.
+_NONE_RESERVED = ReservedPool(0, 0)
 
 
 def _address(terminus: Any) -> str | None:
@@ -105,7 +108,8 @@ class Sessions:
         """Router channel -> session."""
         self.denied_sessions: dict[int, int] = {}
         """Client channel of a denied Begin -> the reserved channel it was answered on."""
-        self.reserved_channels = ReservedPool(0, 0)
+        self.reserved_channels = _NONE_RESERVED
+        """The channels kept back for session denials (none until the client's Open)."""
         self.advertised_channel_max = USHORT_MAX
         """The channel-max the client was given (the router's, lowered by policy)."""
         self.policy_channel_max: int | None = None

@@ -22,9 +22,12 @@ from proton import Message, symbol
 
 from amqp_policy_proxy.amqp import accel
 from amqp_policy_proxy.amqp.errors import DecodeError
+from amqp_policy_proxy.amqp.codec import symbol_array
 from amqp_policy_proxy.amqp.framing import encode_frame
+from amqp_policy_proxy.amqp.handshake import OpenHead
+from amqp_policy_proxy.amqp.handshake import read_open_head as read_open_head_py
 from amqp_policy_proxy.amqp.message import read_message_head
-from amqp_policy_proxy.amqp.performatives import Disposition, Transfer
+from amqp_policy_proxy.amqp.performatives import Disposition, Open, Transfer
 
 scan_c = accel.scan_c
 needs_c = pytest.mark.skipif(scan_c is None, reason="C extension not built (no compiler?)")
@@ -566,3 +569,103 @@ def test_user_id_check_leaves_the_first_frame_of_a_multi_frame_delivery_to_pytho
     assert accel.scan_py(first, 0, len(first), LIMIT, 0, 0, -1, b"alice") == (0, 0, None)
     assert scan_c(last, 0, len(last), LIMIT, 0, 0, -1, b"alice", (10, 1, True)) == (
         len(last), 1, None)
+
+
+# --- the Open reader (``_relayscan.open_head`` behind ``accel.read_open_head``)
+
+open_head_c = accel.open_head_c
+
+
+def _c_open_agrees(body: bytes, strict: bool) -> Any:
+    """Call the C reader and check that any answer it gives is the Python reader's (and that
+    it reads nothing past the body: the same answer on a copy with bytes after it)."""
+    got = open_head_c(body, strict)
+    assert open_head_c(bytearray(body), strict) == got
+    if got is not None:
+        py = read_open_head_py(body, strict=strict)
+        assert py is not None and tuple(py) == got
+    return got
+
+
+proton_opens = st.builds(
+    Open,
+    container_id=st.text(max_size=20),
+    hostname=st.one_of(st.none(), st.text(max_size=300)),
+    max_frame_size=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+    channel_max=st.one_of(st.none(), st.integers(0, 0xFFFF)),
+    idle_time_out=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+    offered_capabilities=st.one_of(st.none(), st.just(symbol_array(["ANONYMOUS-RELAY"]))),
+    properties=st.one_of(st.none(), st.just({symbol("product"): "x"})),
+)
+
+
+@needs_c
+@given(proton_opens, st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_c_open_answers_as_python_on_proton_opens(open_, strict):
+    """On the Opens proton encodes, the C reader answers exactly as Python does, and answers
+    at all wherever Python does (no described field in them)."""
+    body = open_.encode()
+    got = _c_open_agrees(body, strict)
+    assert (got is None) == (read_open_head_py(body, strict=strict) is None)
+
+
+@needs_c
+@pytest.mark.parametrize("body, answers", [
+    ("005310 c00502 a1016340", "both"),                       # container-id "c", hostname null
+    ("005310 c00401 a10163", "both"),                         # container-id only
+    ("005310 c00100", ""),                                    # no field: Python refuses
+    ("005310 45", ""),                                        # list0
+    ("005310 d000000007 00000001 a10163", "both"),            # list32
+    ("005310 d000000006 00000001 a10163", ""),                # list32 one byte short
+    ("005310 c00502 a1016340 40", ""),                        # a byte after the list
+    ("005310 c00402 a10163", ""),                             # count 2, one field
+    ("005310 c00601 a1016340", ""),                           # count 1, two fields
+    ("005310 c00501 a3016340", ""),                           # container-id a symbol
+    ("005310 c00401 a101c3", ""),                             # container-id not UTF-8
+    ("005310 c00501 a1020061", "relaxed"),                    # container-id with a NUL
+    ("005310 c00a03 a10163 40 7000000100", "both"),           # max-frame-size uint
+    ("005310 c00703 a10163 40 80", ""),                       # max-frame-size cut
+    ("005310 c00e03 a10163 40 800000000000000100", ""),       # max-frame-size a ulong
+    ("005310 c00904 a10163 40 40 6000ff", "both"),            # channel-max ushort
+    ("005310 c00804 a10163 40 40 52ff", ""),                  # channel-max a smalluint
+    ("005310 c00905 a10163 40 40 40 5201", "both"),           # idle-time-out smalluint
+    ("005310 c00905 a10163 40 40 40 a000", "relaxed"),        # idle-time-out binary
+    ("005310 c00906 a10163 40 40 40 40 45", "relaxed"),       # outgoing-locales list0
+    ("005310 c00e06 a10163 40 40 40 40 e00401a30161", "relaxed"),  # outgoing-locales array8
+    ("005310 c00c06 a10163 40 40 40 40 00530145", ""),        # a described field: Python's
+    ("005310 c00e0b a10163 40 40 40 40 40 40 40 40 40 40", ""),  # eleven fields
+    ("005310 c00d0a a10163 40 40 40 40 40 40 40 40 40", "both"),  # ten fields
+    ("005311 c00502 a1016340", ""),                           # a Begin
+    ("0053", ""),                                             # cut
+])
+@pytest.mark.parametrize("strict", [True, False])
+def test_c_open_hand_written(body, answers, strict):
+    """Opens proton does not write: wherever the C reader answers, it answers as Python;
+    ``answers`` says where it does (both modes, only the relaxed one, or neither)."""
+    got = _c_open_agrees(bytes.fromhex(body.replace(" ", "")), strict)
+    assert (got is not None) == (answers == "both" or (answers == "relaxed" and not strict))
+
+
+@needs_c
+@given(proton_opens, st.binary(max_size=60), st.data())
+@settings(max_examples=1000, deadline=None)
+def test_c_open_on_random_and_mutated_bytes(open_, raw, data):
+    """Proton's Opens with bytes overwritten, cut or grown, and random bytes: the C reader
+    never crashes and only ever answers as Python does."""
+    buf = bytearray(data.draw(st.sampled_from([b"", open_.encode()])) + raw)
+    for _ in range(data.draw(st.integers(0, 3)) if buf else 0):
+        i = data.draw(st.integers(0, len(buf) - 1))
+        buf[i] = data.draw(st.sampled_from([0x00, 0x01, 0x05, 0x10, 0x40, 0x45, 0x52, 0x53,
+                                            0x60, 0x70, 0xA1, 0xB1, 0xC0, 0xD0, 0xFF]))
+    cut = data.draw(st.integers(0, len(buf)))
+    _c_open_agrees(bytes(buf[:cut]), data.draw(st.booleans()))
+
+
+def test_read_open_head_is_the_python_reader_with_or_without_the_extension():
+    """``accel.read_open_head`` gives the Python reader's answer, an :class:`OpenHead`."""
+    body = Open(container_id="c", hostname="h", max_frame_size=512, channel_max=7).encode()
+    got = accel.read_open_head(body)
+    assert isinstance(got, OpenHead) and got == read_open_head_py(body)
+    assert got.hostname == "h" and got.fields == ([12, 15, 18, 23], 26)
+    assert accel.read_open_head(b"\x00\x53\x10\x45") is None
