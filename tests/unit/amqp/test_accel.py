@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from proton import Message, symbol
 
 from amqp_policy_proxy.amqp import accel
-from amqp_policy_proxy.amqp.errors import DecodeError
 from amqp_policy_proxy.amqp.codec import symbol_array
+from amqp_policy_proxy.amqp.errors import DecodeError
 from amqp_policy_proxy.amqp.framing import encode_frame
 from amqp_policy_proxy.amqp.handshake import OpenHead
 from amqp_policy_proxy.amqp.handshake import read_open_head as read_open_head_py
