@@ -14,23 +14,30 @@ The validated result is the frozen dataclasses :class:`DaemonConfig`, :class:`Li
 :class:`UpstreamConfig` and :class:`Address`: the rest of the daemon, the tests and the demo build
 and ``dataclasses.replace`` those directly. Nothing is opened, bound or connected here.
 
-Adding a table (as ``[admin]``): write a ``_Table`` subclass whose fields use :func:`_key`
-(type name and description: the reference in ``docs/configuration.md`` is generated from them,
-see :func:`reference_markdown`), add it as a field of :class:`ConfigFile` with a default, and
-carry its values into :class:`DaemonConfig` in :meth:`ConfigFile.to_daemon_config`.
+Adding a table (as ``[admin]``): write a ``_Table`` subclass with one field per key, ``name:
+KeyType = default`` and a docstring below it; the key type (one of the key types of the schema
+section, or ``bool``, ``str``, a ``Literal`` of strings) says how the value is checked and what
+the reference calls it, the docstring is the key's description (the reference in
+``docs/configuration.md`` is generated from both, see :func:`reference_markdown`). Add the table
+as a field of :class:`ConfigFile` with a default, and carry its values into
+:class:`DaemonConfig` in :meth:`ConfigFile.to_daemon_config`.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
+import inspect
 import ipaddress
 import os
 import re
+import textwrap
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -44,6 +51,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from ..fleet.ledger import FAILURE_MODES, LedgerSettings
@@ -214,9 +222,12 @@ class AdminConfig:
 # ---------------------------------------------------------------------------------- schema
 
 
-def _key(default: Any = ..., *, toml: str, doc: str, **constraints: Any) -> Any:
-    """A schema field: ``toml`` is the type as the reference names it, ``doc`` its description."""
-    return Field(default, description=doc, json_schema_extra={"toml": toml}, **constraints)
+@dataclass(frozen=True, slots=True)
+class _Toml:
+    """Marks a key type with what the reference calls it (its ``type`` column), e.g. ``path
+    (file)``; see :func:`_toml_type`."""
+
+    name: str
 
 
 def _address(value: Any) -> Address:
@@ -314,15 +325,39 @@ def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
-AddressKey = Annotated[Address, PlainValidator(_address)]
+def _number(kind: type[int] | type[float], *, gt: int | None = None, ge: int | None = None,
+            unit: str = "") -> Any:
+    """A number key type bounded below (``gt`` or ``ge``), named after its bound in the reference,
+    e.g. ``integer >= 0 (bytes)`` or ``number > 0 (seconds)`` (``unit`` in the brackets)."""
+    op, bound = (">", gt) if gt is not None else (">=", ge)
+    name = f"{'integer' if kind is int else 'number'} {op} {bound}" + (f" ({unit})" if unit else "")
+    return Annotated[kind, Field(gt=gt, ge=ge), _Toml(name)]
+
+
+# The key types: how a value is checked, and what the reference calls it.
+AddressKey = Annotated[Address, PlainValidator(_address), _Toml("string HOST:PORT")]
 NetworkKey = Annotated[Network, PlainValidator(_network)]
-ReadableFile = Annotated[str, AfterValidator(_nonempty), AfterValidator(_readable_file)]
-PolicyPath = Annotated[str, AfterValidator(_nonempty), AfterValidator(_policy_path)]
-WritableDir = Annotated[str, AfterValidator(_nonempty), AfterValidator(_writable_dir)]
+Networks = Annotated[list[NetworkKey], _Toml("array of strings (CIDR)")]
+NonEmpty = Annotated[str, AfterValidator(_nonempty)]
+ReadableFile = Annotated[NonEmpty, AfterValidator(_readable_file), _Toml("path (file)")]
+PolicyPath = Annotated[NonEmpty, AfterValidator(_policy_path), _Toml("path (file or directory)")]
+WritableDir = Annotated[NonEmpty, AfterValidator(_writable_dir), _Toml("path (directory)")]
+Directory = Annotated[NonEmpty, _Toml("path (directory)")]
+"""A directory the daemon makes or finds itself (not checked here)."""
+Count = _number(int, ge=0)
+SizeLimit = _number(int, ge=0, unit="bytes")
+RateLimit = _number(int, ge=0, unit="per second")
+Records = _number(int, gt=0, unit="records")
+Days = _number(int, ge=1, unit="days")
+Processes = _number(int, ge=1)
+Budget = _number(int, gt=0, unit="bytes")
+Seconds = _number(float, gt=0, unit="seconds")
+Milliseconds = _number(float, gt=0, unit="milliseconds")
 
 
 class _Table(BaseModel):
-    """One TOML table: strict types, unknown keys are errors, immutable."""
+    """One TOML table: strict types, unknown keys are errors, immutable. A key's description is
+    the docstring below its field (read by :func:`reference_markdown` only)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True,
                               arbitrary_types_allowed=True)
@@ -331,35 +366,28 @@ class _Table(BaseModel):
 class ListenerTable(_Table):
     """``[[listener]]``: one listening socket for clients (at least one)."""
 
-    address: AddressKey = _key(
-        toml="string HOST:PORT",
-        doc="Address to listen on, e.g. \"0.0.0.0:5672\" or \"[::]:5671\"; port 0 lets the "
-            "kernel choose.")
-    tls_cert: ReadableFile | None = _key(
-        None, toml="path (file)",
-        doc="PEM certificate chain, leaf first. With it the listener speaks amqps (TLS from the "
-            "first byte). Needs tls_key. Re-read on reload.")
-    tls_key: ReadableFile | None = _key(
-        None, toml="path (file)", doc="PEM private key of tls_cert, unencrypted.")
-    tls_ca: ReadableFile | None = _key(
-        None, toml="path (file)",
-        doc="CA bundle that signs client certificates; with it client certificates are "
-            "verified (optional unless require_client_cert). Needs tls_cert.")
-    require_client_cert: bool = _key(
-        False, toml="boolean",
-        doc="Refuse clients without a valid certificate signed by tls_ca. Needs tls_cert and "
-            "tls_ca.")
-    proxy_protocol: bool = _key(
-        False, toml="boolean",
-        doc="Every connection must begin with a PROXY protocol header (v1 or v2, before TLS), "
-            "and the client address it carries is the client's for remoteHosts, per-host "
-            "limits, logs and the event log. Only peers in proxy_protocol_from may connect; "
-            "a missing, malformed or oversize header closes the connection with nothing "
-            "written (reason proxy_protocol). Needs proxy_protocol_from.")
-    proxy_protocol_from: list[NetworkKey] = _key(
-        [], toml="array of strings (CIDR)",
-        doc="The load balancers' addresses, e.g. [\"10.0.0.0/8\", \"fd00::/8\"]; a bare "
-            "address is one host. Needs proxy_protocol = true.")
+    address: AddressKey
+    """Address to listen on, e.g. "0.0.0.0:5672" or "[::]:5671"; port 0 lets the kernel
+    choose."""
+    tls_cert: ReadableFile | None = None
+    """PEM certificate chain, leaf first. With it the listener speaks amqps (TLS from the first
+    byte). Needs tls_key. Re-read on reload."""
+    tls_key: ReadableFile | None = None
+    """PEM private key of tls_cert, unencrypted."""
+    tls_ca: ReadableFile | None = None
+    """CA bundle that signs client certificates; with it client certificates are verified
+    (optional unless require_client_cert). Needs tls_cert."""
+    require_client_cert: bool = False
+    """Refuse clients without a valid certificate signed by tls_ca. Needs tls_cert and tls_ca."""
+    proxy_protocol: bool = False
+    """Every connection must begin with a PROXY protocol header (v1 or v2, before TLS), and the
+    client address it carries is the client's for remoteHosts, per-host limits, logs and the
+    event log. Only peers in proxy_protocol_from may connect; a missing, malformed or oversize
+    header closes the connection with nothing written (reason proxy_protocol). Needs
+    proxy_protocol_from."""
+    proxy_protocol_from: Networks = []
+    """The load balancers' addresses, e.g. ["10.0.0.0/8", "fd00::/8"]; a bare address is one
+    host. Needs proxy_protocol = true."""
 
     @model_validator(mode="after")
     def _proxy_protocol_keys_go_together(self) -> ListenerTable:
@@ -392,23 +420,20 @@ class ListenerTable(_Table):
 class UpstreamTable(_Table):
     """``[[upstream]]``: one router or broker (at least one); tried in order when one refuses."""
 
-    address: AddressKey = _key(toml="string HOST:PORT",
-                               doc="The router's AMQP address, e.g. \"127.0.0.1:25672\".")
-    tls: bool = _key(False, toml="boolean",
-                     doc="Connect to the router with TLS (1.2 or later).")
-    tls_ca: ReadableFile | None = _key(
-        None, toml="path (file)",
-        doc="CA bundle to verify the router's certificate; default: the system CA store. "
-            "Needs tls = true.")
-    tls_cert: ReadableFile | None = _key(
-        None, toml="path (file)",
-        doc="The proxy's client certificate (PEM), when the router asks for one. Needs tls_key "
-            "and tls = true.")
-    tls_key: ReadableFile | None = _key(None, toml="path (file)",
-                                        doc="PEM private key of tls_cert, unencrypted.")
-    tls_server_name: Annotated[str, AfterValidator(_nonempty)] | None = _key(
-        None, toml="string",
-        doc="Name the router's certificate must carry; default: the address's host.")
+    address: AddressKey
+    """The router's AMQP address, e.g. "127.0.0.1:25672"."""
+    tls: bool = False
+    """Connect to the router with TLS (1.2 or later)."""
+    tls_ca: ReadableFile | None = None
+    """CA bundle to verify the router's certificate; default: the system CA store. Needs tls =
+    true."""
+    tls_cert: ReadableFile | None = None
+    """The proxy's client certificate (PEM), when the router asks for one. Needs tls_key and
+    tls = true."""
+    tls_key: ReadableFile | None = None
+    """PEM private key of tls_cert, unencrypted."""
+    tls_server_name: NonEmpty | None = None
+    """Name the router's certificate must carry; default: the address's host."""
 
     @model_validator(mode="after")
     def _tls_keys_go_together(self) -> UpstreamTable:
@@ -431,117 +456,89 @@ _DEFAULT_SETTINGS = PolicySettings()
 class PolicyTable(_Table):
     """``[policy]``: where the policy files are and QDR's global ``policy`` settings."""
 
-    path: PolicyPath = _key(
-        toml="path (file or directory)",
-        doc="Policy directory (every *.json, *.yaml, *.yml directly in it) or one file; QDR "
-            "policyDir. Re-read on reload.")
-    max_connections: int = _key(
-        _DEFAULT_SETTINGS.max_connections, toml="integer >= 0", ge=0,
-        doc="Concurrent client connections accepted; 0 refuses all (QDR maxConnections). "
-            "LimitNOFILE must cover twice this.")
-    enable_vhost_policy: bool = _key(
-        _DEFAULT_SETTINGS.enable_vhost_policy, toml="boolean",
-        doc="false: only max_connections applies (QDR enableVhostPolicy; QDR's default is "
-            "false, the proxy's true).")
-    enable_vhost_name_patterns: bool = _key(
-        _DEFAULT_SETTINGS.enable_vhost_name_patterns, toml="boolean",
-        doc="Vhost hostnames and aliases are address-style patterns (QDR "
-            "enableVhostNamePatterns).")
-    default_vhost: str = _key(
-        _DEFAULT_SETTINGS.default_vhost, toml="string",
-        doc="Vhost used when the Open hostname matches none; \"\" disables it (QDR "
-            "defaultVhost).")
-    max_message_size: int = _key(
-        _DEFAULT_SETTINGS.max_message_size, toml="integer >= 0 (bytes)", ge=0,
-        doc="Global maximum message size; 0 = unlimited. Vhost and group values override it "
-            "(QDR maxMessageSize).")
-    max_connection_rate: int = _key(
-        _DEFAULT_SETTINGS.max_connection_rate, toml="integer >= 0 (per second)", ge=0,
-        doc="New client connections accepted per second, checked at TCP accept before any "
-            "byte (burst: one second's worth); over it the socket is closed (reason "
-            "global_rate). 0 = unlimited. An extension over QDR.")
-    allow_empty: bool = _key(
-        False, toml="boolean",
-        doc="Accept a policy that defines no vhost (every connection is then denied); without "
-            "it such a policy is an error at start, reload and check.")
+    path: PolicyPath
+    """Policy directory (every *.json, *.yaml, *.yml directly in it) or one file; QDR policyDir.
+    Re-read on reload."""
+    max_connections: Count = _DEFAULT_SETTINGS.max_connections
+    """Concurrent client connections accepted; 0 refuses all (QDR maxConnections). LimitNOFILE
+    must cover twice this."""
+    enable_vhost_policy: bool = _DEFAULT_SETTINGS.enable_vhost_policy
+    """false: only max_connections applies (QDR enableVhostPolicy; QDR's default is false, the
+    proxy's true)."""
+    enable_vhost_name_patterns: bool = _DEFAULT_SETTINGS.enable_vhost_name_patterns
+    """Vhost hostnames and aliases are address-style patterns (QDR enableVhostNamePatterns)."""
+    default_vhost: str = _DEFAULT_SETTINGS.default_vhost
+    """Vhost used when the Open hostname matches none; "" disables it (QDR defaultVhost)."""
+    max_message_size: SizeLimit = _DEFAULT_SETTINGS.max_message_size
+    """Global maximum message size; 0 = unlimited. Vhost and group values override it (QDR
+    maxMessageSize)."""
+    max_connection_rate: RateLimit = _DEFAULT_SETTINGS.max_connection_rate
+    """New client connections accepted per second, checked at TCP accept before any byte
+    (burst: one second's worth); over it the socket is closed (reason global_rate). 0 =
+    unlimited. An extension over QDR."""
+    allow_empty: bool = False
+    """Accept a policy that defines no vhost (every connection is then denied); without it such
+    a policy is an error at start, reload and check."""
 
 
 class MetricsTable(_Table):
     """``[metrics]``: the Prometheus endpoint."""
 
-    address: AddressKey | None = _key(
-        None, toml="string HOST:PORT",
-        doc="Serve http://HOST:PORT/metrics; absent: no metrics endpoint. An explicit host, "
-            "e.g. \"127.0.0.1:9464\".")
+    address: AddressKey | None = None
+    """Serve http://HOST:PORT/metrics; absent: no metrics endpoint. An explicit host, e.g.
+    "127.0.0.1:9464"."""
 
 
 class EventLogTable(_Table):
     """``[event_log]``: the JSON Lines event log for audits and capacity reports."""
 
-    directory: WritableDir | None = _key(
-        None, toml="path (directory)",
-        doc="Root of the hourly JSON Lines partitions; created if missing, must be writable. "
-            "Absent: no event log.")
-    queue_size: int = _key(
-        10000, toml="integer > 0 (records)", gt=0,
-        doc="Records buffered for the writer thread; beyond it records are dropped and "
-            "counted.")
-    retention_days: int | None = _key(
-        None, toml="integer >= 1 (days)", ge=1,
-        doc="Delete dt=YYYY-MM-DD partitions older than this many days (at start and daily "
-            "after UTC midnight; never the current one). Absent: keep everything.")
+    directory: WritableDir | None = None
+    """Root of the hourly JSON Lines partitions; created if missing, must be writable. Absent:
+    no event log."""
+    queue_size: Records = 10000
+    """Records buffered for the writer thread; beyond it records are dropped and counted."""
+    retention_days: Days | None = None
+    """Delete dt=YYYY-MM-DD partitions older than this many days (at start and daily after UTC
+    midnight; never the current one). Absent: keep everything."""
 
 
 class TimeoutsTable(_Table):
     """``[timeouts]``: seconds."""
 
-    handshake_seconds: float = _key(
-        10.0, toml="number > 0 (seconds)", gt=0,
-        doc="From TCP accept (and the TLS handshake) to the client's Open decision. On a "
-            "proxy_protocol listener the PROXY header must arrive within this time of the "
-            "accept too, before the TLS handshake and the Open get theirs.")
-    shutdown_grace_seconds: float = _key(
-        30.0, toml="number > 0 (seconds)", gt=0,
-        doc="Drain budget on SIGTERM; keep the unit's TimeoutStopSec above it.")
-    connect_seconds: float = _key(
-        5.0, toml="number > 0 (seconds)", gt=0,
-        doc="Budget for one TCP (and TLS) connect to an upstream before the next one is "
-            "tried.")
+    handshake_seconds: Seconds = 10.0
+    """From TCP accept (and the TLS handshake) to the client's Open decision. On a
+    proxy_protocol listener the PROXY header must arrive within this time of the accept too,
+    before the TLS handshake and the Open get theirs."""
+    shutdown_grace_seconds: Seconds = 30.0
+    """Drain budget on SIGTERM; keep the unit's TimeoutStopSec above it."""
+    connect_seconds: Seconds = 5.0
+    """Budget for one TCP (and TLS) connect to an upstream before the next one is tried."""
 
 
 class LoggingTable(_Table):
     """``[logging]``: the daemon's own log on stderr (the journal under systemd)."""
 
-    level: Annotated[Literal["debug", "info", "warning", "error"],
-                     BeforeValidator(_lower)] = _key(
-        "info", toml="string", doc="debug, info, warning or error (any case); --log-level "
-                                   "overrides it.")
-    format: Literal["text", "json"] = _key(
-        "text", toml="string",
-        doc="text: one line per record, control characters escaped; json: one JSON object "
-            "per line. --log-format overrides it.")
+    level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = "info"
+    """debug, info, warning or error (any case); --log-level overrides it."""
+    format: Literal["text", "json"] = "text"
+    """text: one line per record, control characters escaped; json: one JSON object per line.
+    --log-format overrides it."""
 
 
 class DaemonTable(_Table):
     """``[daemon]``: the process itself."""
 
-    workers: int = _key(
-        1, toml="integer >= 1", ge=1,
-        doc="Processes, each with its own event loop, sharing the listeners (SO_REUSEPORT) so "
-            "that a host uses that many cores; the parent supervises them. More than 1 needs "
-            "a [ledger] (or ledger = \"auto\") so that limits are shared. --workers "
-            "overrides it.")
-    runtime_directory: Annotated[str, AfterValidator(_nonempty)] | None = _key(
-        None, toml="path (directory)",
-        doc="Where ledger = \"auto\" puts the private redis-server's socket; default: "
-            "$RUNTIME_DIRECTORY (systemd RuntimeDirectory=), else a new directory under /tmp.")
-
-    preauth_buffer_bytes: int = _key(
-        64 * 1024 * 1024, toml="integer > 0 (bytes)", gt=0,
-        doc="Memory budget for what connections not yet admitted hold (partial frames, bytes "
-            "waiting for the upstream), summed over the process. Over it those connections "
-            "stop being read and new ones are refused (reason preauth_memory) until the sum "
-            "is back to three quarters.")
+    workers: Processes = 1
+    """Processes, each with its own event loop, sharing the listeners (SO_REUSEPORT) so that a
+    host uses that many cores; the parent supervises them. More than 1 needs a [ledger] (or
+    ledger = "auto") so that limits are shared. --workers overrides it."""
+    runtime_directory: Directory | None = None
+    """Where ledger = "auto" puts the private redis-server's socket; default:
+    $RUNTIME_DIRECTORY (systemd RuntimeDirectory=), else a new directory under /tmp."""
+    preauth_buffer_bytes: Budget = 64 * 1024 * 1024
+    """Memory budget for what connections not yet admitted hold (partial frames, bytes waiting
+    for the upstream), summed over the process. Over it those connections stop being read and
+    new ones are refused (reason preauth_memory) until the sum is back to three quarters."""
 
 
 def _group_exists(value: str, info: ValidationInfo) -> str:
@@ -556,27 +553,26 @@ def _group_exists(value: str, info: ValidationInfo) -> str:
     return value
 
 
+SocketPath = Annotated[NonEmpty, AfterValidator(_resolve), _Toml("path (socket)")]
+GroupName = Annotated[NonEmpty, AfterValidator(_group_exists), _Toml("string (group name)")]
+
+
 class AdminTable(_Table):
     """``[admin]``: the admin interface of the connections, vhost and status commands."""
 
-    socket: Annotated[str, AfterValidator(_nonempty), AfterValidator(_resolve)] | None = _key(
-        None, toml="path (socket)",
-        doc="Unix socket of the admin interface, created at start with mode 0660 (owner and "
-            "group of the service) and removed at exit; e.g. "
-            "\"/run/amqp-policy-proxy/admin.sock\" (RuntimeDirectory= of the unit). "
-            "Absent: no socket. --admin-socket overrides it.")
-    group: Annotated[str, AfterValidator(_nonempty), AfterValidator(_group_exists)] | None = \
-        _key(None, toml="string (group name)",
-             doc="Group given to the socket: its members may use the admin commands (the "
-                 "service must be a member). Default: the service's own group.")
-    address: AddressKey | None = _key(
-        None, toml="string HOST:PORT",
-        doc="Also serve the admin interface over TCP (for remote tooling); every request must "
-            "carry Authorization: Bearer TOKEN. Needs token_file. Absent: no TCP listener.")
-    token_file: ReadableFile | None = _key(
-        None, toml="path (file)",
-        doc="File holding the bearer token of the TCP listener (read at start; surrounding "
-            "white space ignored; keep it mode 0640 root:amqp-policy-proxy).")
+    socket: SocketPath | None = None
+    """Unix socket of the admin interface, created at start with mode 0660 (owner and group of
+    the service) and removed at exit; e.g. "/run/amqp-policy-proxy/admin.sock"
+    (RuntimeDirectory= of the unit). Absent: no socket. --admin-socket overrides it."""
+    group: GroupName | None = None
+    """Group given to the socket: its members may use the admin commands (the service must be a
+    member). Default: the service's own group."""
+    address: AddressKey | None = None
+    """Also serve the admin interface over TCP (for remote tooling); every request must carry
+    Authorization: Bearer TOKEN. Needs token_file. Absent: no TCP listener."""
+    token_file: ReadableFile | None = None
+    """File holding the bearer token of the TCP listener (read at start; surrounding white space
+    ignored; keep it mode 0640 root:amqp-policy-proxy)."""
 
     @model_validator(mode="after")
     def _tcp_needs_a_token(self) -> AdminTable:
@@ -605,32 +601,30 @@ def _ledger_url(value: str) -> str:
     return value
 
 
+LedgerUrl = Annotated[str, AfterValidator(_ledger_url), _Toml("string URL")]
+
+
 class LedgerTable(_Table):
     """``[ledger]``: connection counts shared by a fleet in Redis (docs/fleet.md); without it each process counts only its own."""  # noqa: E501
 
-    url: Annotated[str, AfterValidator(_ledger_url)] = _key(
-        toml="string URL",
-        doc="redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS) or unix:///path/redis.sock; "
-            "\"auto\": a private redis-server on a unix socket under the runtime directory, "
-            "started and stopped with the daemon (one host only). --ledger overrides it.")
-    proxy_id: Annotated[str, AfterValidator(_nonempty)] | None = _key(
-        None, toml="string",
-        doc="This proxy's name in the store, unique in the fleet; default: host name and "
-            "first listener port (workers add /wN). --proxy-id overrides it.")
-    lease_seconds: float = _key(
-        10.0, toml="number > 0 (seconds)", gt=0,
-        doc="A proxy that stops renewing its lease (crashed, cut off) stops counting after "
-            "this long; each proxy renews it and rewrites its own counts every third of it.")
-    timeout_ms: float = _key(
-        20.0, toml="number > 0 (milliseconds)", gt=0,
-        doc="An admission the store has not answered within this long is decided by "
-            "failure_mode, which stays in force until the store answers again.")
-    failure_mode: Literal["local-share", "closed", "open"] = _key(
-        "local-share", toml="string",
-        doc="While the store is unreachable or slow: local-share (each limit divided by the "
-            "proxies last seen alive, rounded up, against this proxy's own counts), closed "
-            "(deny new connections: amqp:resource-limit-exceeded) or open (this proxy's own "
-            "counts against the full limits). --ledger-failure-mode overrides it.")
+    url: LedgerUrl
+    """redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS) or unix:///path/redis.sock; "auto": a
+    private redis-server on a unix socket under the runtime directory, started and stopped with
+    the daemon (one host only). --ledger overrides it."""
+    proxy_id: NonEmpty | None = None
+    """This proxy's name in the store, unique in the fleet; default: host name and first
+    listener port (workers add /wN). --proxy-id overrides it."""
+    lease_seconds: Seconds = 10.0
+    """A proxy that stops renewing its lease (crashed, cut off) stops counting after this long;
+    each proxy renews it and rewrites its own counts every third of it."""
+    timeout_ms: Milliseconds = 20.0
+    """An admission the store has not answered within this long is decided by failure_mode,
+    which stays in force until the store answers again."""
+    failure_mode: Literal["local-share", "closed", "open"] = "local-share"
+    """While the store is unreachable or slow: local-share (each limit divided by the proxies
+    last seen alive, rounded up, against this proxy's own counts), closed (deny new connections:
+    amqp:resource-limit-exceeded) or open (this proxy's own counts against the full limits).
+    --ledger-failure-mode overrides it."""
 
 
 def _ledger_shorthand(value: Any) -> Any:
@@ -643,19 +637,27 @@ def _ledger_shorthand(value: Any) -> Any:
 class ConfigFile(_Table):
     """The whole file. ``[[listener]]``, ``[[upstream]]`` and ``[policy]`` are required."""
 
-    listener: list[ListenerTable] = _key(toml="array of tables", min_length=1,
-                                         doc="Client listeners.")
-    upstream: list[UpstreamTable] = _key(toml="array of tables", min_length=1,
-                                         doc="Routers or brokers, in order of preference.")
-    policy: PolicyTable = _key(toml="table", doc="Policy files and global settings.")
-    metrics: MetricsTable = _key(MetricsTable(), toml="table", doc="Prometheus endpoint.")
-    event_log: EventLogTable = _key(EventLogTable(), toml="table", doc="JSON Lines event log.")
-    timeouts: TimeoutsTable = _key(TimeoutsTable(), toml="table", doc="Timeouts.")
-    logging: LoggingTable = _key(LoggingTable(), toml="table", doc="The daemon's log.")
-    daemon: DaemonTable = _key(DaemonTable(), toml="table", doc="The process itself.")
-    admin: AdminTable = _key(AdminTable(), toml="table", doc="The admin interface.")
-    ledger: Annotated[LedgerTable | None, BeforeValidator(_ledger_shorthand)] = _key(
-        None, toml="table, or \"auto\"", doc="Connection counts shared by a fleet (Redis).")
+    listener: Annotated[list[ListenerTable], Field(min_length=1)]
+    """Client listeners."""
+    upstream: Annotated[list[UpstreamTable], Field(min_length=1)]
+    """Routers or brokers, in order of preference."""
+    policy: PolicyTable
+    """Policy files and global settings."""
+    metrics: MetricsTable = MetricsTable()
+    """Prometheus endpoint."""
+    event_log: EventLogTable = EventLogTable()
+    """JSON Lines event log."""
+    timeouts: TimeoutsTable = TimeoutsTable()
+    """Timeouts."""
+    logging: LoggingTable = LoggingTable()
+    """The daemon's log."""
+    daemon: DaemonTable = DaemonTable()
+    """The process itself."""
+    admin: AdminTable = AdminTable()
+    """The admin interface."""
+    ledger: Annotated[LedgerTable | None, BeforeValidator(_ledger_shorthand)] = None
+    """Connection counts shared by a fleet (Redis); ``ledger = "auto"`` is short for ``[ledger]
+    url = "auto"``."""
 
     @model_validator(mode="after")
     def _workers_share_a_ledger(self) -> ConfigFile:
@@ -978,7 +980,11 @@ def reference_markdown() -> str:
     Returns:
         Markdown: one section per table with a ``key | type | default | description`` table.
         A test compares it with the text between the ``BEGIN/END GENERATED`` markers of the
-        document; ``scripts/gen-config-docs.py`` rewrites it.
+        document; ``scripts/gen-config-docs.py`` rewrites it. A key's type is named by its key
+        type (:func:`_toml_type`), its description is the docstring below its field.
+
+    Raises:
+        TypeError: a key without a docstring, or of a type the reference has no name for.
     """
     out: list[str] = []
     for name, top in ConfigFile.model_fields.items():
@@ -1000,14 +1006,52 @@ def reference_markdown() -> str:
         out.append("")
         out.append("| key | type | default | description |")
         out.append("| --- | --- | --- | --- |")
+        docs = _key_docs(model)
         for key, info in model.model_fields.items():
-            extra = info.json_schema_extra or {}
-            toml = extra.get("toml", "") if isinstance(extra, dict) else ""
+            if key not in docs:
+                raise TypeError(f"[{name}] {key} has no description (a docstring below it)")
             default = "required" if info.is_required() else _toml_literal(info.default)
-            desc = (info.description or "").replace("|", "\\|")
-            out.append(f"| `{key}` | {toml} | {default} | {desc} |")
+            desc = docs[key].replace("|", "\\|")
+            out.append(f"| `{key}` | {_toml_type(info)} | {default} | {desc} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _key_docs(model: type[BaseModel]) -> dict[str, str]:
+    """A table's key descriptions: the docstring below each field, on one line, read from the
+    source (not at import: pydantic's ``use_attribute_docstrings`` parses the source of every
+    model when the module is imported, which costs each command line tens of milliseconds)."""
+    table = ast.parse(textwrap.dedent(inspect.getsource(model))).body[0]
+    assert isinstance(table, ast.ClassDef)
+    body = table.body
+    return {field.target.id: " ".join(doc.value.value.split())
+            for field, doc in zip(body, body[1:], strict=False)
+            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+            and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+            and isinstance(doc.value.value, str)}
+
+
+def _toml_type(info: FieldInfo) -> str:
+    """What the reference calls a key's type: the ``_Toml`` mark of its key type, else
+    ``boolean`` or ``string`` for ``bool``, ``str`` and a ``Literal`` of strings.
+
+    Raises:
+        TypeError: a key type the reference has no name for.
+    """
+    kinds = [info.annotation]
+    if get_origin(info.annotation) in (Union, UnionType):  # KeyType | None
+        kinds = [k for k in get_args(info.annotation) if k is not type(None)]
+    marks = [*info.metadata, *(m for k in kinds for m in getattr(k, "__metadata__", ()))]
+    for mark in marks:
+        if isinstance(mark, _Toml):
+            return mark.name
+    kind = get_args(kinds[0])[0] if get_origin(kinds[0]) is Annotated else kinds[0]
+    if kind is bool:
+        return "boolean"
+    if kind is str or (get_origin(kind) is Literal
+                       and all(isinstance(a, str) for a in get_args(kind))):
+        return "string"
+    raise TypeError(f"no TOML type name for {info.annotation}: mark its key type with _Toml")
 
 
 def _toml_literal(value: Any) -> str:

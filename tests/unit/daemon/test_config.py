@@ -15,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
@@ -431,6 +432,32 @@ def test_configuration_reference_is_generated_from_the_schema() -> None:
         "docs/configuration.md is out of date: run scripts/gen-config-docs.py")
     for key in ("connect_seconds", "queue_size", "allow_empty", "require_client_cert"):
         assert f"`{key}`" in section
+
+
+def test_reference_names_a_key_from_its_key_type_and_its_docstring() -> None:
+    """The reference's type column comes from the key type, the description from the docstring
+    below the field; a key with neither a docstring nor a type name it knows is a schema
+    mistake, not a blank cell."""
+    from amqp_policy_proxy.daemon import config as schema
+
+    class Demo(schema._Table):
+        """``[demo]``: a table of this test."""
+
+        wait: schema.Seconds = 1.0
+        """How long, in
+        seconds."""
+        name: schema.NonEmpty | None = None
+        mode: Literal["a", "b"] = "a"
+        """Which."""
+        odd: int = 0
+
+    assert schema._key_docs(Demo) == {"wait": "How long, in seconds.", "mode": "Which."}
+    fields = Demo.model_fields
+    assert schema._toml_type(fields["wait"]) == "number > 0 (seconds)"
+    assert schema._toml_type(fields["name"]) == "string"
+    assert schema._toml_type(fields["mode"]) == "string"
+    with pytest.raises(TypeError, match="no TOML type name"):
+        schema._toml_type(fields["odd"])
 
 
 def test_check_accepts_the_example_it_ships(confdir: Path) -> None:
