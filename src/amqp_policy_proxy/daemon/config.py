@@ -34,10 +34,10 @@ import re
 import textwrap
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -634,6 +634,17 @@ def _ledger_shorthand(value: Any) -> Any:
     return value
 
 
+_Carried = TypeVar("_Carried")
+
+
+def _carry(table: _Table, into: type[_Carried], **changes: Any) -> _Carried:
+    """The dataclass ``into`` made from the table's keys of its fields' names, ``changes``
+    replacing some (a field the table has no key for keeps its default)."""
+    keys = type(table).model_fields
+    values = {f.name: getattr(table, f.name) for f in fields(into) if f.name in keys}
+    return into(**(values | changes))
+
+
 class ConfigFile(_Table):
     """The whole file. ``[[listener]]``, ``[[upstream]]`` and ``[policy]`` are required."""
 
@@ -684,23 +695,12 @@ class ConfigFile(_Table):
         """The validated file as the daemon's frozen dataclasses."""
         pol = self.policy
         return DaemonConfig(
-            listeners=tuple(ListenerConfig(lt.address, lt.tls_cert, lt.tls_key, lt.tls_ca,
-                                           lt.require_client_cert,
-                                           proxy_protocol=lt.proxy_protocol,
-                                           proxy_protocol_from=tuple(lt.proxy_protocol_from))
+            listeners=tuple(_carry(lt, ListenerConfig,
+                                   proxy_protocol_from=tuple(lt.proxy_protocol_from))
                             for lt in self.listener),
-            upstreams=tuple(UpstreamConfig(ut.address, ut.tls, ut.tls_ca, ut.tls_cert,
-                                           ut.tls_key, ut.tls_server_name)
-                            for ut in self.upstream),
+            upstreams=tuple(_carry(ut, UpstreamConfig) for ut in self.upstream),
             policy_path=pol.path,
-            policy=PolicySettings(
-                max_connections=pol.max_connections,
-                enable_vhost_policy=pol.enable_vhost_policy,
-                enable_vhost_name_patterns=pol.enable_vhost_name_patterns,
-                default_vhost=pol.default_vhost,
-                max_message_size=pol.max_message_size,
-                max_connection_rate=pol.max_connection_rate,
-            ),
+            policy=_carry(pol, PolicySettings),
             allow_empty_policy=pol.allow_empty,
             metrics_address=self.metrics.address,
             event_log_dir=self.event_log.directory,
@@ -713,10 +713,8 @@ class ConfigFile(_Table):
             log_format=self.logging.format,
             preauth_buffer_bytes=self.daemon.preauth_buffer_bytes,
             admin=self._admin_config(),
-            ledger=None if self.ledger is None else LedgerSettings(
-                url=self.ledger.url, proxy_id=self.ledger.proxy_id or "",
-                lease_seconds=self.ledger.lease_seconds, timeout_ms=self.ledger.timeout_ms,
-                failure_mode=self.ledger.failure_mode),
+            ledger=None if self.ledger is None else _carry(
+                self.ledger, LedgerSettings, proxy_id=self.ledger.proxy_id or ""),
             workers=self.daemon.workers,
             runtime_dir=self.daemon.runtime_directory,
             source=source,
@@ -726,8 +724,7 @@ class ConfigFile(_Table):
         admin = self.admin
         if admin.socket is None and admin.address is None:
             return None
-        return AdminConfig(socket=admin.socket, group=admin.group, address=admin.address,
-                           token_file=admin.token_file)
+        return _carry(admin, AdminConfig)
 
 
 # ---------------------------------------------------------------------------------- loading
