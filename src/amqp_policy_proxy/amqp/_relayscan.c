@@ -22,7 +22,7 @@
  * frames: None between deliveries, else (payload bytes so far, its first frame's
  * delivery-id or None, whether a frame of it was settled); the call returns it as it stands
  * after the last frame passed (Part 2 §2.6.12, the same bookkeeping as
- * amqp_policy_proxy.core.records.LinkRecord.frame_in).
+ * amqp_policy_proxy.core.deliveries.Deliveries.client_transfer).
  * With `user_id` (bytes, not None) the link carries QDR's per-message user-id check
  * (allowUserIdProxy false): a whole delivery is passed only when its message head is one
  * head_ok() reads whole (see there) and its properties.user-id is absent, null or exactly
@@ -106,8 +106,8 @@ struct transfer {
 /* The Transfer whose body (descriptor) starts at b[body], frame ending at fend (body + 3 <
  * fend is checked by the caller). Returns 1 with *t filled when its list is one the scanner
  * reads (see the top of the file), else 0. */
-static int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fend,
-                          struct transfer *t) {
+static inline int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssize_t fend,
+                                 struct transfer *t) {
     Py_ssize_t p = body + 3, lend;
     uint32_t count;
     if (b[p] == 0xC0) {                                   /* list8: size, count */
@@ -567,25 +567,25 @@ typedef int (*frame_rule)(const void *rule_args, const unsigned char *b, Py_ssiz
  * the header rule and `limit`, heartbeats always passed, every other frame as `rule` says, up
  * to the first one it stops at. Sets the offset reached and the Transfers passed; returns 0,
  * or -1 with an exception set. */
-static int walk(PyObject *const *args, long long limit, frame_rule rule,
-                const void *rule_args, Py_ssize_t *reached, Py_ssize_t *transfers) {
+static inline int walk(PyObject *const *args, long long limit, frame_rule rule,
+                       const void *rule_args, Py_ssize_t *reached, Py_ssize_t *transfers) {
     Py_buffer view;
-    Py_ssize_t pos, end;
+    Py_ssize_t pos, end, passed = 0;
     if (open_window(args, &view, &pos, &end) < 0) return -1;
     const unsigned char *b = (const unsigned char *)view.buf;
-    *transfers = 0;
     while (end - pos >= 8) {
         Py_ssize_t body, fend = whole_frame(b, pos, end, limit, &body);
         if (fend < 0) break;
         if (body != fend) {                                      /* not a heartbeat */
             int verdict = rule(rule_args, b, pos, body, fend);
             if (verdict == STOP) break;
-            *transfers += verdict == PASS_TRANSFER;
+            passed += verdict == PASS_TRANSFER;
         }
         pos = fend;
     }
     PyBuffer_Release(&view);
     *reached = pos;
+    *transfers = passed;
     return 0;
 }
 
@@ -622,16 +622,19 @@ static int link_transfer(const void *rule_args, const unsigned char *b, Py_ssize
     if (!plain_transfer(b, body, fend, &t) || t.handle != (int64_t)r->want) return STOP;
     struct delivery *d = r->delivery;
     long long total = (long long)(fend - t.payload);
+    if (d->bytes < 0 && !t.more) {                        /* a whole delivery: most frames */
+        if (r->max_size >= 0 && total > r->max_size) return STOP;
+        if (r->uid != NULL && !head_ok(b, t.payload, fend, r->uid, r->uid_len)) return STOP;
+        return PASS_TRANSFER;
+    }
     if (d->bytes >= 0) total += d->bytes;                 /* more of the delivery under way */
     if (r->max_size >= 0 && total > r->max_size) return STOP;
     if (d->bytes >= 0) {
         d->settled |= t.settled;
-    } else if (t.more) {                                  /* a multi-frame delivery starts */
+    } else {                                              /* a multi-frame delivery starts */
         if (r->uid != NULL) return STOP;
         d->id = t.delivery_id;
         d->settled = t.settled;
-    } else if (r->uid != NULL && !head_ok(b, t.payload, fend, r->uid, r->uid_len)) {
-        return STOP;
     }
     d->bytes = t.more ? total : -1;
     return PASS_TRANSFER;

@@ -149,7 +149,8 @@ def scan_py(buf: bytes | bytearray | memoryview, pos: int, end: int, limit: int,
         inline reader of :func:`read_transfer_fields` reads (list8/list32 with 1 to 6
         fields), not aborted, that keeps its delivery within ``max_size``: a whole delivery,
         the first frame of a multi-frame one (``more``) or a later frame of the one in
-        progress, which is carried as :meth:`.core.records.LinkRecord.frame_in` keeps it
+        progress, which is carried as the general Transfer handler keeps it
+        (``core.deliveries.Deliveries.client_transfer``)
         (Part 2 §2.6.12). The C build may stop earlier, at a Transfer whose fields use an
         encoding only the general reader takes (a binary32 delivery-tag, a ``0x56`` boolean;
         with ``user_id``, a message head with annotations, a list32, a 32-bit length or

@@ -91,22 +91,50 @@ class Deliveries:
             raise NotAllowedError(f"transfer on channel {channel} that was never begun")
         if fields is None:
             fields = read_transfer_fields(buf, body, fend)
-        handle, delivery_id, settled, more, aborted, payload_offset, tag = fields
+        handle = fields[0]
         session.transfers_in += 1
         link = session.links.get(handle)
         if link is None:
             if handle in session.denied_handles:
                 # pipelined on a link the proxy denied: dropped, and its delivery-id withheld
                 session.dropped_transfers += 1
-                if delivery_id is not None:
-                    self._withhold_id(session, delivery_id)
+                if fields[1] is not None:
+                    self._withhold_id(session, fields[1])
                 return False
             raise UnattachedHandleError(f"transfer on handle {handle} that is not attached")
         if not link.is_sender:
             raise NotAllowedError("transfer on a link where the client is the receiver")
         if link.client_detached:
             raise IllegalStateError("transfer after detach")
-        first = link.frame_in(delivery_id, settled, more, aborted)
+        return self.sender_transfer(session, link, buf, body, fend, now, fields)
+
+    def sender_transfer(self, session: SessionRecord, link: LinkRecord, buf: Any, body: int,
+                        fend: int, now: float, fields: tuple[Any, ...]) -> bool:
+        """A client Transfer (Part 2 §2.7.5) on ``link``, a sender link the client attached
+        and has not detached, on ``session`` (which counted it already), its body at
+        ``buf[body:fend]``, its fields (:func:`read_transfer_fields`) ``fields``: the delivery bookkeeping, shaping, the
+        per-message rules on a delivery's first frame, ``maxMessageSize``, the session's
+        renumbering. True means "forward its bytes" (:meth:`client_transfer` without the
+        lookups, for the relay's fast path, which did them).
+
+        Raises:
+            DecodeError: a message head that is not canonical.
+        """
+        _, delivery_id, settled, more, aborted, payload_offset, _ = fields
+        # the delivery bookkeeping (Part 2 §2.6.12); the relay scanner carries the same state
+        # across the frames it passes (LinkRecord.carry)
+        first = not link.in_delivery
+        if first:
+            link.in_delivery = True
+            link.delivery_bytes = 0
+            link.delivery_id = delivery_id
+            link.delivery_settled = settled
+            link.discarding = False
+            link.discard_reason = None
+        elif settled:
+            link.delivery_settled = True
+        if not more or aborted:
+            link.in_delivery = False
         shaper = link.shaper
         if shaper is not None:  # under the user's message or byte rate: charged
             shaper.transfer(first, fend - payload_offset, now)
@@ -130,8 +158,8 @@ class Deliveries:
                     return False
                 link.discard_reason = _SHADOWED_SIZE
         if session.numbering is not None:
-            return self._renumbered(buf, body, fend, channel, session.numbering, link, first,
-                                    delivery_id, aborted)
+            return self._renumbered(buf, body, fend, session.channel, session.numbering, link,
+                                    first, delivery_id, aborted)
         return True
 
     def _renumbered(self, buf: Any, body: int, fend: int, channel: int,

@@ -5,8 +5,8 @@ a multi-frame one, within ``maxMessageSize``, with no per-message rule to apply,
 heartbeats. Those only extend the *run* (the slice of original bytes forwarded in one write,
 :class:`~.wire.Wire`); once the first Transfer's link is known, the optional C scanner
 (:mod:`..amqp.accel`) passes it and the frames after it that are more of the same, carrying
-the link's delivery in progress (the state :meth:`.records.LinkRecord.frame_in` keeps, the one
-delivery bookkeeping). Every other frame (another performative, the first frame of a delivery
+the link's delivery in progress (the state the general Transfer handler keeps,
+:meth:`.records.LinkRecord.carry`). Every other frame (another performative, the first frame of a delivery
 on an inspected link, a denied or shaped link, an aborted Transfer, a delivery over
 ``maxMessageSize``, a frame header the general loop must judge) goes to the general handlers (:mod:`.client_side`, :mod:`.deliveries`), so the behaviour is the same with
 or without this path, and with or without the C scanner (the property tests run all three).
@@ -116,11 +116,11 @@ class FastPath:
                         f = read_fields(buf, body, fend)
                         link = session.links.get(f[0])
                         n = 0  # Transfers passed from this one on
+                        sender = (link is not None and link.is_sender
+                                  and not link.client_detached)
                         if (
-                            link is not None
-                            and link.is_sender
+                            sender
                             and not f[4]
-                            and not link.client_detached
                             and link.shaper is None
                             and not (link.in_delivery and link.discarding)
                         ):
@@ -139,24 +139,20 @@ class FastPath:
                                      link.delivery_settled) if link.in_delivery else None,
                                 )
                                 if n:
-                                    link.carry(delivery)
+                                    if delivery is not None or link.in_delivery:
+                                        link.carry(delivery)
                                     if run_start < 0:
                                         run_start = pos
                                     pos = npos
-                            if not n and (link.in_delivery or not link.inspect):
-                                # no scanner, or a frame it leaves to Python: a frame that needs
-                                # no decision (a later frame of a delivery, or one on a link
-                                # without per-message rules) within maxMessageSize
-                                payload = fend - f[5]
-                                if link.in_delivery:
-                                    payload += link.delivery_bytes
-                                if max_size is None or payload <= max_size:
-                                    link.frame_in(f[1], f[2], f[3], False)
-                                    link.delivery_bytes = payload
-                                    if run_start < 0:
-                                        run_start = pos
-                                    pos = fend
-                                    n = 1
+                            if (not n and not link.in_delivery and not f[3] and not link.inspect
+                                    and (max_size is None or fend - f[5] <= max_size)):
+                                # no scanner, or a frame it leaves to Python: a whole delivery
+                                # that needs no decision is forwarded as it came (the frames
+                                # of a multi-frame one take the general handler below)
+                                if run_start < 0:
+                                    run_start = pos
+                                pos = fend
+                                n = 1
                             if n:
                                 transfers += n - 1  # this frame was counted above
                                 session.transfers_in += n
@@ -168,7 +164,12 @@ class FastPath:
                                 continue
                     # a decision, a denial or an error: the general Transfer handler
                     wire.run_start, wire.run_end = run_start, run_end
-                    forward = deliveries.client_transfer(buf, body, channel, fend, now, f)
+                    if f is not None and sender:  # (its lookups done above)
+                        session.transfers_in += 1
+                        forward = deliveries.sender_transfer(session, link, buf, body, fend, now,
+                                                            f)
+                    else:
+                        forward = deliveries.client_transfer(buf, body, channel, fend, now, f)
                     if session is not None and window is not None:
                         all_sessions.reopen_window(session)
                 else:

@@ -100,32 +100,12 @@ class LinkRecord:
         """The router's last link state for this sender link: ``(delivery-count, link-credit,
         drain)`` from its latest Flow (recorded on sessions that may withhold deliveries)."""
 
-    def frame_in(self, delivery_id: int | None, settled: bool, more: bool, aborted: bool) -> bool:
-        """The delivery bookkeeping of one client Transfer frame on this sender link (Part 2
-        §2.6.12, §2.7.5): a frame that finds no delivery in progress starts one (its
-        delivery-id and ``settled`` recorded, ``delivery_bytes`` and the discarding state
-        reset); a later frame may settle it; ``more`` false or ``aborted`` ends it. The
-        caller adds the frame's payload to ``delivery_bytes``. Returns True for the first
-        frame of a delivery."""
-        first = not self.in_delivery
-        if first:
-            self.in_delivery = True
-            self.delivery_bytes = 0
-            self.delivery_id = delivery_id
-            self.delivery_settled = settled
-            self.discarding = False
-            self.discard_reason = None
-        elif settled:
-            self.delivery_settled = True
-        if not more or aborted:
-            self.in_delivery = False
-        return first
-
     def carry(self, delivery: tuple[int, int | None, bool] | None) -> None:
         """Take the delivery in progress as the relay scanner left it
         (:data:`..amqp.accel.Delivery`: payload bytes so far, delivery-id, settled; None
-        between deliveries): the state :meth:`frame_in` would have reached over the frames
-        it passed."""
+        between deliveries): the state the general Transfer handler
+        (:meth:`.deliveries.Deliveries.client_transfer`) would have reached over the frames it
+        passed."""
         if delivery is None:
             self.in_delivery = False
         else:
