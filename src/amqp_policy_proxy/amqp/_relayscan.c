@@ -5,6 +5,7 @@
  *     -> (pos, transfers, delivery)
  * message_head(buf, pos, end, last) -> (user_id, to, False, complete) | None  (see there)
  * open_head(body, strict) -> the fields of handshake.read_open_head | None  (see there)
+ * transfer_fields(buf, pos, end) -> the tuple of transfer.read_transfer_fields | None  (there)
  * scan_router(buf, pos, end, limit) -> (pos, transfers)  (the router side's run, see there)
  *
  * scan() walks the consecutive frames of buf[pos:end] while each one is either
@@ -103,6 +104,7 @@ struct transfer {
     int64_t handle, delivery_id; /* delivery_id -1: null or absent */
     int settled, more;
     Py_ssize_t payload;          /* offset of the first byte after the list */
+    Py_ssize_t tag;              /* offset of a binary8 delivery-tag's constructor, else -1 */
 };
 
 /* The Transfer whose body (descriptor) starts at b[body], frame ending at fend (body + 3 <
@@ -132,6 +134,7 @@ static inline int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssi
     if (count < 1 || count > 6) return 0;                 /* > 6: rcv-settle-mode.. aborted */
     int64_t ignored;
     t->delivery_id = -1;
+    t->tag = -1;
     t->settled = t->more = 0;
     p = read_uint(b, p, lend, 0, &t->handle);
     if (p < 0) return 0;
@@ -145,6 +148,7 @@ static inline int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssi
             if (lend - p < 2) return 0;
             Py_ssize_t n = b[p + 1];
             if (n > lend - (p + 2)) return 0;
+            t->tag = p;
             p += 2 + n;
         } else if (b[p] == 0x40) {
             p += 1;
@@ -186,6 +190,40 @@ static int open_window(PyObject *const *args, Py_buffer *view, Py_ssize_t *pos,
     if (*end > view->len) *end = view->len;
     if (*end < *pos) *end = *pos;
     return 0;
+}
+
+/* transfer_fields(buf, pos, end) -> (handle, delivery_id, settled, more, False,
+ *                                    payload_offset, tag_offset) or None
+ *
+ * What amqp_policy_proxy.amqp.transfer.read_transfer_fields answers for the Transfer whose
+ * descriptor (0x00 0x53 0x14) starts at buf[pos], its frame ending at `end` (clamped to the
+ * buffer), read in C where plain_transfer() reads it (the forms real clients use, no aborted
+ * field); None for anything else: the Python reader then reads it, or raises. A property test
+ * checks that every answer equals Python's. */
+static PyObject *transfer_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "transfer_fields(buf, pos, end) takes 3 arguments");
+        return NULL;
+    }
+    Py_buffer view;
+    Py_ssize_t pos, end;
+    if (open_window(args, &view, &pos, &end) < 0) return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    struct transfer t;
+    PyObject *result;
+    if (end - pos > 3 && b[pos] == 0x00 && b[pos + 1] == 0x53 && b[pos + 2] == 0x14
+            && plain_transfer(b, pos, end, &t)) {
+        PyObject *id = t.delivery_id < 0 ? Py_NewRef(Py_None)
+                                         : PyLong_FromLongLong(t.delivery_id);
+        result = id == NULL ? NULL : Py_BuildValue(
+            "(LNOOOnn)", (long long)t.handle, id, t.settled ? Py_True : Py_False,
+            t.more ? Py_True : Py_False, Py_False, t.payload, t.tag);
+    } else {
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&view);
+    return result;
 }
 
 /* The AMQP frame at b[pos] (end - pos >= 8 checked by the caller): its end, with *body set to
@@ -733,6 +771,10 @@ static PyMethodDef methods[] = {
      "-> (pos, transfers, delivery)\n\n"
      "Skip heartbeats and the Transfers of one sender link; see\n"
      "amqp_policy_proxy.amqp.accel for the contract."},
+    {"transfer_fields", (PyCFunction)(void (*)(void))transfer_fields, METH_FASTCALL,
+     "transfer_fields(buf, pos, end) -> the tuple of transfer.read_transfer_fields | None\n\n"
+     "The plain Transfers of amqp_policy_proxy.amqp.transfer.read_transfer_fields; None for\n"
+     "any other (the Python reader decides). See amqp_policy_proxy.amqp.accel."},
     {"open_head", (PyCFunction)(void (*)(void))open_head, METH_FASTCALL,
      "open_head(body, strict) -> (container_id, hostname, max_frame_size, channel_max,\n"
      "(offsets, list_end)) | None\n\n"

@@ -9,7 +9,11 @@ session, an aborted Transfer, a delivery over maxMessageSize, a frame header the
 of :func:`~amqp_policy_proxy.amqp.transfer.read_transfer_fields` does not cover) ends the
 run, and the Python loop handles that frame with its general handlers.
 
-It also reads the Opens of the handshake: :func:`read_open_head` answers
+It also reads a Transfer's fields where the scanner stops (the first Transfer of a read, every
+Transfer of an inspected link): :func:`read_fields` answers
+:func:`~amqp_policy_proxy.amqp.transfer.read_transfer_fields` in C
+(``_relayscan.transfer_fields``) for the encodings the scanner reads, the others going to the
+Python reader. It reads the Opens of the handshake: :func:`read_open_head` answers
 :func:`~amqp_policy_proxy.amqp.handshake.read_open_head` in C (``_relayscan.open_head``) for
 the plain Opens clients and routers send (two per connection), any other going to the Python
 reader. And it reads message heads: :func:`read_head` answers
@@ -58,16 +62,20 @@ RouterScanFunction = Callable[[object, int, int, int], tuple[int, int]]
 
 OpenHeadFunction = Callable[[object, bool], tuple[Any, ...] | None]
 
+FieldsFunction = Callable[[object, int, int], tuple[Any, ...] | None]
+
 try:
     from ._relayscan import message_head as message_head_c
     from ._relayscan import open_head as open_head_c
     from ._relayscan import scan as scan_c
     from ._relayscan import scan_router as scan_router_c
+    from ._relayscan import transfer_fields as transfer_fields_c
 except ImportError:  # not built: no compiler at install time, or a source checkout
     scan_c = None
     message_head_c = None
     scan_router_c = None
     open_head_c = None
+    transfer_fields_c = None
 
 _disabled = os.environ.get(DISABLE_ENV, "") not in ("", "0")
 
@@ -81,6 +89,8 @@ scan_router: RouterScanFunction | None = None if _disabled else scan_router_c
 _message_head: HeadFunction | None = None if _disabled else message_head_c
 #: The C reader of plain Opens when built and not disabled, else None.
 _open_head: OpenHeadFunction | None = None if _disabled else open_head_c
+#: The C reader of plain Transfer fields when built and not disabled, else None.
+_transfer_fields: FieldsFunction | None = None if _disabled else transfer_fields_c
 _new_head = tuple.__new__
 
 
@@ -100,6 +110,24 @@ def read_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *,
         if got is not None:
             return _new_head(MessageHead, got)
     return read_message_head(buf, pos, end, last=last)
+
+
+def read_fields(buf: bytes | bytearray | memoryview, pos: int,
+                end: int) -> tuple[int, int | None, bool, bool, bool, int, int]:
+    """:func:`~.transfer.read_transfer_fields`, answered in C for the Transfers the scanner
+    reads (~0.15 µs instead of ~0.9).
+
+    The C reader (``_relayscan.transfer_fields``) answers only where its answer is the Python
+    reader's (property-tested); for every other Transfer, and without the extension, the
+    Python reader reads it, or raises. Arguments, result and errors are those of
+    :func:`~.transfer.read_transfer_fields`.
+    """
+    reader = _transfer_fields
+    if reader is not None:
+        got = reader(buf, pos, end)
+        if got is not None:
+            return got
+    return read_transfer_fields(buf, pos, end)
 
 
 def read_open_head(body: bytes | bytearray | memoryview, *,

@@ -27,7 +27,6 @@ from ..amqp.constants import (
     TRANSFER_CODE,
 )
 from ..amqp.framing import PROTOCOL_HEADER_MIN_SIZE, frame_header_ok
-from ..amqp.transfer import read_transfer_fields
 from .context import Context
 from .deliveries import Deliveries
 from .sessions import Sessions
@@ -83,7 +82,7 @@ class FastPath:
         uid_scan = rules.scan_user_id
         window = all_sessions.window_frames
         unpack = _HDR.unpack_from
-        read_fields = read_transfer_fields
+        read_fields = accel.read_fields
         scan = _scan
         run_start, run_end = wire.run_start, wire.run_end
         transfers = 0

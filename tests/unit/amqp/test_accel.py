@@ -28,6 +28,7 @@ from amqp_policy_proxy.amqp.handshake import OpenHead
 from amqp_policy_proxy.amqp.handshake import read_open_head as read_open_head_py
 from amqp_policy_proxy.amqp.message import read_message_head
 from amqp_policy_proxy.amqp.performatives import Disposition, Open, Transfer
+from amqp_policy_proxy.amqp.transfer import read_transfer_fields
 
 scan_c = accel.scan_c
 needs_c = pytest.mark.skipif(scan_c is None, reason="C extension not built (no compiler?)")
@@ -669,3 +670,101 @@ def test_read_open_head_is_the_python_reader_with_or_without_the_extension():
     assert isinstance(got, OpenHead) and got == read_open_head_py(body)
     assert got.hostname == "h" and got.fields == ([12, 15, 18, 23], 26)
     assert accel.read_open_head(b"\x00\x53\x10\x45") is None
+
+
+# --- the Transfer-field reader (``_relayscan.transfer_fields`` behind ``accel.read_fields``)
+
+fields_c = accel.transfer_fields_c
+
+
+def _python_fields(buf: bytes, pos: int, end: int) -> Any:
+    """The Python reader's answer, or the DecodeError it raised."""
+    try:
+        return read_transfer_fields(buf, pos, end)
+    except DecodeError as exc:
+        return exc
+
+
+def _c_fields_agree(buf: bytes, pos: int, end: int) -> Any:
+    """Call the C reader (also with every byte outside ``buf[pos:end]`` changed, and on a copy
+    that stops at ``end``) and check that any answer it gives is Python's."""
+    got = _never_reads_outside(fields_c, buf, pos, end)
+    if got is not None:
+        assert got == _python_fields(buf, pos, end)
+    return got
+
+
+@needs_c
+@given(st.lists(st.one_of(plain, other, headed), min_size=1, max_size=4))
+@settings(max_examples=500, deadline=None)
+def test_c_fields_answer_as_python_on_client_encodings(frames):
+    """On the Transfers clients send (hand-written in their encodings, and proton's), the C
+    reader answers exactly as Python does, and answers for every proton-encoded one."""
+    buf = b"".join(frames)
+    pos = 0
+    for one in frames:
+        size = int.from_bytes(one[:4], "big")
+        body, fend = pos + one[4] * 4, pos + size
+        if fend - body > 3 and buf[body:body + 3] == b"\x00\x53\x14":
+            _c_fields_agree(buf, body, fend)
+        pos += size
+
+
+@needs_c
+@given(st.builds(Transfer, handle=st.integers(0, 2**32 - 1),
+                 delivery_id=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+                 delivery_tag=st.one_of(st.none(), st.binary(max_size=32)),
+                 message_format=st.one_of(st.none(), st.just(0)),
+                 settled=st.one_of(st.none(), st.booleans()),
+                 more=st.one_of(st.none(), st.booleans())))
+@settings(max_examples=300, deadline=None)
+def test_c_fields_answer_every_proton_transfer(perf):
+    body = perf.encode() + b"payload"
+    assert _c_fields_agree(body, 0, len(body)) is not None
+
+
+@needs_c
+@given(st.binary(max_size=120), st.data())
+@settings(max_examples=1000, deadline=None)
+def test_c_fields_on_random_and_mutated_bytes(raw, data):
+    """Random bytes after a Transfer descriptor, and client Transfers with bytes overwritten
+    and cut anywhere: the C reader never crashes, never reads outside its window, and only
+    ever answers as Python does."""
+    lead = data.draw(st.sampled_from([b"\x00\x53\x14", _transfer(0, 1, b"t", count=6),
+                                      _transfer(300, None, None, count=3, list32=True)]))
+    buf = bytearray(lead + raw)
+    for _ in range(data.draw(st.integers(0, 3))):
+        i = data.draw(st.integers(0, len(buf) - 1))
+        buf[i] = data.draw(st.sampled_from([0x00, 0x01, 0x02, 0x06, 0x40, 0x41, 0x42, 0x43,
+                                            0x52, 0x53, 0x56, 0x70, 0xA0, 0xB0, 0xC0, 0xD0]))
+    end = data.draw(st.integers(0, len(buf)))
+    _c_fields_agree(bytes(buf), 0, end)
+
+
+@needs_c
+@pytest.mark.parametrize("fields, answers", [
+    ("c00b06 52 07 52 03 a0 01 74 43 41 42", True),       # handle 7, id 3, tag "t", settled
+    ("c00201 43", True),                                    # handle only
+    ("c00302 43 40", True),                                 # delivery-id null
+    ("d00000000a00000002 43 7000000009", True),             # list32, 32-bit delivery-id
+    ("c00201 40", False),                                   # null handle: Python refuses
+    ("c00202 43", False),                                   # count 2, one field
+    ("c00403 43 43 b0", False),                             # binary32 tag: Python's
+    ("c00706 43 43 40 43 56 01", False),                    # 0x56 boolean: Python's
+    ("c00c0a 43 43 40 43 42 42 40 40 40 41", False),        # aborted (10 fields): Python's
+    ("45", False),                                          # list0
+])
+def test_c_fields_hand_written(fields, answers):
+    body = bytes.fromhex("005314" + fields.replace(" ", "")) + b"payload"
+    got = _c_fields_agree(body, 0, len(body))
+    assert (got is not None) == answers
+    if got is not None:
+        assert got[5] == len(body) - len(b"payload")
+
+
+def test_read_fields_is_the_python_reader_with_or_without_the_extension():
+    body = _transfer(7, 3, b"tag", count=6, settled=False, more=True) + b"x"
+    assert accel.read_fields(body, 0, len(body)) == read_transfer_fields(body, 0, len(body))
+    assert accel.read_fields(body, 0, len(body))[:4] == (7, 3, False, True)
+    with pytest.raises(DecodeError):
+        accel.read_fields(b"\x00\x53\x14\xc0\x02\x01\x40", 0, 7)
