@@ -40,13 +40,7 @@ from ..amqp.handshake import OpenHead, read_sasl_init
 from ..amqp.performatives import (
     EMPTY_CLOSE,
     EMPTY_CLOSE_BODIES,
-    Attach,
-    Begin,
     Close,
-    Detach,
-    Disposition,
-    End,
-    Flow,
     Open,
     SaslOutcome,
     Transfer,
@@ -60,7 +54,8 @@ from .deliveries import Deliveries
 from .events import ConnectionDenyReason, ProtocolViolation
 from .fastpath import FastPath
 from .framebuf import feed
-from .sessions import Sessions
+from .leg import Leg
+from .sessions import SESSION_HANDLERS, Sessions
 from .state import (
     C_AWAIT_HEADER,
     C_AWAIT_OPEN,
@@ -99,23 +94,10 @@ def sasl_outcome(code: SaslCode) -> bytes:
     return frame(0, SaslOutcome(code=int(code)), ftype=SASL_FRAME)
 
 
-class ClientSide:
+class ClientSide(Leg):
     """The client leg of one connection."""
 
-    __slots__ = (
-        "ctx",
-        "wire",
-        "sides",
-        "sessions",
-        "deliveries",
-        "open_received",
-        "fast",
-        "buf",
-        "held",
-        "open",
-        "open_body",
-        "handlers",
-    )
+    __slots__ = ("open_received", "fast", "held", "open", "open_body")
 
     def __init__(
         self,
@@ -126,15 +108,9 @@ class ClientSide:
     ) -> None:
         """Nothing received yet; ``open_received(now)`` is called when the client's Open is
         here (the facade decides it)."""
-        self.ctx = ctx
-        self.wire = ctx.wire
-        self.sides = ctx.sides
-        self.sessions = sessions
-        self.deliveries = deliveries
+        Leg.__init__(self, ctx, sessions, deliveries)
         self.open_received = open_received
         self.fast = FastPath(ctx, sessions, deliveries, self.amqp_frame)
-        self.buf = bytearray()
-        """The client bytes of a unit that straddles reads (at most one frame)."""
         self.held = bytearray()
         """Client frames pipelined behind its Open, held until the decision."""
         self.open: Open | OpenHead | None = None
@@ -535,12 +511,7 @@ class ClientSide:
 #: the handler); any other is an ``amqp:illegal-state``. One table per class (see
 #: ``router_side._HANDLERS``).
 _HANDLERS: dict[type, tuple[bool, Callable[..., None]]] = {
-    Begin: (True, Sessions.on_client_begin),
-    Attach: (True, Sessions.on_client_attach),
-    Flow: (True, Sessions.on_client_flow),
-    Detach: (True, Sessions.on_client_detach),
-    End: (True, Sessions.on_client_end),
-    Disposition: (True, Sessions.on_client_disposition),
+    **{kind: (True, client) for kind, (client, _) in SESSION_HANDLERS.items()},
     Close: (False, ClientSide.on_close),
     Open: (False, ClientSide.on_second_open),
     Transfer: (False, ClientSide.on_decoded_transfer),

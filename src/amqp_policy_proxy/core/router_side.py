@@ -43,13 +43,8 @@ from ..amqp.handshake import (
 from ..amqp.performatives import (
     EMPTY_CLOSE,
     EMPTY_CLOSE_BODIES,
-    Attach,
-    Begin,
     Close,
-    Detach,
     Disposition,
-    End,
-    Flow,
     Open,
     SaslMechanisms,
     SaslOutcome,
@@ -60,8 +55,9 @@ from .commands import CLIENT, ROUTER
 from .context import PRE_OPEN_FRAME_LIMIT, ROUTER_FRAME_LIMIT, Context
 from .deliveries import Deliveries
 from .framebuf import feed
+from .leg import Leg
 from .numbering import disposition_to_client, note_router_flow_bytes
-from .sessions import Sessions
+from .sessions import SESSION_HANDLERS, Sessions
 from .state import (
     C_AWAIT_AMQP_HEADER,
     C_CLOSING,
@@ -90,31 +86,14 @@ SASL_MECHANISMS_RELAYED = 2
 SASL_OUTCOME_RELAYED = 3
 
 
-class RouterSide:
+class RouterSide(Leg):
     """The router leg of one connection."""
 
-    __slots__ = (
-        "ctx",
-        "wire",
-        "sides",
-        "sessions",
-        "deliveries",
-        "buf",
-        "held",
-        "open_seen",
-        "sasl_relayed",
-        "handlers",
-    )
+    __slots__ = ("held", "open_seen", "sasl_relayed")
 
     def __init__(self, ctx: Context, sessions: Sessions, deliveries: Deliveries) -> None:
         """No upstream yet."""
-        self.ctx = ctx
-        self.wire = ctx.wire
-        self.sides = ctx.sides
-        self.sessions = sessions
-        self.deliveries = deliveries
-        self.buf = bytearray()
-        """The router bytes of a unit that straddles reads (at most one frame)."""
+        Leg.__init__(self, ctx, sessions, deliveries)
         self.held: list[bytes] = []
         """Router AMQP frames received before the client's Open was decided."""
         self.open_seen = False
@@ -430,13 +409,9 @@ class RouterSide:
 #: handler); the others are relayed untouched. One table per class: bound handlers in a dict
 #: per connection cost over 1 KiB of each idle connection.
 _HANDLERS: dict[type, tuple[bool, Callable[..., bytes | None]]] = {
+    **{kind: (True, router) for kind, (_, router) in SESSION_HANDLERS.items() if router},
     Open: (False, RouterSide.on_open),
     OpenHead: (False, RouterSide.on_open),
-    Begin: (True, Sessions.on_router_begin),
-    Attach: (True, Sessions.on_router_attach),
-    Flow: (True, Sessions.on_router_flow),
-    Detach: (True, Sessions.on_router_detach),
     Disposition: (False, RouterSide.on_disposition),
-    End: (True, Sessions.on_router_end),
     Close: (False, RouterSide.on_close),
 }

@@ -27,6 +27,7 @@ from ..amqp.performatives import (
     Attach,
     Begin,
     Detach,
+    Disposition,
     End,
     Flow,
     Source,
@@ -655,3 +656,16 @@ class Sessions:
             outgoing_window=session.router_out_window,
         )
         self.wire.send(CLIENT, frame(session.router_channel, flow))
+
+
+#: The session and link performatives, by type: the :class:`Sessions` handler of the client's
+#: and of the router's (None: the router's is relayed untouched, or read by the router leg
+#: itself). Both legs' dispatch tables take theirs from here.
+SESSION_HANDLERS: dict[type, tuple[Any, Any]] = {
+    Begin: (Sessions.on_client_begin, Sessions.on_router_begin),
+    Attach: (Sessions.on_client_attach, Sessions.on_router_attach),
+    Flow: (Sessions.on_client_flow, Sessions.on_router_flow),
+    Detach: (Sessions.on_client_detach, Sessions.on_router_detach),
+    End: (Sessions.on_client_end, Sessions.on_router_end),
+    Disposition: (Sessions.on_client_disposition, None),
+}
