@@ -1,9 +1,9 @@
 """Sans-IO. Sessions and links: Begin, Attach, Flow, Detach, End from both legs.
 
 What the client began and attached (the records of :mod:`.records`, in the client's channel
-and handle numbering, mapped to the router's as its answers arrive), the live and peak counts, QDR's session and link denials (Begin+End and Attach+Detach answered
-by the proxy on channels and handles kept back from the router, decision 0003), and the session
-window the group's ``maxSessionWindow`` gives the client.
+and handle numbering, mapped to the router's as its answers arrive), the live and peak counts,
+QDR's session and link denials (Begin+End and Attach+Detach answered by the proxy on channels and handles kept back from the router, decision 0003), and the session
+window the group's ``maxSessionWindow`` gives the client (its Flows: :mod:`.flows`).
 """
 
 from __future__ import annotations
@@ -39,13 +39,8 @@ from ..policy.reasons import DenialKind, LinkDenyReason, SessionDenyReason
 from .commands import CLIENT, ROUTER
 from .context import Context
 from .events import LinkDenied, SessionDenied
-from .numbering import (
-    disposition_to_router,
-    flow_fields,
-    flow_to_client,
-    flow_to_router,
-    note_router_flow,
-)
+from .flows import UINT_MAX, SessionFlows
+from .numbering import disposition_to_router
 from .records import LinkRecord, ReservedPool, SessionRecord
 from .rules import MessageRules
 from .shadow import shadowed, verb
@@ -56,7 +51,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-UINT_MAX = 0xFFFFFFFF
 USHORT_MAX = 0xFFFF
 #: Channels kept back from the router (top of the client's channel-max) for Begin+End replies.
 RESERVED_CHANNELS = 8
@@ -78,7 +72,7 @@ def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-class Sessions:
+class Sessions(SessionFlows):
     """The sessions and links of one connection, both legs."""
 
     __slots__ = (
@@ -224,10 +218,8 @@ class Sessions:
         )
         if shadow:
             return False
-        reply = self.reserved_channels.take()
-        if reply is None:
-            raise ResourceLimitError("session disallowed by local policy (no reply channel)")
-        self.denied_sessions[channel] = reply
+        reply = _deny_on_reserved(self.denied_sessions, self.reserved_channels, channel,
+                                  "session disallowed by local policy (no reply channel)")
         err = error(Condition.RESOURCE_LIMIT_EXCEEDED, C.SESSION_DISALLOWED)
         data = frame(
             reply,
@@ -366,10 +358,8 @@ class Sessions:
         )
         if shadow:
             return False
-        reply_handle = session.reserved_handles.take()
-        if reply_handle is None:
-            raise ResourceLimitError("link disallowed by local policy (no reply handle)")
-        session.denied_handles[handle] = reply_handle
+        reply_handle = _deny_on_reserved(session.denied_handles, session.reserved_handles, handle,
+                                         "link disallowed by local policy (no reply handle)")
         condition = (
             Condition.RESOURCE_LIMIT_EXCEEDED
             if reason in (LinkDenyReason.SENDER_LIMIT, LinkDenyReason.RECEIVER_LIMIT)
@@ -401,30 +391,6 @@ class Sessions:
         channel = session.router_channel
         self.wire.send(CLIENT, b"".join(rechannel(f, channel) for f in frames))
 
-    def on_client_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> None:
-        """A client Flow (Part 2 §2.7.4) that needs a look: one for a denied handle is consumed;
-        its next-outgoing-id is renumbered past the Transfer frames the router never got, and
-        a sender link's delivery-count past the deliveries it never got."""
-        session = self.session(channel, "flow")
-        if session is None:
-            return
-        changes: dict[str, Any] = {}
-        if perf.handle is not None:
-            handle = int(perf.handle)
-            if handle in session.denied_handles:
-                return
-            link = session.links.get(handle)
-            if link is not None and link.withheld and link.is_sender and link.shaper is None:
-                changes = flow_to_router(perf, link.withheld)  # (shaping keeps its own offset)
-        if session.dropped_transfers and perf.next_outgoing_id is not None:
-            nxt = (int(perf.next_outgoing_id) - session.dropped_transfers) & UINT_MAX
-            changes["next_outgoing_id"] = nxt
-        if session.shaping is not None and self.shaping is not None:
-            self.shaping.client_flow(session, perf, changes, now)
-        if changes:
-            raw = frame(channel, dataclasses.replace(perf, **changes))
-        self.wire.send(ROUTER, raw)
-
     def on_client_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> None:
         """A client Detach (Part 2 §2.7.7): one that answers a denial is consumed (the router
         must never see a Detach for a handle it does not know), else the link is counted down
@@ -440,9 +406,7 @@ class Sessions:
         if perf.handle is None:
             raise DecodeError("detach without handle")
         handle = int(perf.handle)
-        reply = session.denied_handles.pop(handle, None)
-        if reply is not None:
-            session.reserved_handles.give_back(reply)
+        if _answers_denial(session.denied_handles, session.reserved_handles, handle):
             return
         link = session.links.get(handle)
         if link is None:
@@ -450,9 +414,7 @@ class Sessions:
         if link.client_detached:
             raise IllegalStateError(f"second detach of handle {handle}")
         link.client_detached = True
-        self._link_gone(session, link)
-        if link.router_detached:
-            self._drop_link(session, link)
+        self._detached(session, link)
         self.wire.send(ROUTER, raw)
 
     def on_client_end(self, perf: End, raw: bytes, channel: int, now: float) -> None:
@@ -462,19 +424,12 @@ class Sessions:
         Raises:
             NotAllowedError: a channel never begun. IllegalStateError: ended twice.
         """
-        reply = self.denied_sessions.pop(channel, None)
-        if reply is not None:
-            self.reserved_channels.give_back(reply)
+        if _answers_denial(self.denied_sessions, self.reserved_channels, channel):
             return
-        session = self.sessions.get(channel)
-        if session is None:
-            raise NotAllowedError(f"end on channel {channel} that was never begun")
-        if session.client_ended:
-            raise IllegalStateError(f"second end on channel {channel}")
+        session = self.session(channel, "end")
+        assert session is not None  # a denied session's End was answered above
         session.client_ended = True
-        self._session_gone(session)
-        if session.router_ended:
-            self._drop_session(session)
+        self._ended(session)
         self.wire.send(ROUTER, raw)
 
     def on_client_disposition(self, perf: Any, raw: bytes, channel: int, now: float) -> None:
@@ -491,11 +446,12 @@ class Sessions:
 
     # ------------------------------------------------------------------ counting
 
-    def _link_gone(self, session: SessionRecord, link: LinkRecord) -> None:
-        """Uncount a link from its session and the connection's figures once: when the first
-        side detaches (called after setting that side's flag), never again for the second,
-        and not at all once an End already uncounted the whole session."""
+    def _detached(self, session: SessionRecord, link: LinkRecord) -> None:
+        """One leg detached ``link`` (called after setting that leg's flag): the first uncounts
+        it from its session and the connection's figures (not at all once an End already
+        uncounted the whole session), the second forgets it (:meth:`_drop_link`)."""
         if link.client_detached and link.router_detached:
+            self._drop_link(session, link)
             return
         if session.client_ended or session.router_ended:
             return
@@ -516,10 +472,11 @@ class Sessions:
         if link.router_handle is not None and session.router_links.get(link.router_handle) is link:
             del session.router_links[link.router_handle]
 
-    def _session_gone(self, session: SessionRecord) -> None:
-        """Uncount a session and its links once, when the first side ends it (called after
-        setting that side's flag, as for :meth:`_link_gone`)."""
+    def _ended(self, session: SessionRecord) -> None:
+        """One leg ended ``session`` (called after setting that leg's flag): the first uncounts
+        it and its links, the second forgets it (:meth:`_drop_session`)."""
         if session.client_ended and session.router_ended:
+            self._drop_session(session)
             return
         figures = self.ctx.figures
         figures.active_sessions -= 1
@@ -575,36 +532,6 @@ class Sessions:
                     break
         return raw
 
-    def on_router_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> bytes:
-        """The router's Flow: next-incoming-id renumbered past the Transfer frames the router
-        never got, a client sender link's delivery-count past the deliveries it never got,
-        incoming-window lowered to ``maxSessionWindow``."""
-        session = self.router_sessions.get(channel)
-        changes: dict[str, Any] = {}
-        if session is not None and session.dropped_transfers and perf.next_incoming_id is not None:
-            changes["next_incoming_id"] = (
-                int(perf.next_incoming_id) + session.dropped_transfers
-            ) & UINT_MAX
-        if session is not None and session.numbering is not None and perf.handle is not None:
-            link = session.router_links.get(int(perf.handle))
-            if link is not None and link.withheld and link.is_sender and link.shaper is None:
-                changes.update(flow_to_client(perf, link.withheld, link.initial_count))
-        if session is not None and (self.window_frames is not None or session.tracks_router):
-            note_router_flow(session, flow_fields(perf))
-            if (self.window_frames is not None and perf.incoming_window is not None
-                    and perf.next_incoming_id is not None):
-                iw = int(perf.incoming_window)
-                nid = session.router_window_end - iw  # router numbering, unbounded
-                given = min(iw, self.window_frames)
-                session.client_window_end = nid + session.dropped_transfers + given
-                if iw > self.window_frames:
-                    changes["incoming_window"] = given
-        if session is not None and session.shaping is not None and self.shaping is not None:
-            self.shaping.router_flow(session, perf, changes, now)
-        if changes:
-            return frame(channel, dataclasses.replace(perf, **changes))
-        return raw
-
     def on_router_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> bytes:
         """The router's Detach: the link is counted down (once)."""
         session = self.router_sessions.get(channel)
@@ -612,9 +539,7 @@ class Sessions:
             link = session.router_links.get(int(perf.handle))
             if link is not None and not link.router_detached:
                 link.router_detached = True
-                self._link_gone(session, link)
-                if link.client_detached:
-                    self._drop_link(session, link)
+                self._detached(session, link)
         return raw
 
     def on_router_end(self, perf: End, raw: bytes, channel: int, now: float) -> bytes:
@@ -622,40 +547,35 @@ class Sessions:
         session = self.router_sessions.get(channel)
         if session is not None and not session.router_ended:
             session.router_ended = True
-            self._session_gone(session)
-            if session.client_ended:
-                self._drop_session(session)
+            self._ended(session)
         return raw
 
-    # ------------------------------------------------------------------ the session window
 
-    def reopen_window(self, session: SessionRecord) -> None:
-        """Give the client more of the ``maxSessionWindow`` once it used half of it.
+def _deny_on_reserved(denied: dict[int, int], reserved: ReservedPool, number: int,
+                      exhausted: str) -> int:
+    """Take the reserved number (a channel, a handle) the denial of the client's ``number`` goes
+    out on, and record the denial (decision 0003); :func:`_answers_denial` gives it back.
 
-        The proxy lowers the router's incoming-window to ``maxSessionWindow`` frames, but the
-        router, whose own window is larger, sees no reason to send a Flow, so without this the
-        client would stall after that many Transfer frames. A session Flow (Part 2 §2.5.6)
-        carries the router's next-incoming-id in the client's numbering and a new window of up
-        to ``maxSessionWindow`` frames, never past the window the router itself gave.
-        """
-        window = self.window_frames
-        if window is None or session.router_channel is None or session.router_ended:
-            return
-        next_in = session.client_next_out + session.transfers_in
-        if (session.client_window_end - next_in) * 2 >= window:
-            return  # more than half of the window left
-        router_left = session.router_window_end - (next_in - session.dropped_transfers)
-        given = max(0, min(window, router_left))
-        if next_in + given <= session.client_window_end:
-            return
-        session.client_window_end = next_in + given
-        flow = Flow(
-            next_incoming_id=next_in & UINT_MAX,
-            incoming_window=given,
-            next_outgoing_id=(session.router_next_out + session.transfers_out) & UINT_MAX,
-            outgoing_window=session.router_out_window,
-        )
-        self.wire.send(CLIENT, frame(session.router_channel, flow))
+    Raises:
+        ResourceLimitError: ``exhausted``: every reserved number is in use (the connection
+            closes).
+    """
+    reply = reserved.take()
+    if reply is None:
+        raise ResourceLimitError(exhausted)
+    denied[number] = reply
+    return reply
+
+
+def _answers_denial(denied: dict[int, int], reserved: ReservedPool, number: int) -> bool:
+    """Whether a client Detach or End of ``number`` (a handle, a channel) answers the proxy's
+    denial of it: then it is consumed, and the reserved number the denial went out on is free
+    again (decision 0003)."""
+    reply = denied.pop(number, None)
+    if reply is None:
+        return False
+    reserved.give_back(reply)
+    return True
 
 
 #: The session and link performatives, by type: the :class:`Sessions` handler of the client's
