@@ -34,12 +34,11 @@ from typing import Any, Protocol
 from ..amqp import constants as C
 from ..amqp.constants import Condition
 from ..amqp.errors import AmqpError
-from ..ingress.peer import ClientAddress
 from ..policy.reasons import ConnectionDenyReason
 from .admission import Admission, AdmissionLedger, AdmissionRates
 from .client_side import ClientSide
 from .commands import CLIENT, ROUTER, Command, Side
-from .context import LINGER_SECONDS, Context
+from .context import HANDSHAKE_SECONDS, LINGER_SECONDS, Context
 from .deliveries import Deliveries
 from .events import ConnectionClosed, ConnectionDenied, ProtocolViolation
 from .router_side import RouterSide
@@ -72,8 +71,6 @@ __all__ = ["HANDSHAKE_SECONDS", "LINGER_SECONDS", "ProxyConnection"]
 
 #: Seconds a client of an unreachable upstream has to read its answer before it is closed.
 UNAVAILABLE_LINGER_SECONDS = 10.0
-#: Default seconds from accept to the Open decision.
-HANDSHAKE_SECONDS = 10.0
 UPSTREAM_UNAVAILABLE = "no upstream available"
 UPSTREAM_LOST = "upstream connection lost"
 
@@ -100,46 +97,28 @@ class ProxyConnection(Context):
         self,
         conn_id: str,
         *,
-        remote_host: str | ClientAddress,
-        listener: str,
-        policy: Any,
         ledger: AdmissionLedger,
-        now: float,
-        handshake_timeout: float = HANDSHAKE_SECONDS,
-        container_id: str = "amqp-policy-proxy",
-        tls_subject: str | None = None,
-        wall_offset: float = 0.0,
-        balancer_host: str | None = None,
         paused_vhosts: Container[str] = frozenset(),
         rates: RateLimits | None = None,
+        **facts: Any,
     ) -> None:
         """Create the state machine for a freshly accepted client transport.
 
         Args:
             conn_id: unique id for logs and events.
-            remote_host: the client's address, parsed once by the shell, or its normalised
-                IP text.
-            listener: the listener's ``HOST:PORT``.
-            policy: the :class:`~amqp_policy_proxy.policy.model.Policy` snapshot current at
-                accept time; the connection keeps it for its whole life.
             ledger: the vhost/user/host connection counts (the global count at accept is the
                 shell's).
-            now: loop-clock seconds at accept.
-            handshake_timeout: seconds from accept to the Open decision.
-            container_id: container-id of the Opens the proxy synthesizes.
-            tls_subject: RFC 4514 subject of the client certificate the proxy verified, else
-                None (SASL EXTERNAL's identity; DDS permission grants match it).
-            wall_offset: POSIX seconds minus loop-clock seconds (DDS validity dates).
-            balancer_host: the load balancer's address when ``remote_host`` came from its
-                PROXY protocol header (carried by every event), else None.
             paused_vhosts: vhost names an operator paused: an Open to one of them is denied
                 (``vhost_paused``). Read at the Open decision, so the daemon passes its live
                 set.
             rates: the connection-rate and shaping buckets shared by the daemon's
                 connections; None: no rate limit (connection, message or byte) applies.
+            facts: the connection's facts, the keyword arguments of
+                :class:`~.context.Context` (``remote_host``, ``listener``, ``policy``, ``now``
+                and the optional ``handshake_timeout``, ``container_id``, ``tls_subject``,
+                ``wall_offset``, ``balancer_host``).
         """
-        Context.__init__(self, conn_id, remote_host, listener, policy, now, handshake_timeout,
-                         container_id, tls_subject, wall_offset, balancer_host)
+        Context.__init__(self, conn_id, **facts)
         self.rules = MessageRules(self)
         self.sessions = Sessions(self, self.rules)
         self.deliveries = Deliveries(self, self.sessions, self.rules)

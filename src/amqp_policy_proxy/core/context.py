@@ -25,6 +25,8 @@ PRE_OPEN_FRAME_LIMIT = 64 * 1024
 ROUTER_FRAME_LIMIT = 64 * 1024 * 1024
 #: Seconds to wait for the other side's Close after a denial or shutdown Close.
 LINGER_SECONDS = 2.0
+#: Default seconds from accept to the Open decision.
+HANDSHAKE_SECONDS = 10.0
 
 
 class Context:
@@ -64,17 +66,35 @@ class Context:
     def __init__(
         self,
         conn_id: str,
+        *,
         remote_host: str | ClientAddress,
         listener: str,
         policy: Any,
         now: float,
-        handshake_timeout: float,
-        container_id: str,
-        tls_subject: str | None,
-        wall_offset: float,
+        handshake_timeout: float = HANDSHAKE_SECONDS,
+        container_id: str = "amqp-policy-proxy",
+        tls_subject: str | None = None,
+        wall_offset: float = 0.0,
         balancer_host: str | None = None,
     ) -> None:
-        """A freshly accepted client transport (see ``ProxyConnection`` for the arguments)."""
+        """The facts of a freshly accepted client transport.
+
+        Args:
+            conn_id: unique id for logs and events.
+            remote_host: the client's address, parsed once by the shell, or its normalised
+                IP text.
+            listener: the listener's ``HOST:PORT``.
+            policy: the :class:`~amqp_policy_proxy.policy.model.Policy` snapshot current at
+                accept time; the connection keeps it for its whole life.
+            now: loop-clock seconds at accept.
+            handshake_timeout: seconds from accept to the Open decision.
+            container_id: container-id of the Opens the proxy synthesizes.
+            tls_subject: RFC 4514 subject of the client certificate the proxy verified, else
+                None (SASL EXTERNAL's identity; DDS permission grants match it).
+            wall_offset: POSIX seconds minus loop-clock seconds (DDS validity dates).
+            balancer_host: the load balancer's address when ``remote_host`` came from its
+                PROXY protocol header (carried by every event), else None.
+        """
         self.conn_id = conn_id
         self.remote_host = remote_host if type(remote_host) is str else remote_host.text
         """The client's normalised IP text (logs, events, per-host counts)."""
