@@ -31,6 +31,7 @@ RECEIVED (the leg sent one) -> BOTH.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 
 class IllegalTransition(RuntimeError):
@@ -199,6 +200,18 @@ ROUTER_CONNECTED = frozenset({R_AWAIT_HEADER, R_SASL, R_AWAIT_AMQP_HEADER, R_AMQ
                               R_STOPPED})
 
 
+def _allowed(table: dict[Any, frozenset[Any]], leg: str, old: Any, new: Any) -> Any:
+    """``new``, when ``table`` (a leg's transitions) allows the move from ``old`` (staying is
+    always allowed).
+
+    Raises:
+        IllegalTransition: ``table`` has no such move (a proxy bug).
+    """
+    if new is not old and new not in table[old]:
+        raise IllegalTransition(f"{leg} {old.name} -> {new.name}")
+    return new
+
+
 class Sides:
     """The current state of both legs and of both Close exchanges, changed only through the
     setters, which enforce the tables."""
@@ -213,24 +226,12 @@ class Sides:
         self.router_close = CLOSE_NONE
 
     def to_client(self, new: ClientState) -> None:
-        """Move the client leg to ``new``.
-
-        Raises:
-            IllegalTransition: ``CLIENT_TRANSITIONS`` has no such move.
-        """
-        if new is not self.client and new not in CLIENT_TRANSITIONS[self.client]:
-            raise IllegalTransition(f"client {self.client.name} -> {new.name}")
-        self.client = new
+        """Move the client leg to ``new`` (:func:`_allowed` by ``CLIENT_TRANSITIONS``)."""
+        self.client = _allowed(CLIENT_TRANSITIONS, "client", self.client, new)
 
     def to_router(self, new: RouterState) -> None:
-        """Move the router leg to ``new``.
-
-        Raises:
-            IllegalTransition: ``ROUTER_TRANSITIONS`` has no such move.
-        """
-        if new is not self.router and new not in ROUTER_TRANSITIONS[self.router]:
-            raise IllegalTransition(f"router {self.router.name} -> {new.name}")
-        self.router = new
+        """Move the router leg to ``new`` (:func:`_allowed` by ``ROUTER_TRANSITIONS``)."""
+        self.router = _allowed(ROUTER_TRANSITIONS, "router", self.router, new)
 
     def stop_client(self) -> None:
         """Read nothing more from the client (unless its transport is already gone)."""

@@ -6,11 +6,17 @@ metrics, logs, the admin interface) and feeds the connection through its public 
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Protocol
 
 from .context import Context
 from .records import Figures
 from .state import ClientState, RouterState
+
+
+def _fact(name: str, doc: str) -> property:
+    """A read-only property of the view: the connection's attribute ``name`` as it is now."""
+    return property(attrgetter(f"_conn.{name}"), doc=doc)
 
 
 class _Leg(Protocol):
@@ -31,10 +37,7 @@ class ConnectionView:
         self._client = client
         self._router = router
 
-    @property
-    def conn_id(self) -> str:
-        """The connection's id."""
-        return self._conn.conn_id
+    conn_id = _fact("conn_id", "The connection's id.")
 
     @property
     def client_state(self) -> ClientState:
@@ -57,15 +60,9 @@ class ConnectionView:
         """The Open was approved (frames are relayed)."""
         return self._conn.opened_at is not None
 
-    @property
-    def opened_at(self) -> float | None:
-        """Loop-clock seconds of the approval, or None."""
-        return self._conn.opened_at
+    opened_at = _fact("opened_at", "Loop-clock seconds of the approval, or None.")
 
-    @property
-    def user(self) -> str | None:
-        """The authenticated user (None before the Open decision)."""
-        return self._conn.user
+    user = _fact("user", "The authenticated user (None before the Open decision).")
 
     @property
     def vhost(self) -> str | None:
@@ -78,25 +75,16 @@ class ConnectionView:
         group = self._conn.group
         return None if group is None else group.name
 
-    @property
-    def remote_host(self) -> str:
-        """The client's address."""
-        return self._conn.remote_host
+    remote_host = _fact("remote_host", "The client's address.")
 
-    @property
-    def listener(self) -> str:
-        """The listener the client connected to (``HOST:PORT``)."""
-        return self._conn.listener
+    listener = _fact("listener", "The listener the client connected to (``HOST:PORT``).")
 
-    @property
-    def tls_subject(self) -> str | None:
-        """RFC 4514 subject of the client certificate the proxy verified, else None."""
-        return self._conn.tls_subject
+    tls_subject = _fact(
+        "tls_subject",
+        "RFC 4514 subject of the client certificate the proxy verified, else None.",
+    )
 
-    @property
-    def accepted_at(self) -> float:
-        """Loop-clock seconds of the TCP accept."""
-        return self._conn.accepted_at
+    accepted_at = _fact("accepted_at", "Loop-clock seconds of the TCP accept.")
 
     @property
     def enforcement(self) -> str | None:
@@ -128,12 +116,6 @@ class ConnectionView:
         """Bytes queued for the router while its connection is being made."""
         return self._conn.wire.router_backlog
 
-    @property
-    def close_reason(self) -> str | None:
-        """Why the connection ended (or is ending), once known."""
-        return self._conn.close_reason
+    close_reason = _fact("close_reason", "Why the connection ended (or is ending), once known.")
 
-    @property
-    def finished(self) -> bool:
-        """The connection is over and its counts are released."""
-        return self._conn.finished
+    finished = _fact("finished", "The connection is over and its counts are released.")
