@@ -13,10 +13,12 @@ read by :mod:`.transfer` instead.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import codec
+from .codec import symbol, ubyte, uint, ulong, ushort
 from .constants import Descriptor
 from .errors import DecodeError
 
@@ -70,8 +72,12 @@ class Composite:
     """Base of described-list types: ``from_fields``/``to_fields``/``encode``."""
 
     DESCRIPTOR: ClassVar[int] = -1
-    #: AMQP wire type per field, used to wrap plain Python values when encoding.
+    #: AMQP wire type per typed field (from its annotation, see ``_composite``), used to
+    #: range-check decoded values and to wrap plain Python values when encoding.
     TYPES: ClassVar[dict[str, str]] = {}
+
+    if TYPE_CHECKING:  # the subclasses' __init__ is made by _composite, out of sight
+        def __init__(self, **fields: Any) -> None: ...
 
     @classmethod
     def from_fields(cls, values: list[Any]) -> Composite:
@@ -123,332 +129,287 @@ _WRAP_ANY = "any"
 _WRAPPERS[_WRAP_ANY] = lambda v: v  # composites are wrapped by _wrap itself
 
 
+def _composite(descriptor: int | None) -> Callable[[type[Composite]], type[Composite]]:
+    """Class decorator: make ``cls`` a composite type whose fields are its annotations.
+
+    Each field is declared once, in wire order, annotated with its AMQP type or with ``Any``.
+    A field typed ``uint``, ``ushort``, ``ubyte``, ``ulong`` or ``symbol`` goes into ``TYPES``
+    (with the typed fields of the bases): its value is wrapped in that type on encoding and,
+    for the integers, range-checked on decoding. Every field defaults to None (absent or
+    null). The class becomes a frozen, slotted, keyword-only dataclass; with a ``descriptor``
+    it is that type's class, found by decoding (None: a base that only declares fields its
+    subclasses share). The annotations are read as written (strings: this module has
+    ``from __future__ import annotations``).
+
+    Raises:
+        TypeError: a field annotated with anything else.
+    """
+
+    def declare(cls: type[Composite]) -> type[Composite]:
+        types = dict(cls.TYPES)
+        for name, kind in cls.__dict__.get("__annotations__", {}).items():
+            if kind != "Any":
+                if kind not in _WRAPPERS or kind == _WRAP_ANY:
+                    raise TypeError(f"{cls.__name__}.{name}: {kind} is not an AMQP type")
+                types[name] = kind
+            setattr(cls, name, None)
+        cls.TYPES = types
+        if descriptor is not None:
+            cls.DESCRIPTOR = descriptor
+        made = dataclass(frozen=True, slots=True, kw_only=True)(cls)
+        if descriptor is not None:
+            _REGISTRY[descriptor] = made
+        return made
+
+    return declare
+
+
 # --- composite types ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.ERROR)
 class Error(Composite):
     """error (Part 2 §2.8.14): condition symbol, description, info map."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.ERROR
-    TYPES: ClassVar[dict[str, str]] = {"condition": "symbol"}
-    condition: Any = None
-    description: Any = None
-    info: Any = None
+    condition: symbol
+    description: Any
+    info: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.SOURCE)
 class Source(Composite):
     """source (Part 3 §3.5.3)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.SOURCE
-    TYPES: ClassVar[dict[str, str]] = {
-        "durable": "uint",
-        "expiry_policy": "symbol",
-        "timeout": "uint",
-        "distribution_mode": "symbol",
-    }
-    address: Any = None
-    durable: Any = None
-    expiry_policy: Any = None
-    timeout: Any = None
-    dynamic: Any = None
-    dynamic_node_properties: Any = None
-    distribution_mode: Any = None
-    filter: Any = None
-    default_outcome: Any = None
-    outcomes: Any = None
-    capabilities: Any = None
+    address: Any
+    durable: uint
+    expiry_policy: symbol
+    timeout: uint
+    dynamic: Any
+    dynamic_node_properties: Any
+    distribution_mode: symbol
+    filter: Any
+    default_outcome: Any
+    outcomes: Any
+    capabilities: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.TARGET)
 class Target(Composite):
     """target (Part 3 §3.5.4)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.TARGET
-    TYPES: ClassVar[dict[str, str]] = {"durable": "uint", "expiry_policy": "symbol", "timeout": "uint"}
-    address: Any = None
-    durable: Any = None
-    expiry_policy: Any = None
-    timeout: Any = None
-    dynamic: Any = None
-    dynamic_node_properties: Any = None
-    capabilities: Any = None
+    address: Any
+    durable: uint
+    expiry_policy: symbol
+    timeout: uint
+    dynamic: Any
+    dynamic_node_properties: Any
+    capabilities: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.RECEIVED)
 class Received(Composite):
     """received delivery state (Part 3 §3.4.1)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.RECEIVED
-    TYPES: ClassVar[dict[str, str]] = {"section_number": "uint", "section_offset": "ulong"}
-    section_number: Any = None
-    section_offset: Any = None
+    section_number: uint
+    section_offset: ulong
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.ACCEPTED)
 class Accepted(Composite):
     """accepted outcome (Part 3 §3.4.2)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.ACCEPTED
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.REJECTED)
 class Rejected(Composite):
     """rejected outcome (Part 3 §3.4.3) carrying an ``Error``."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.REJECTED
-    error: Any = None
+    error: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.RELEASED)
 class Released(Composite):
     """released outcome (Part 3 §3.4.4)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.RELEASED
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.MODIFIED)
 class Modified(Composite):
     """modified outcome (Part 3 §3.4.5)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.MODIFIED
-    delivery_failed: Any = None
-    undeliverable_here: Any = None
-    message_annotations: Any = None
+    delivery_failed: Any
+    undeliverable_here: Any
+    message_annotations: Any
 
 
 # --- performatives (Part 2 §2.7) -----------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.OPEN)
 class Open(Composite):
     """open (§2.7.1). ``max_frame_size`` in bytes, ``idle_time_out`` in milliseconds."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.OPEN
-    TYPES: ClassVar[dict[str, str]] = {
-        "max_frame_size": "uint",
-        "channel_max": "ushort",
-        "idle_time_out": "uint",
-    }
-    container_id: Any = None
-    hostname: Any = None
-    max_frame_size: Any = None
-    channel_max: Any = None
-    idle_time_out: Any = None
-    outgoing_locales: Any = None
-    incoming_locales: Any = None
-    offered_capabilities: Any = None
-    desired_capabilities: Any = None
-    properties: Any = None
+    container_id: Any
+    hostname: Any
+    max_frame_size: uint
+    channel_max: ushort
+    idle_time_out: uint
+    outgoing_locales: Any
+    incoming_locales: Any
+    offered_capabilities: Any
+    desired_capabilities: Any
+    properties: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.BEGIN)
 class Begin(Composite):
     """begin (§2.7.2). Windows are counted in transfer frames."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.BEGIN
-    TYPES: ClassVar[dict[str, str]] = {
-        "remote_channel": "ushort",
-        "next_outgoing_id": "uint",
-        "incoming_window": "uint",
-        "outgoing_window": "uint",
-        "handle_max": "uint",
-    }
-    remote_channel: Any = None
-    next_outgoing_id: Any = None
-    incoming_window: Any = None
-    outgoing_window: Any = None
-    handle_max: Any = None
-    offered_capabilities: Any = None
-    desired_capabilities: Any = None
-    properties: Any = None
+    remote_channel: ushort
+    next_outgoing_id: uint
+    incoming_window: uint
+    outgoing_window: uint
+    handle_max: uint
+    offered_capabilities: Any
+    desired_capabilities: Any
+    properties: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.ATTACH)
 class Attach(Composite):
     """attach (§2.7.3). ``role`` False = sender, True = receiver (of the frame's sender)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.ATTACH
-    TYPES: ClassVar[dict[str, str]] = {
-        "handle": "uint",
-        "snd_settle_mode": "ubyte",
-        "rcv_settle_mode": "ubyte",
-        "initial_delivery_count": "uint",
-        "max_message_size": "ulong",
-    }
-    name: Any = None
-    handle: Any = None
-    role: Any = None
-    snd_settle_mode: Any = None
-    rcv_settle_mode: Any = None
-    source: Any = None
-    target: Any = None
-    unsettled: Any = None
-    incomplete_unsettled: Any = None
-    initial_delivery_count: Any = None
-    max_message_size: Any = None
-    offered_capabilities: Any = None
-    desired_capabilities: Any = None
-    properties: Any = None
+    name: Any
+    handle: uint
+    role: Any
+    snd_settle_mode: ubyte
+    rcv_settle_mode: ubyte
+    source: Any
+    target: Any
+    unsettled: Any
+    incomplete_unsettled: Any
+    initial_delivery_count: uint
+    max_message_size: ulong
+    offered_capabilities: Any
+    desired_capabilities: Any
+    properties: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.FLOW)
 class Flow(Composite):
     """flow (§2.7.4)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.FLOW
-    TYPES: ClassVar[dict[str, str]] = {
-        "next_incoming_id": "uint",
-        "incoming_window": "uint",
-        "next_outgoing_id": "uint",
-        "outgoing_window": "uint",
-        "handle": "uint",
-        "delivery_count": "uint",
-        "link_credit": "uint",
-        "available": "uint",
-    }
-    next_incoming_id: Any = None
-    incoming_window: Any = None
-    next_outgoing_id: Any = None
-    outgoing_window: Any = None
-    handle: Any = None
-    delivery_count: Any = None
-    link_credit: Any = None
-    available: Any = None
-    drain: Any = None
-    echo: Any = None
-    properties: Any = None
+    next_incoming_id: uint
+    incoming_window: uint
+    next_outgoing_id: uint
+    outgoing_window: uint
+    handle: uint
+    delivery_count: uint
+    link_credit: uint
+    available: uint
+    drain: Any
+    echo: Any
+    properties: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.TRANSFER)
 class Transfer(Composite):
     """transfer (§2.7.5). On the hot path use :func:`.transfer.read_transfer` instead."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.TRANSFER
-    TYPES: ClassVar[dict[str, str]] = {
-        "handle": "uint",
-        "delivery_id": "uint",
-        "message_format": "uint",
-        "rcv_settle_mode": "ubyte",
-    }
-    handle: Any = None
-    delivery_id: Any = None
-    delivery_tag: Any = None
-    message_format: Any = None
-    settled: Any = None
-    more: Any = None
-    rcv_settle_mode: Any = None
-    state: Any = None
-    resume: Any = None
-    aborted: Any = None
-    batchable: Any = None
+    handle: uint
+    delivery_id: uint
+    delivery_tag: Any
+    message_format: uint
+    settled: Any
+    more: Any
+    rcv_settle_mode: ubyte
+    state: Any
+    resume: Any
+    aborted: Any
+    batchable: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.DISPOSITION)
 class Disposition(Composite):
     """disposition (§2.7.6)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.DISPOSITION
-    TYPES: ClassVar[dict[str, str]] = {"first": "uint", "last": "uint"}
-    role: Any = None
-    first: Any = None
-    last: Any = None
-    settled: Any = None
-    state: Any = None
-    batchable: Any = None
+    role: Any
+    first: uint
+    last: uint
+    settled: Any
+    state: Any
+    batchable: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.DETACH)
 class Detach(Composite):
     """detach (§2.7.7)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.DETACH
-    TYPES: ClassVar[dict[str, str]] = {"handle": "uint"}
-    handle: Any = None
-    closed: Any = None
-    error: Any = None
+    handle: uint
+    closed: Any
+    error: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.END)
 class End(Composite):
     """end (§2.7.8)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.END
-    error: Any = None
+    error: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.CLOSE)
 class Close(Composite):
     """close (§2.7.9)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.CLOSE
-    error: Any = None
+    error: Any
 
 
 # --- SASL frames (Part 5 §5.3.3) -------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.SASL_MECHANISMS)
 class SaslMechanisms(Composite):
     """sasl-mechanisms (§5.3.3.1)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.SASL_MECHANISMS
-    sasl_server_mechanisms: Any = None
+    sasl_server_mechanisms: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.SASL_INIT)
 class SaslInit(Composite):
     """sasl-init (§5.3.3.2). ``initial_response`` may hold credentials: never log it."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.SASL_INIT
-    TYPES: ClassVar[dict[str, str]] = {"mechanism": "symbol"}
-    mechanism: Any = None
-    initial_response: Any = None
-    hostname: Any = None
+    mechanism: symbol
+    initial_response: Any
+    hostname: Any
 
     def __repr__(self) -> str:
         """Redacted representation: the initial response is never shown."""
         return f"SaslInit(mechanism={self.mechanism!r}, hostname={self.hostname!r})"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.SASL_CHALLENGE)
 class SaslChallenge(Composite):
     """sasl-challenge (§5.3.3.3)."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.SASL_CHALLENGE
-    challenge: Any = None
+    challenge: Any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.SASL_RESPONSE)
 class SaslResponse(Composite):
     """sasl-response (§5.3.3.4). May hold credentials: never log it."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.SASL_RESPONSE
-    response: Any = None
+    response: Any
 
     def __repr__(self) -> str:
         """Redacted representation."""
         return "SaslResponse(<redacted>)"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_composite(Descriptor.SASL_OUTCOME)
 class SaslOutcome(Composite):
     """sasl-outcome (§5.3.3.6). ``code`` 0 = ok."""
 
-    DESCRIPTOR: ClassVar[int] = Descriptor.SASL_OUTCOME
-    TYPES: ClassVar[dict[str, str]] = {"code": "ubyte"}
-    code: Any = None
-    additional_data: Any = None
+    code: ubyte
+    additional_data: Any
 
-
-for _cls in (
-    Error, Source, Target, Received, Accepted, Rejected, Released, Modified, Open, Begin,
-    Attach, Flow, Transfer, Disposition, Detach, End, Close, SaslMechanisms, SaslInit,
-    SaslChallenge, SaslResponse, SaslOutcome,
-):
-    _REGISTRY[_cls.DESCRIPTOR] = _cls
-del _cls
 
 #: The encodings of an error-less Close (list0, list8, list32 with no fields), recognised from
 #: their bytes; proton's decoder gives exactly :data:`EMPTY_CLOSE` for each.

@@ -47,3 +47,29 @@ def test_a_deeply_nested_router_frame_is_a_decode_error_not_a_recursion_error():
         value = b"\xd0" + (len(value) + 4).to_bytes(4, "big") + (1).to_bytes(4, "big") + value
     with pytest.raises(DecodeError, match="nested too deeply"):
         decode_value(value)
+
+
+def test_each_field_is_declared_with_the_amqp_type_the_canonical_check_gives_it():
+    # A composite names each field once, annotated with its AMQP type, and TYPES is derived
+    # from the annotations; canonical.py lists the wire kinds of the same fields: they agree.
+    import dataclasses
+
+    from amqp_policy_proxy.amqp.canonical import COMPOSITE_FIELDS, PERFORMATIVE_FIELDS
+    from amqp_policy_proxy.amqp.performatives import _REGISTRY
+
+    wrapped = {"uint", "ushort", "ubyte", "ulong", "symbol"}
+    for code, kinds in {**PERFORMATIVE_FIELDS, **COMPOSITE_FIELDS}.items():
+        cls = _REGISTRY[code]
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert len(names) == len(kinds), cls.__name__
+        assert cls.TYPES == {n: k for n, k in zip(names, kinds, strict=True) if k in wrapped}
+        assert cls.DESCRIPTOR == code
+
+
+def test_a_field_annotated_with_no_amqp_type_is_refused():
+    from amqp_policy_proxy.amqp.performatives import Composite, _composite
+
+    with pytest.raises(TypeError, match="Bad.x: int is not an AMQP type"):
+        @_composite(None)
+        class Bad(Composite):
+            x: "int"
