@@ -176,9 +176,10 @@ class Error(Composite):
     info: Any
 
 
-@_composite(Descriptor.SOURCE)
-class Source(Composite):
-    """source (Part 3 §3.5.3)."""
+@_composite(None)
+class _Terminus(Composite):
+    """The fields a source and a target begin with, in the same order (Part 3 §3.5.3,
+    §3.5.4): address, durability and expiry of the terminus, dynamic creation."""
 
     address: Any
     durable: uint
@@ -186,6 +187,12 @@ class Source(Composite):
     timeout: uint
     dynamic: Any
     dynamic_node_properties: Any
+
+
+@_composite(Descriptor.SOURCE)
+class Source(_Terminus):
+    """source (Part 3 §3.5.3)."""
+
     distribution_mode: symbol
     filter: Any
     default_outcome: Any
@@ -194,15 +201,9 @@ class Source(Composite):
 
 
 @_composite(Descriptor.TARGET)
-class Target(Composite):
+class Target(_Terminus):
     """target (Part 3 §3.5.4)."""
 
-    address: Any
-    durable: uint
-    expiry_policy: symbol
-    timeout: uint
-    dynamic: Any
-    dynamic_node_properties: Any
     capabilities: Any
 
 
