@@ -14,9 +14,18 @@ from .constants import Condition
 
 
 class AmqpError(Exception):
-    """A protocol violation; ``condition`` is the symbol to close the connection with."""
+    """A protocol violation; ``condition`` is the symbol to close the connection with.
+
+    A subclass names its condition in its bases: ``class X(AmqpError, condition=...)``.
+    """
 
     condition: ClassVar[Condition] = Condition.INTERNAL_ERROR
+
+    def __init_subclass__(cls, *, condition: Condition | None = None, **kwargs: object) -> None:
+        """Give the subclass ``condition`` (without one it keeps its base's)."""
+        super().__init_subclass__(**kwargs)
+        if condition is not None:
+            cls.condition = condition
 
     def __init__(self, description: str) -> None:
         """Create the error.
@@ -28,56 +37,38 @@ class AmqpError(Exception):
         self.description = description
 
 
-class FramingError(AmqpError):
+class FramingError(AmqpError, condition=Condition.CONNECTION_FRAMING_ERROR):
     """Bad frame header, size, doff, protocol header or frame type (Part 2 §2.3)."""
 
-    condition = Condition.CONNECTION_FRAMING_ERROR
 
-
-class DecodeError(AmqpError):
+class DecodeError(AmqpError, condition=Condition.DECODE_ERROR):
     """A frame body that does not decode as the AMQP type system says (Part 1)."""
 
-    condition = Condition.DECODE_ERROR
 
-
-class IllegalStateError(AmqpError):
+class IllegalStateError(AmqpError, condition=Condition.ILLEGAL_STATE):
     """A performative that is not allowed in the current state (e.g. a second Open)."""
 
-    condition = Condition.ILLEGAL_STATE
 
-
-class NotAllowedError(AmqpError):
+class NotAllowedError(AmqpError, condition=Condition.NOT_ALLOWED):
     """A frame the peer is not allowed to send (e.g. on a channel it never began)."""
 
-    condition = Condition.NOT_ALLOWED
 
-
-class InvalidFieldError(AmqpError):
+class InvalidFieldError(AmqpError, condition=Condition.INVALID_FIELD):
     """A mandatory field missing or a field with an invalid value."""
 
-    condition = Condition.INVALID_FIELD
 
-
-class HandleInUseError(AmqpError):
+class HandleInUseError(AmqpError, condition=Condition.SESSION_HANDLE_IN_USE):
     """An Attach on a handle that is already attached (Part 2 §2.7.3)."""
 
-    condition = Condition.SESSION_HANDLE_IN_USE
 
-
-class UnattachedHandleError(AmqpError):
+class UnattachedHandleError(AmqpError, condition=Condition.SESSION_UNATTACHED_HANDLE):
     """A frame referring to a handle that is not attached."""
 
-    condition = Condition.SESSION_UNATTACHED_HANDLE
 
-
-class ResourceLimitError(AmqpError):
+class ResourceLimitError(AmqpError, condition=Condition.RESOURCE_LIMIT_EXCEEDED):
     """A resource the proxy cannot provide (e.g. no reserved channel left for a reply)."""
 
-    condition = Condition.RESOURCE_LIMIT_EXCEEDED
 
-
-class TransferLimitError(AmqpError):
+class TransferLimitError(AmqpError, condition=Condition.LINK_TRANSFER_LIMIT_EXCEEDED):
     """A sender that sent (or counted) more deliveries than the link-credit it was given
     (Part 2 §2.6.7: "a sender MUST NOT send more messages" once link-credit is zero)."""
-
-    condition = Condition.LINK_TRANSFER_LIMIT_EXCEEDED
