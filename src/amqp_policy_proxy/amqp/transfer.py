@@ -20,6 +20,10 @@ _U32 = Struct(">I")
 _U16 = Struct(">H")
 _U32X2 = Struct(">II")
 _UINT_CODES = (0x40, 0x43, 0x52, 0x70)
+#: Bytes a fixed-width value takes with its constructor, by the constructor's high nibble
+#: (Part 1 §1.6: 0x4 no data, 0x5 one byte, 0x6 two, 0x7 four, 0x8 eight, 0x9 sixteen); 0 for
+#: the variable-width nibbles and the invalid ones.
+_FIXED_SIZE = (0, 0, 0, 0, 1, 2, 3, 5, 9, 17, 0, 0, 0, 0, 0, 0)
 
 
 def skip_value(buf: bytes | bytearray | memoryview, pos: int, end: int) -> int:
@@ -46,18 +50,9 @@ def skip_value(buf: bytes | bytearray | memoryview, pos: int, end: int) -> int:
             pending += 1
             continue
         width = code >> 4
-        if width == 0x4:
-            nxt = pos + 1
-        elif width == 0x5:
-            nxt = pos + 2
-        elif width == 0x6:
-            nxt = pos + 3
-        elif width == 0x7:
-            nxt = pos + 5
-        elif width == 0x8:
-            nxt = pos + 9
-        elif width == 0x9:
-            nxt = pos + 17
+        size = _FIXED_SIZE[width]
+        if size:
+            nxt = pos + size
         elif width in (0xA, 0xC, 0xE):
             if pos + 2 > end:
                 raise DecodeError("truncated value")
