@@ -19,7 +19,10 @@ from .errors import DecodeError
 _U32 = Struct(">I")
 _U16 = Struct(">H")
 _U32X2 = Struct(">II")
-_UINT_CODES = (0x40, 0x43, 0x52, 0x70)
+#: Bytes a uint (null, uint0, smalluint, uint) takes with its constructor (Part 1 §1.6).
+_UINT_SIZE = {0x40: 1, 0x43: 1, 0x52: 2, 0x70: 5}
+#: The value of a one-byte boolean (true, false) or null (false), by constructor.
+_FLAG = {0x41: True, 0x42: False, 0x40: False}
 #: Bytes a fixed-width value takes with its constructor, by the constructor's high nibble
 #: (Part 1 §1.6: 0x4 no data, 0x5 one byte, 0x6 two, 0x7 four, 0x8 eight, 0x9 sixteen); 0 for
 #: the variable-width nibbles and the invalid ones.
@@ -201,7 +204,7 @@ def read_transfer(buf: bytes | bytearray | memoryview, pos: int, end: int) -> Tr
             delivery_tag = bytes(buf[p + 5 : nxt])
         p = nxt
     if count > 3:
-        if p < lend and buf[p] not in _UINT_CODES:
+        if p < lend and buf[p] not in _UINT_SIZE:
             raise DecodeError("transfer message-format is not a uint")
         p = skip_value(buf, p, lend)  # message-format
     if count > 4:
@@ -307,35 +310,19 @@ def read_transfer_fields(
                 else:
                     return _fields_slow(buf, pos, end)
                 if count > 3:
-                    code = buf[p]  # message-format
-                    if code == 0x43 or code == 0x40:
-                        p += 1
-                    elif code == 0x70:
-                        p += 5
-                    elif code == 0x52:
-                        p += 2
-                    else:
-                        return _fields_slow(buf, pos, end)
+                    p += _UINT_SIZE[buf[p]]  # message-format (KeyError: not a uint)
                     if count > 4:
-                        code = buf[p]
-                        if code == 0x41:
-                            settled = True
-                        elif code != 0x42 and code != 0x40:
-                            return _fields_slow(buf, pos, end)
+                        settled = _FLAG[buf[p]]  # (KeyError: not a one-byte boolean)
                         p += 1
                         if count > 5:
-                            code = buf[p]
-                            if code == 0x41:
-                                more = True
-                            elif code != 0x42 and code != 0x40:
-                                return _fields_slow(buf, pos, end)
+                            more = _FLAG[buf[p]]
                             p += 1
                             if count > 6:
                                 return _fields_slow(buf, pos, end)
         if p != lend:  # fields and list size disagree: let the reference reader say why
             return _fields_slow(buf, pos, end)
         return handle, delivery_id, settled, more, aborted, lend, tag
-    except (IndexError, struct_error):
+    except (IndexError, KeyError, struct_error):
         return _fields_slow(buf, pos, end)
 
 
