@@ -17,7 +17,7 @@ from struct import Struct
 from typing import NamedTuple
 
 from .errors import DecodeError
-from .transfer import list_bounds, skip_value
+from .transfer import list_bounds, read_uint, skip_value
 
 _SASL_MECHANISMS = 0x40
 _SASL_INIT = 0x41
@@ -140,22 +140,6 @@ def _symbol(buf: bytes | bytearray | memoryview, p: int, end: int) -> tuple[str,
         return bytes(buf[start:stop]).decode("ascii"), stop
     except UnicodeDecodeError:
         raise _NotPlain from None
-
-
-def _uint(buf: bytes | bytearray | memoryview, p: int, end: int) -> tuple[int | None, int]:
-    """A ``uint`` (uint0, smalluint, uint) or null."""
-    if p >= end:
-        raise _NotPlain
-    code = buf[p]
-    if code == _NULL:
-        return None, p + 1
-    if code == 0x43:
-        return 0, p + 1
-    if code == 0x52 and p + 2 <= end:
-        return buf[p + 1], p + 2
-    if code == 0x70 and p + 5 <= end:
-        return _U32.unpack_from(buf, p + 1)[0], p + 5
-    raise _NotPlain
 
 
 def _ushort(buf: bytes | bytearray | memoryview, p: int, end: int) -> tuple[int | None, int]:
@@ -338,16 +322,16 @@ def read_open_head(body: bytes | bytearray | memoryview, *,
         if n > 1:
             hostname, _ = _string(body, offsets[1], stop[2], nullable=True)
         if n > 2:
-            max_frame_size, _ = _uint(body, offsets[2], stop[3])
+            max_frame_size, _ = read_uint(body, offsets[2], stop[3])
         if n > 3:
             channel_max, _ = _ushort(body, offsets[3], stop[4])
         if strict:
             if n > 4:
-                _uint(body, offsets[4], stop[5])
+                read_uint(body, offsets[4], stop[5])
             for i in range(5, n):
                 if body[offsets[i]] != _NULL:
                     return None
-    except _NotPlain:
+    except (_NotPlain, DecodeError):  # DecodeError: read_uint found no uint
         return None
     if strict and ("\x00" in container_id or (hostname is not None and "\x00" in hostname)):
         return None  # proton's C engine ends a string at a NUL: the strict check refuses it

@@ -74,7 +74,16 @@ def skip_value(buf: bytes | bytearray | memoryview, pos: int, end: int) -> int:
         pos = nxt
 
 
-def _read_uint(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int | None, int]:
+def read_uint(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int | None, int]:
+    """Read the uint (or null) at ``buf[pos]``, in any of its encodings (Part 1 §1.6: null,
+    uint0, smalluint, uint).
+
+    Returns:
+        ``(value, offset after it)``; the value is None for null.
+
+    Raises:
+        DecodeError: truncated (nothing at or past ``end`` is read), or not a uint.
+    """
     if pos >= end:
         raise DecodeError("truncated uint")
     code = buf[pos]
@@ -183,14 +192,14 @@ def read_transfer(buf: bytes | bytearray | memoryview, pos: int, end: int) -> Tr
     p = first
     if count < 1:
         raise DecodeError("transfer without handle")
-    handle, p = _read_uint(buf, p, lend)
+    handle, p = read_uint(buf, p, lend)
     if handle is None:
         raise DecodeError("transfer without handle")
     delivery_id = None
     delivery_tag = None
     settled = more = aborted = False
     if count > 1:
-        delivery_id, p = _read_uint(buf, p, lend)
+        delivery_id, p = read_uint(buf, p, lend)
     if count > 2:
         if p >= lend:
             raise DecodeError("transfer list shorter than its count")
@@ -451,7 +460,7 @@ def read_flow_fields(
     p, count, lend = list_bounds(buf, p, end)
     values: list[int | None] = []
     for _ in range(min(count, 7)):
-        value, p = _read_uint(buf, p, lend)
+        value, p = read_uint(buf, p, lend)
         values.append(value)
     values.extend([None] * (7 - len(values)))
     drain = False
