@@ -310,17 +310,14 @@ def descriptor_at(buf: bytes | bytearray | memoryview, pos: int, end: int,
     if pos + 2 > end or buf[pos] != 0x00:
         raise DecodeError("expected a described value")
     kind = buf[pos + 1]
-    if kind == 0x53:
-        if pos + 3 > end:
-            raise DecodeError("truncated descriptor")
+    if kind == 0x53 and pos + 3 <= end:  # smallulong, as peers write descriptors: no slicing
         return buf[pos + 2], pos + 3
-    if kind == 0x80:
-        if pos + 10 > end:
+    if kind in (0x44, 0x53, 0x80):  # ulong0, smallulong, ulong
+        stop = pos + 2 + _FIXED[kind]
+        if stop > end:
             raise DecodeError("truncated descriptor")
-        value = int.from_bytes(buf[pos + 2:pos + 10], "big")
-        return (value if value <= 0xFF else -1), pos + 10
-    if kind == 0x44:
-        return 0, pos + 2
+        value = int.from_bytes(buf[pos + 2:stop], "big")
+        return (value if value <= 0xFF else -1), stop
     if kind in (_SYM8, _SYM32):
         start, stop = _sized(buf, pos + 2, end, kind == _SYM32)
         code = _SYMBOLIC.get(bytes(buf[start:stop]), -1) if symbolic else -1
