@@ -41,7 +41,7 @@ from ..policy.lookup import lookup_vhost
 from ..policy.model import GroupSettings
 from ..policy.reasons import ConnectionDenyReason, DenialKind
 from .commands import ROUTER
-from .context import ROUTER_FRAME_LIMIT, Context
+from .context import ROUTER_FRAME_LIMIT, Context, Room
 from .events import ConnectionApproved, ConnectionDenied, OpenDecided
 from .rules import MessageRules
 from .sessions import USHORT_MAX, Sessions
@@ -126,10 +126,10 @@ class _Waiting(NamedTuple):
     shadow: bool
 
 
-class Admission:
+class Admission(Room):
     """The Open decision of one connection."""
 
-    __slots__ = ("ctx", "wire", "sides", "sessions", "rules", "ledger", "rates", "in_ledger",
+    __slots__ = ("sessions", "rules", "ledger", "rates", "in_ledger",
                  "paused", "waiting")
 
     def __init__(
@@ -144,10 +144,8 @@ class Admission:
         """Nothing decided yet. Without ``rates`` no connection rate is enforced. ``paused``:
         the vhost names an operator paused, read at the decision (the daemon's live set: a
         pause applies to Opens already on their way)."""
-        self.ctx = ctx
+        Room.__init__(self, ctx)
         self.paused = paused
-        self.wire = ctx.wire
-        self.sides = ctx.sides
         self.sessions = sessions
         self.rules = rules
         self.ledger = ledger

@@ -176,3 +176,16 @@ class Context:
         if not self.wire.amqp_header_sent:
             self.sides.stop_router()
         self.wire.send_open_close(err)
+
+
+class Room:
+    """A room of a connection (admission, a leg, the sessions, the deliveries, shaping): what
+    every room reads, the connection's context, its output and its legs' states."""
+
+    __slots__ = ("ctx", "wire", "sides")
+
+    def __init__(self, ctx: Context) -> None:
+        """A room of the connection ``ctx``."""
+        self.ctx = ctx
+        self.wire = ctx.wire
+        self.sides = ctx.sides

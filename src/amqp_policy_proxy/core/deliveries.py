@@ -34,7 +34,7 @@ from ..amqp.performatives import Accepted, Detach, Disposition, Rejected, Transf
 from ..amqp.transfer import delivery_tag_at, read_transfer_fields, transfer_with_delivery_id
 from ..policy.reasons import DenialKind, MessageDenyReason
 from .commands import CLIENT, ROUTER
-from .context import Context
+from .context import Context, Room
 from .events import MessageDenied
 from .numbering import DeliveryNumbering, credit_back
 from .records import LinkRecord, SessionRecord
@@ -51,15 +51,14 @@ logger = logging.getLogger(__name__)
 _SHADOWED_SIZE = "shadowed:message_size"
 
 
-class Deliveries:
+class Deliveries(Room):
     """The deliveries of one connection, both directions."""
 
-    __slots__ = ("ctx", "wire", "sessions", "rules")
+    __slots__ = ("sessions", "rules")
 
     def __init__(self, ctx: Context, sessions: Sessions, rules: MessageRules) -> None:
         """The deliveries of the connection ``ctx``, on its ``sessions``, under ``rules``."""
-        self.ctx = ctx
-        self.wire = ctx.wire
+        Room.__init__(self, ctx)
         self.sessions = sessions
         self.rules = rules
 

@@ -16,27 +16,24 @@ from typing import TYPE_CHECKING, Any
 
 from ..amqp.performatives import Flow
 from .commands import CLIENT, ROUTER
+from .context import Room
 from .numbering import flow_fields, flow_to_client, flow_to_router, note_router_flow
 from .records import SessionRecord
 from .wire import frame
 
 if TYPE_CHECKING:
-    from .context import Context
     from .shaping import Shaping
-    from .wire import Wire
 
 UINT_MAX = 0xFFFFFFFF
 
 
-class SessionFlows:
+class SessionFlows(Room):
     """The Flow handlers and the window of :class:`.sessions.Sessions` (a base class: the state
     it reads is the sessions', set up by their ``__init__``, and it looks client sessions up
     with their :meth:`~.sessions.Sessions.session`)."""
 
     __slots__ = ()
 
-    ctx: Context
-    wire: Wire
     router_sessions: dict[int, SessionRecord]
     window_frames: int | None
     shaping: Shaping | None

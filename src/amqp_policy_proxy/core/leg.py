@@ -4,21 +4,19 @@ deliveries their frames go to, and the bytes of a unit that straddles reads."""
 
 from __future__ import annotations
 
-from .context import Context
+from .context import Context, Room
 from .deliveries import Deliveries
 from .sessions import Sessions
 
 
-class Leg:
+class Leg(Room):
     """One leg of a connection, the client's or the router's."""
 
-    __slots__ = ("ctx", "wire", "sides", "sessions", "deliveries", "buf")
+    __slots__ = ("sessions", "deliveries", "buf")
 
     def __init__(self, ctx: Context, sessions: Sessions, deliveries: Deliveries) -> None:
         """A leg of ``ctx`` that has received nothing yet."""
-        self.ctx = ctx
-        self.wire = ctx.wire
-        self.sides = ctx.sides
+        Room.__init__(self, ctx)
         self.sessions = sessions
         self.deliveries = deliveries
         self.buf = bytearray()

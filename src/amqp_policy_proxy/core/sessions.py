@@ -37,7 +37,7 @@ from ..amqp.performatives import (
 from ..policy import decisions
 from ..policy.reasons import DenialKind, LinkDenyReason, SessionDenyReason
 from .commands import CLIENT, ROUTER
-from .context import Context
+from .context import Context, Room
 from .events import LinkDenied, SessionDenied
 from .flows import UINT_MAX, SessionFlows
 from .numbering import disposition_to_router
@@ -76,8 +76,6 @@ class Sessions(SessionFlows):
     """The sessions and links of one connection, both legs."""
 
     __slots__ = (
-        "ctx",
-        "wire",
         "rules",
         "sessions",
         "router_sessions",
@@ -94,8 +92,7 @@ class Sessions(SessionFlows):
 
     def __init__(self, ctx: Context, rules: MessageRules) -> None:
         """No session yet; the channel limits are set at the Opens."""
-        self.ctx = ctx
-        self.wire = ctx.wire
+        Room.__init__(self, ctx)
         self.rules = rules
         self.sessions: dict[int, SessionRecord] = {}
         """Client channel -> session."""

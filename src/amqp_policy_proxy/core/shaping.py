@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from ..amqp.errors import TransferLimitError
 from ..amqp.performatives import Attach, Begin, Flow
 from .commands import CLIENT, ROUTER
-from .context import Context
+from .context import Context, Room
 from .records import LinkRecord, SessionRecord
 from .wire import frame
 
@@ -150,15 +150,14 @@ class ShapedLink:
                 or session.router_ended)
 
 
-class Shaping:
+class Shaping(Room):
     """The shaped links of one connection, drawing on its user's buckets."""
 
-    __slots__ = ("ctx", "wire", "buckets", "bucket", "links", "waiting")
+    __slots__ = ("buckets", "bucket", "links", "waiting")
 
     def __init__(self, ctx: Context, buckets: ShapingBuckets, bucket: UserBucket) -> None:
         """Shape the connection ``ctx`` with ``bucket`` (from ``buckets.acquire``)."""
-        self.ctx = ctx
-        self.wire = ctx.wire
+        Room.__init__(self, ctx)
         self.buckets = buckets
         self.bucket = bucket
         self.links: list[ShapedLink] = []
