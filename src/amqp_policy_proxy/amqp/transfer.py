@@ -278,37 +278,14 @@ def read_transfer_fields(
             return _fields_slow(buf, pos, end)
         if lend > end or count < 1:
             return _fields_slow(buf, pos, end)
-        # handle (mandatory)
-        code = buf[p]
-        if code == 0x52:
-            handle = buf[p + 1]
-            p += 2
-        elif code == 0x43:
-            handle = 0
-            p += 1
-        elif code == 0x70:
-            handle = _U32.unpack_from(buf, p + 1)[0]
-            p += 5
-        else:
+        handle, p = read_uint(buf, p, lend)  # mandatory: null goes to the reference reader
+        if handle is None:
             return _fields_slow(buf, pos, end)
         delivery_id = None
         tag = -1
         settled = more = aborted = False
         if count > 1:
-            code = buf[p]
-            if code == 0x52:
-                delivery_id = buf[p + 1]
-                p += 2
-            elif code == 0x43:
-                delivery_id = 0
-                p += 1
-            elif code == 0x70:
-                delivery_id = _U32.unpack_from(buf, p + 1)[0]
-                p += 5
-            elif code == 0x40:
-                p += 1
-            else:
-                return _fields_slow(buf, pos, end)
+            delivery_id, p = read_uint(buf, p, lend)
             if count > 2:
                 code = buf[p]
                 if code == 0xA0:
@@ -331,7 +308,7 @@ def read_transfer_fields(
         if p != lend:  # fields and list size disagree: let the reference reader say why
             return _fields_slow(buf, pos, end)
         return handle, delivery_id, settled, more, aborted, lend, tag
-    except (IndexError, KeyError, struct_error):
+    except (IndexError, KeyError, struct_error, DecodeError):
         return _fields_slow(buf, pos, end)
 
 
