@@ -173,6 +173,13 @@ static inline int plain_transfer(const unsigned char *b, Py_ssize_t body, Py_ssi
     return 1;
 }
 
+/* 0 when an entry point got `want` arguments, else -1 with a TypeError naming its `usage`. */
+static int arity(Py_ssize_t nargs, Py_ssize_t want, const char *usage) {
+    if (nargs == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, want);
+    return -1;
+}
+
 /* The window buf[pos:end] named by a call's first three arguments (buf, pos, end): the
  * buffer (the caller releases it with PyBuffer_Release), `pos` checked to be inside it, `end`
  * clamped to [pos, len(buf)]. Returns 0, or -1 with an exception set (nothing to release). */
@@ -200,12 +207,9 @@ static int open_window(PyObject *const *args, Py_buffer *view, Py_ssize_t *pos,
  * buffer), read in C where plain_transfer() reads it (the forms real clients use, no aborted
  * field); None for anything else: the Python reader then reads it, or raises. A property test
  * checks that every answer equals Python's. */
-static PyObject *transfer_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "transfer_fields(buf, pos, end) takes 3 arguments");
-        return NULL;
-    }
+static PyObject *transfer_fields(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                 Py_ssize_t nargs) {
+    if (arity(nargs, 3, "transfer_fields(buf, pos, end)") < 0) return NULL;
     Py_buffer view;
     Py_ssize_t pos, end;
     if (open_window(args, &view, &pos, &end) < 0) return NULL;
@@ -409,12 +413,9 @@ static int head_ok(const unsigned char *b, Py_ssize_t p, Py_ssize_t fend,
  * length, non-ASCII text, a NUL in `to`, a value cut by `end`; see plain_head()): the Python
  * reader then reads the head, or refuses it. A property test checks that every answer equals
  * Python's. */
-static PyObject *message_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "message_head(buf, pos, end, last) takes 4 arguments");
-        return NULL;
-    }
+static PyObject *message_head(PyObject *Py_UNUSED(self), PyObject *const *args,
+                              Py_ssize_t nargs) {
+    if (arity(nargs, 4, "message_head(buf, pos, end, last)") < 0) return NULL;
     int last = PyObject_IsTrue(args[3]);
     if (last < 0) return NULL;
     Py_buffer view;
@@ -498,12 +499,9 @@ static int open_uint(const unsigned char *b, Py_ssize_t p, Py_ssize_t stop, int6
  * later field null and no NUL in the two strings. None for anything else (a described field,
  * text that is not UTF-8, ...): the Python reader then reads the body, or refuses it. A
  * property test checks that every answer equals Python's. */
-static PyObject *open_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "open_head(body, strict) takes 2 arguments");
-        return NULL;
-    }
+static PyObject *open_head(PyObject *Py_UNUSED(self), PyObject *const *args,
+                           Py_ssize_t nargs) {
+    if (arity(nargs, 2, "open_head(body, strict)") < 0) return NULL;
     int strict = PyObject_IsTrue(args[1]);
     if (strict < 0) return NULL;
     Py_buffer view;
@@ -680,14 +678,11 @@ static int link_transfer(const void *rule_args, const unsigned char *b, Py_ssize
     return PASS_TRANSFER;
 }
 
-static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError,
-                        "scan(buf, pos, end, limit, channel, handle, max_size, user_id, "
-                        "delivery) takes 9 arguments");
+static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *const *args,
+                      Py_ssize_t nargs) {
+    if (arity(nargs, 9, "scan(buf, pos, end, limit, channel, handle, max_size, user_id, "
+                        "delivery)") < 0)
         return NULL;
-    }
     struct delivery d = {-1, -1, 0};
     struct link_rule r = {0};
     r.delivery = &d;
@@ -748,12 +743,9 @@ static int router_run(const void *rule_args, const unsigned char *b, Py_ssize_t 
     return b[body + 2] == 0x15 ? PASS : STOP;
 }
 
-static PyObject *scan_router(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "scan_router(buf, pos, end, limit) takes 4 arguments");
-        return NULL;
-    }
+static PyObject *scan_router(PyObject *Py_UNUSED(self), PyObject *const *args,
+                             Py_ssize_t nargs) {
+    if (arity(nargs, 4, "scan_router(buf, pos, end, limit)") < 0) return NULL;
     long long limit = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred()) return NULL;
     Py_ssize_t reached, transfers;
@@ -761,29 +753,21 @@ static PyObject *scan_router(PyObject *self, PyObject *const *args, Py_ssize_t n
     return Py_BuildValue("(nn)", reached, transfers);
 }
 
+/* An entry of the method table: `name`, taking its arguments as a C array (METH_FASTCALL), with
+ * `doc` as its docstring (each names the Python statement or reader it answers for). */
+#define FASTCALL(name, doc) {#name, (PyCFunction)(void (*)(void))name, METH_FASTCALL, doc}
+
 static PyMethodDef methods[] = {
-    {"scan_router", (PyCFunction)(void (*)(void))scan_router, METH_FASTCALL,
-     "scan_router(buf, pos, end, limit) -> (pos, transfers)\n\n"
-     "Skip the router's heartbeats, Transfers and Dispositions; see\n"
-     "amqp_policy_proxy.amqp.accel.scan_router_py for the contract."},
-    {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
-     "scan(buf, pos, end, limit, channel, handle, max_size, user_id, delivery)\n"
-     "-> (pos, transfers, delivery)\n\n"
-     "Skip heartbeats and the Transfers of one sender link; see\n"
-     "amqp_policy_proxy.amqp.accel for the contract."},
-    {"transfer_fields", (PyCFunction)(void (*)(void))transfer_fields, METH_FASTCALL,
-     "transfer_fields(buf, pos, end) -> the tuple of transfer.read_transfer_fields | None\n\n"
-     "The plain Transfers of amqp_policy_proxy.amqp.transfer.read_transfer_fields; None for\n"
-     "any other (the Python reader decides). See amqp_policy_proxy.amqp.accel."},
-    {"open_head", (PyCFunction)(void (*)(void))open_head, METH_FASTCALL,
-     "open_head(body, strict) -> (container_id, hostname, max_frame_size, channel_max,\n"
-     "(offsets, list_end)) | None\n\n"
-     "The plain Opens of amqp_policy_proxy.amqp.handshake.read_open_head; None for any\n"
-     "other (the Python reader decides). See amqp_policy_proxy.amqp.accel."},
-    {"message_head", (PyCFunction)(void (*)(void))message_head, METH_FASTCALL,
-     "message_head(buf, pos, end, last) -> (user_id, to, router_annotations, complete) | None\n\n"
-     "The plain message heads of amqp_policy_proxy.amqp.message.read_message_head; None for\n"
-     "any other (the Python reader decides). See amqp_policy_proxy.amqp.accel."},
+    FASTCALL(scan, "scan(buf, pos, end, limit, channel, handle, max_size, user_id, delivery) -> "
+                   "(pos, transfers, delivery): amqp_policy_proxy.amqp.accel.scan_py in C."),
+    FASTCALL(scan_router, "scan_router(buf, pos, end, limit) -> (pos, transfers): "
+                          "amqp_policy_proxy.amqp.accel.scan_router_py in C."),
+    FASTCALL(transfer_fields, "transfer_fields(buf, pos, end): the plain Transfers of "
+                              "amqp_policy_proxy.amqp.transfer.read_transfer_fields, else None."),
+    FASTCALL(open_head, "open_head(body, strict): the plain Opens of "
+                        "amqp_policy_proxy.amqp.handshake.read_open_head, else None."),
+    FASTCALL(message_head, "message_head(buf, pos, end, last): the plain heads of "
+                           "amqp_policy_proxy.amqp.message.read_message_head, else None."),
     {NULL, NULL, 0, NULL},
 };
 
