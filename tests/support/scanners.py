@@ -1,6 +1,6 @@
 """Run the core with its C accelerator parts (``amqp.accel``) or with the pure-Python code
-alone: the client relay scanner, the router-side walker, the Transfer-field, message-head and
-Open readers."""
+alone: the client relay scanner, the router-side walker, the Transfer-field, message-head,
+Open and SASL readers."""
 
 from __future__ import annotations
 
@@ -19,14 +19,16 @@ def scanners(which: str) -> Iterator[None]:
     """``which`` "c": the C parts (as built); "python": none of them."""
     c = which == "c"
     saved = (fastpath._scan, accel.scan_router, accel._message_head, accel._open_head,
-             accel._transfer_fields)
+             accel._transfer_fields, accel._sasl_init, accel._sasl_mechanisms)
     fastpath._scan = accel.scan_c if c else None
     accel.scan_router = accel.scan_router_c if c else None
     accel._message_head = accel.message_head_c if c else None
     accel._open_head = accel.open_head_c if c else None
     accel._transfer_fields = accel.transfer_fields_c if c else None
+    accel._sasl_init = accel.sasl_init_c if c else None
+    accel._sasl_mechanisms = accel.sasl_mechanisms_c if c else None
     try:
         yield
     finally:
         (fastpath._scan, accel.scan_router, accel._message_head, accel._open_head,
-         accel._transfer_fields) = saved
+         accel._transfer_fields, accel._sasl_init, accel._sasl_mechanisms) = saved

@@ -6,6 +6,7 @@
  * message_head(buf, pos, end, last) -> (user_id, to, False, complete) | None  (see there)
  * open_head(body, strict) -> the fields of handshake.read_open_head | None  (see there)
  * transfer_fields(buf, pos, end) -> the tuple of transfer.read_transfer_fields | None  (there)
+ * sasl_init(buf, pos, end), sasl_mechanisms(buf, pos, end): handshake's SASL readers  (there)
  * scan_router(buf, pos, end, limit) -> (pos, transfers)  (the router side's run, see there)
  *
  * scan() walks the consecutive frames of buf[pos:end] while each one is either
@@ -441,6 +442,172 @@ static PyObject *message_head(PyObject *Py_UNUSED(self), PyObject *const *args,
     return result;
 }
 
+/* The performative `code` (0x00 0x53 code) whose list8/list32 fills b[pos:end] exactly, as
+ * amqp_policy_proxy.amqp.handshake reads the handshake's performatives: 1 with *first (its
+ * first field) and *count set, else 0 (a list0, a list that does not fill the body, ...). */
+static int described_list(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int code,
+                          Py_ssize_t *first, uint32_t *count) {
+    if (end - pos < 6 || b[pos] != 0x00 || b[pos + 1] != 0x53 || b[pos + 2] != code) return 0;
+    Py_ssize_t p = pos + 3;
+    if (b[p] == 0xC0) {
+        if (b[p + 1] < 1 || p + 2 + (Py_ssize_t)b[p + 1] != end) return 0;
+        *count = b[p + 2];
+        *first = p + 3;
+        return 1;
+    }
+    if (b[p] == 0xD0) {
+        if (end - p < 9) return 0;
+        uint32_t size = be32(b + p + 1);
+        if (size < 4 || (uint64_t)size != (uint64_t)(end - (p + 5))) return 0;
+        *count = be32(b + p + 5);
+        *first = p + 9;
+        return 1;
+    }
+    return 0;
+}
+
+/* Whether b[start:stop] is ASCII (symbols are; a sasl-init's names are read only then). */
+static int ascii(const unsigned char *b, Py_ssize_t start, Py_ssize_t stop) {
+    for (Py_ssize_t i = start; i < stop; i++)
+        if (b[i] & 0x80) return 0;
+    return 1;
+}
+
+/* A sized value with constructors `short_code` (one-byte length) or `long_code` (four-byte
+ * length) at b[p] (p < end checked here): the offset past it with *start set, else -1. */
+static Py_ssize_t sized(const unsigned char *b, Py_ssize_t p, Py_ssize_t end, int short_code,
+                        int long_code, Py_ssize_t *start) {
+    if (p >= end) return -1;
+    Py_ssize_t n;
+    if (b[p] == short_code) {
+        if (end - p < 2) return -1;
+        *start = p + 2;
+        n = b[p + 1];
+    } else if (b[p] == long_code) {
+        if (end - p < 5) return -1;
+        *start = p + 5;
+        n = (Py_ssize_t)be32(b + p + 1);
+    } else {
+        return -1;
+    }
+    return n > end - *start ? -1 : *start + n;
+}
+
+/* sasl_init(buf, pos, end) -> (mechanism, initial_response) or None
+ *
+ * What amqp_policy_proxy.amqp.handshake.read_sasl_init answers for the sasl-init (Part 5
+ * §5.3.3.2) whose frame body is buf[pos:end], read in C for its plain encoding: 0x00 0x53 0x41,
+ * a list8/list32 filling the body with 1 to 3 fields: mechanism a sym8/sym32, initial-response
+ * null or a vbin8/vbin32, hostname null or an ASCII str8/str32. None for anything else: the
+ * Python reader then reads it (a hostname in other UTF-8 included), or refuses it. A property
+ * test checks that every answer equals Python's. The initial response may hold a password:
+ * it is only copied into the result. */
+static PyObject *sasl_init(PyObject *Py_UNUSED(self), PyObject *const *args,
+                           Py_ssize_t nargs) {
+    if (arity(nargs, 3, "sasl_init(buf, pos, end)") < 0) return NULL;
+    Py_buffer view;
+    Py_ssize_t pos, end, p, start, rstart = -1, rstop = -1;
+    if (open_window(args, &view, &pos, &end) < 0) return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    uint32_t count;
+    PyObject *result = NULL;
+    if (!described_list(b, pos, end, 0x41, &p, &count) || count < 1 || count > 3) goto no;
+    Py_ssize_t mstart, mstop = sized(b, p, end, 0xA3, 0xB3, &mstart);
+    if (mstop < 0 || !ascii(b, mstart, mstop)) goto no;
+    p = mstop;
+    if (count >= 2) {
+        if (p >= end) goto no;
+        if (b[p] == 0x40) {
+            p += 1;
+        } else {
+            rstop = sized(b, p, end, 0xA0, 0xB0, &rstart);
+            if (rstop < 0) goto no;
+            p = rstop;
+        }
+    }
+    if (count == 3) {
+        if (p >= end) goto no;
+        if (b[p] == 0x40) {
+            p += 1;
+        } else {
+            Py_ssize_t hstop = sized(b, p, end, 0xA1, 0xB1, &start);
+            if (hstop < 0 || !ascii(b, start, hstop)) goto no;
+            p = hstop;
+        }
+    }
+    if (p != end) goto no;
+    {
+        PyObject *mechanism = PyUnicode_DecodeASCII((const char *)b + mstart, mstop - mstart,
+                                                    NULL);
+        PyObject *response = rstart < 0 ? Py_NewRef(Py_None)
+            : PyBytes_FromStringAndSize((const char *)b + rstart, rstop - rstart);
+        if (mechanism != NULL && response != NULL)
+            result = PyTuple_Pack(2, mechanism, response);
+        Py_XDECREF(mechanism);
+        Py_XDECREF(response);
+    }
+    PyBuffer_Release(&view);
+    return result;
+no:
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+/* sasl_mechanisms(buf, pos, end) -> True or None
+ *
+ * True where amqp_policy_proxy.amqp.handshake.is_sasl_mechanisms says True for the SASL frame
+ * body buf[pos:end], read in C for the forms routers send: 0x00 0x53 0x40, a list8/list32
+ * filling the body with one field, a sym8/sym32 or an array8 of sym8 (at least one), every
+ * name ASCII. None for anything else: the Python reader decides. Property-tested. */
+static PyObject *sasl_mechanisms(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                 Py_ssize_t nargs) {
+    if (arity(nargs, 3, "sasl_mechanisms(buf, pos, end)") < 0) return NULL;
+    Py_buffer view;
+    Py_ssize_t pos, end, p, start;
+    if (open_window(args, &view, &pos, &end) < 0) return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    uint32_t count;
+    int plain = 0;
+    if (described_list(b, pos, end, 0x40, &p, &count) && count == 1 && p < end) {
+        if (b[p] == 0xA3 || b[p] == 0xB3) {
+            Py_ssize_t stop = sized(b, p, end, 0xA3, 0xB3, &start);
+            plain = stop == end && ascii(b, start, stop);
+        } else if (b[p] == 0xE0 || b[p] == 0xF0) {        /* array8 / array32 */
+            uint64_t n = 0;
+            Py_ssize_t q = -1;
+            if (b[p] == 0xE0 && end - p >= 4 && p + 2 + (Py_ssize_t)b[p + 1] == end) {
+                n = b[p + 2];
+                q = p + 3;
+            } else if (b[p] == 0xF0 && end - p >= 10
+                       && (uint64_t)be32(b + p + 1) == (uint64_t)(end - (p + 5))) {
+                n = be32(b + p + 5);
+                q = p + 9;
+            }
+            int element = q < 0 ? 0 : b[q++];
+            plain = n > 0 && (element == 0xA3 || element == 0xB3);
+            for (uint64_t i = 0; plain && i < n; i++) {    /* sym8 / sym32: length, name */
+                Py_ssize_t at, len;
+                if (element == 0xA3 && q < end) {
+                    at = q + 1;
+                    len = b[q];
+                } else if (element == 0xB3 && end - q >= 4) {
+                    at = q + 4;
+                    len = (Py_ssize_t)be32(b + q);
+                } else {
+                    plain = 0;
+                    break;
+                }
+                plain = len <= end - at && ascii(b, at, at + len);
+                q = at + len;
+            }
+            plain = plain && q == end;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (plain) Py_RETURN_TRUE;
+    Py_RETURN_NONE;
+}
+
 /* The offset past the AMQP value at b[p] (p < end checked here), for the values an Open
  * carries in their plain forms: a fixed-width value (constructors 0x40..0x9F) or a
  * variable-width or compound one (0xA0..0xFF, one- or four-byte size). -1 for anything else
@@ -511,22 +678,8 @@ static PyObject *open_head(PyObject *Py_UNUSED(self), PyObject *const *args,
     uint32_t count = 0;
     PyObject *result = NULL, *container_id = NULL, *hostname = NULL;
     int64_t mfs = -1, cmax = -1, idle;
-    if (end < 6 || b[0] != 0x00 || b[1] != 0x53 || b[2] != 0x10) goto plain_no;
-    if (b[3] == 0xC0) {
-        if (end < 6 || b[4] < 1 || 5 + (Py_ssize_t)b[4] != end) goto plain_no;
-        count = b[5];
-        p = 6;
-    } else if (b[3] == 0xD0) {
-        if (end < 12) goto plain_no;
-        uint32_t size = be32(b + 4);
-        if (size < 4 || (uint64_t)size != (uint64_t)(end - 8)) goto plain_no;
-        count = be32(b + 8);
-        p = 12;
-    } else {
-        goto plain_no;
-    }
+    if (!described_list(b, 0, end, 0x10, &p, &count) || count < 1 || count > 10) goto plain_no;
     lend = end;
-    if (count < 1 || count > 10) goto plain_no;
     for (uint32_t i = 0; i < count; i++) {
         offsets[i] = p;
         p = skip_plain(b, p, lend);
@@ -766,6 +919,10 @@ static PyMethodDef methods[] = {
                               "amqp_policy_proxy.amqp.transfer.read_transfer_fields, else None."),
     FASTCALL(open_head, "open_head(body, strict): the plain Opens of "
                         "amqp_policy_proxy.amqp.handshake.read_open_head, else None."),
+    FASTCALL(sasl_init, "sasl_init(buf, pos, end): the plain sasl-inits of "
+                        "amqp_policy_proxy.amqp.handshake.read_sasl_init, else None."),
+    FASTCALL(sasl_mechanisms, "sasl_mechanisms(buf, pos, end): True for the plain ones of "
+                              "amqp_policy_proxy.amqp.handshake.is_sasl_mechanisms, else None."),
     FASTCALL(message_head, "message_head(buf, pos, end, last): the plain heads of "
                            "amqp_policy_proxy.amqp.message.read_message_head, else None."),
     {NULL, NULL, 0, NULL},

@@ -13,7 +13,9 @@ It also reads a Transfer's fields where the scanner stops (the first Transfer of
 Transfer of an inspected link): :func:`read_fields` answers
 :func:`~amqp_policy_proxy.amqp.transfer.read_transfer_fields` in C
 (``_relayscan.transfer_fields``) for the encodings the scanner reads, the others going to the
-Python reader. It reads the Opens of the handshake: :func:`read_open_head` answers
+Python reader. It reads the handshake: :func:`read_sasl_init` and :func:`is_sasl_mechanisms`
+answer :mod:`~amqp_policy_proxy.amqp.handshake`'s SASL readers in C (``_relayscan.sasl_init``,
+``_relayscan.sasl_mechanisms``) for their plain encodings, and :func:`read_open_head` answers
 :func:`~amqp_policy_proxy.amqp.handshake.read_open_head` in C (``_relayscan.open_head``) for
 the plain Opens clients and routers send (two per connection), any other going to the Python
 reader. And it reads message heads: :func:`read_head` answers
@@ -42,7 +44,9 @@ from typing import Any
 from .errors import DecodeError
 from .framing import frame_header_ok
 from .handshake import OpenHead
+from .handshake import is_sasl_mechanisms as is_sasl_mechanisms_py
 from .handshake import read_open_head as read_open_head_py
+from .handshake import read_sasl_init as read_sasl_init_py
 from .message import MessageHead, read_message_head
 from .transfer import read_transfer_fields
 
@@ -67,6 +71,8 @@ FieldsFunction = Callable[[object, int, int], tuple[Any, ...] | None]
 try:
     from ._relayscan import message_head as message_head_c
     from ._relayscan import open_head as open_head_c
+    from ._relayscan import sasl_init as sasl_init_c
+    from ._relayscan import sasl_mechanisms as sasl_mechanisms_c
     from ._relayscan import scan as scan_c
     from ._relayscan import scan_router as scan_router_c
     from ._relayscan import transfer_fields as transfer_fields_c
@@ -75,6 +81,8 @@ except ImportError:  # not built: no compiler at install time, or a source check
     message_head_c = None
     scan_router_c = None
     open_head_c = None
+    sasl_init_c = None
+    sasl_mechanisms_c = None
     transfer_fields_c = None
 
 _disabled = os.environ.get(DISABLE_ENV, "") not in ("", "0")
@@ -89,6 +97,9 @@ scan_router: RouterScanFunction | None = None if _disabled else scan_router_c
 _message_head: HeadFunction | None = None if _disabled else message_head_c
 #: The C reader of plain Opens when built and not disabled, else None.
 _open_head: OpenHeadFunction | None = None if _disabled else open_head_c
+#: The C readers of plain sasl-inits and sasl-mechanisms when built and not disabled.
+_sasl_init: FieldsFunction | None = None if _disabled else sasl_init_c
+_sasl_mechanisms: FieldsFunction | None = None if _disabled else sasl_mechanisms_c
 #: The C reader of plain Transfer fields when built and not disabled, else None.
 _transfer_fields: FieldsFunction | None = None if _disabled else transfer_fields_c
 _new_head = tuple.__new__
@@ -128,6 +139,29 @@ def read_fields(buf: bytes | bytearray | memoryview, pos: int,
         if got is not None:
             return got
     return read_transfer_fields(buf, pos, end)
+
+
+def read_sasl_init(buf: bytes | bytearray | memoryview, pos: int,
+                   end: int) -> tuple[str, bytes | None] | None:
+    """:func:`~.handshake.read_sasl_init`, answered in C for the plain sasl-inits clients
+    send (its answer is the Python reader's, property-tested); any other goes to the Python
+    reader. Arguments and result are those of :func:`~.handshake.read_sasl_init`."""
+    reader = _sasl_init
+    if reader is not None:
+        got = reader(buf, pos, end)
+        if got is not None:
+            return got
+    return read_sasl_init_py(buf, pos, end)
+
+
+def is_sasl_mechanisms(buf: bytes | bytearray | memoryview, pos: int, end: int) -> bool:
+    """:func:`~.handshake.is_sasl_mechanisms`, answered in C for the plain sasl-mechanisms
+    routers send (True only where the Python reader says True, property-tested); any other
+    body goes to the Python reader."""
+    reader = _sasl_mechanisms
+    if reader is not None and reader(buf, pos, end) is not None:
+        return True
+    return is_sasl_mechanisms_py(buf, pos, end)
 
 
 def read_open_head(body: bytes | bytearray | memoryview, *,

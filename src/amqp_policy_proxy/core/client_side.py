@@ -36,7 +36,7 @@ from ..amqp.constants import (
 )
 from ..amqp.errors import FramingError, IllegalStateError, NotAllowedError, ResourceLimitError
 from ..amqp.framing import check_frame_header
-from ..amqp.handshake import OpenHead, read_sasl_init
+from ..amqp.handshake import OpenHead
 from ..amqp.performatives import (
     EMPTY_CLOSE,
     EMPTY_CLOSE_BODIES,
@@ -288,7 +288,7 @@ class ClientSide(Leg):
         body = pos + doff * DOFF_UNIT
         if body == fend:
             raise FramingError("empty frame during SASL negotiation")
-        init = read_sasl_init(buf, body, fend)  # plain encodings, no decode
+        init = accel.read_sasl_init(buf, body, fend)  # plain encodings, no decode
         if init is None:
             code, _, _ = check_performative(buf, body, fend)
             if code == Descriptor.SASL_INIT:

@@ -36,7 +36,6 @@ from ..amqp.errors import FramingError, IllegalStateError
 from ..amqp.framing import check_frame_header, encode_frame, frame_header_ok
 from ..amqp.handshake import (
     OpenHead,
-    is_sasl_mechanisms,
     patch_open,
     sasl_outcome_code,
 )
@@ -189,7 +188,7 @@ class RouterSide(Leg):
         if body < fend:
             code = sasl_outcome_code(buf, body, fend)  # plain encodings, no decode
             if code is None:
-                if is_sasl_mechanisms(buf, body, fend):
+                if accel.is_sasl_mechanisms(buf, body, fend):
                     self.sasl_relayed = SASL_MECHANISMS_RELAYED
                 else:
                     perf, _ = decode_performative(memoryview(buf)[body:fend])

@@ -25,9 +25,17 @@ from amqp_policy_proxy.amqp.codec import symbol_array
 from amqp_policy_proxy.amqp.errors import DecodeError
 from amqp_policy_proxy.amqp.framing import encode_frame
 from amqp_policy_proxy.amqp.handshake import OpenHead
+from amqp_policy_proxy.amqp.handshake import is_sasl_mechanisms as is_sasl_mechanisms_py
 from amqp_policy_proxy.amqp.handshake import read_open_head as read_open_head_py
+from amqp_policy_proxy.amqp.handshake import read_sasl_init as read_sasl_init_py
 from amqp_policy_proxy.amqp.message import read_message_head
-from amqp_policy_proxy.amqp.performatives import Disposition, Open, Transfer
+from amqp_policy_proxy.amqp.performatives import (
+    Disposition,
+    Open,
+    SaslInit,
+    SaslMechanisms,
+    Transfer,
+)
 from amqp_policy_proxy.amqp.transfer import read_transfer_fields
 
 scan_c = accel.scan_c
@@ -768,3 +776,82 @@ def test_read_fields_is_the_python_reader_with_or_without_the_extension():
     assert accel.read_fields(body, 0, len(body))[:4] == (7, 3, False, True)
     with pytest.raises(DecodeError):
         accel.read_fields(b"\x00\x53\x14\xc0\x02\x01\x40", 0, 7)
+
+
+# --- the SASL readers (``_relayscan.sasl_init``, ``_relayscan.sasl_mechanisms``)
+
+sasl_init_c = accel.sasl_init_c
+sasl_mechanisms_c = accel.sasl_mechanisms_c
+
+
+def _c_sasl_agrees(body: bytes, pos: int, end: int) -> tuple[Any, Any]:
+    """Call both C readers (also on the same window with every byte outside it changed) and
+    check that each answer they give is the Python reader's."""
+    init = _never_reads_outside(sasl_init_c, body, pos, end)
+    if init is not None:
+        assert init == read_sasl_init_py(body, pos, end)
+    mechanisms = _never_reads_outside(sasl_mechanisms_c, body, pos, end)
+    assert mechanisms in (None, True)
+    if mechanisms:
+        assert is_sasl_mechanisms_py(body, pos, end)
+    return init, mechanisms
+
+
+sasl_inits = st.builds(
+    SaslInit,
+    mechanism=st.sampled_from(["PLAIN", "ANONYMOUS", "SCRAM-SHA-256", "EXTERNAL"]).map(symbol),
+    initial_response=st.one_of(st.none(), st.binary(max_size=300)),
+    hostname=st.one_of(st.none(), st.text(max_size=20)),
+)
+sasl_mechanism_lists = st.builds(
+    lambda names: SaslMechanisms(sasl_server_mechanisms=symbol_array(names)),
+    st.lists(st.sampled_from(["ANONYMOUS", "PLAIN", "EXTERNAL", "SCRAM-SHA-1"]), min_size=1,
+             max_size=4),
+)
+
+
+@needs_c
+@given(sasl_inits)
+@settings(max_examples=300, deadline=None)
+def test_c_sasl_init_answers_as_python_on_proton_inits(perf):
+    """On the sasl-inits proton encodes, the C reader answers as Python does, and answers
+    whenever the hostname is ASCII."""
+    body = perf.encode()
+    init, _ = _c_sasl_agrees(body, 0, len(body))
+    if (perf.hostname or "").isascii():
+        assert init is not None
+
+
+@needs_c
+@given(sasl_mechanism_lists)
+@settings(max_examples=100, deadline=None)
+def test_c_sasl_mechanisms_answers_on_proton_mechanisms(perf):
+    body = perf.encode()
+    _, mechanisms = _c_sasl_agrees(body, 0, len(body))
+    assert mechanisms is True
+
+
+@needs_c
+@given(st.one_of(sasl_inits, sasl_mechanism_lists), st.binary(max_size=40), st.data())
+@settings(max_examples=1000, deadline=None)
+def test_c_sasl_readers_on_random_and_mutated_bytes(perf, raw, data):
+    """Proton's sasl-inits and sasl-mechanisms with bytes overwritten, cut or grown, and
+    random bytes: the C readers never crash, never read outside their window, and only ever
+    answer as Python does."""
+    buf = bytearray(data.draw(st.sampled_from([b"", perf.encode()])) + raw)
+    for _ in range(data.draw(st.integers(0, 3)) if buf else 0):
+        i = data.draw(st.integers(0, len(buf) - 1))
+        buf[i] = data.draw(st.sampled_from([0x00, 0x01, 0x40, 0x41, 0x45, 0x53, 0x80, 0xA0,
+                                            0xA1, 0xA3, 0xB0, 0xB3, 0xC0, 0xD0, 0xE0, 0xFF]))
+    pos = data.draw(st.integers(0, len(buf)))
+    end = data.draw(st.integers(pos, len(buf)))
+    _c_sasl_agrees(bytes(buf), pos, end)
+
+
+def test_sasl_readers_are_the_python_readers_with_or_without_the_extension():
+    body = SaslInit(mechanism=symbol("PLAIN"), initial_response=b"\0u\0p").encode()
+    assert accel.read_sasl_init(body, 0, len(body)) == ("PLAIN", b"\0u\0p")
+    assert accel.read_sasl_init(body, 0, len(body)) == read_sasl_init_py(body, 0, len(body))
+    mechs = SaslMechanisms(sasl_server_mechanisms=symbol_array(["PLAIN"])).encode()
+    assert accel.is_sasl_mechanisms(mechs, 0, len(mechs)) is True
+    assert accel.is_sasl_mechanisms(body, 0, len(body)) is False
