@@ -181,6 +181,15 @@ static int arity(Py_ssize_t nargs, Py_ssize_t want, const char *usage) {
     return -1;
 }
 
+/* The truth of the last of an entry point's `want` arguments (its flag) in *flag: 0, or -1
+ * with an exception (a wrong count: a TypeError naming `usage`, see arity()). */
+static int flag_last(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                     const char *usage, int *flag) {
+    if (arity(nargs, want, usage) < 0) return -1;
+    *flag = PyObject_IsTrue(args[want - 1]);
+    return *flag < 0 ? -1 : 0;
+}
+
 /* The window buf[pos:end] named by a call's first three arguments (buf, pos, end): the
  * buffer (the caller releases it with PyBuffer_Release), `pos` checked to be inside it, `end`
  * clamped to [pos, len(buf)]. Returns 0, or -1 with an exception set (nothing to release). */
@@ -416,9 +425,8 @@ static int head_ok(const unsigned char *b, Py_ssize_t p, Py_ssize_t fend,
  * Python's. */
 static PyObject *message_head(PyObject *Py_UNUSED(self), PyObject *const *args,
                               Py_ssize_t nargs) {
-    if (arity(nargs, 4, "message_head(buf, pos, end, last)") < 0) return NULL;
-    int last = PyObject_IsTrue(args[3]);
-    if (last < 0) return NULL;
+    int last;
+    if (flag_last(args, nargs, 4, "message_head(buf, pos, end, last)", &last) < 0) return NULL;
     Py_buffer view;
     Py_ssize_t p, end;
     if (open_window(args, &view, &p, &end) < 0) return NULL;
@@ -668,9 +676,8 @@ static int open_uint(const unsigned char *b, Py_ssize_t p, Py_ssize_t stop, int6
  * property test checks that every answer equals Python's. */
 static PyObject *open_head(PyObject *Py_UNUSED(self), PyObject *const *args,
                            Py_ssize_t nargs) {
-    if (arity(nargs, 2, "open_head(body, strict)") < 0) return NULL;
-    int strict = PyObject_IsTrue(args[1]);
-    if (strict < 0) return NULL;
+    int strict;
+    if (flag_last(args, nargs, 2, "open_head(body, strict)", &strict) < 0) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     const unsigned char *b = (const unsigned char *)view.buf;

@@ -123,6 +123,17 @@ def read_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *,
     return read_message_head(buf, pos, end, last=last)
 
 
+def _answer(c_reader: FieldsFunction | None, py_reader: Callable[[Any, int, int], Any],
+            buf: bytes | bytearray | memoryview, pos: int, end: int) -> Any:
+    """``c_reader(buf, pos, end)`` when the C reader is there and answers (not None), else
+    ``py_reader(buf, pos, end)``, the Python reader it answers for."""
+    if c_reader is not None:
+        got = c_reader(buf, pos, end)
+        if got is not None:
+            return got
+    return py_reader(buf, pos, end)
+
+
 def read_fields(buf: bytes | bytearray | memoryview, pos: int,
                 end: int) -> tuple[int, int | None, bool, bool, bool, int, int]:
     """:func:`~.transfer.read_transfer_fields`, answered in C for the Transfers the scanner
@@ -133,12 +144,7 @@ def read_fields(buf: bytes | bytearray | memoryview, pos: int,
     Python reader reads it, or raises. Arguments, result and errors are those of
     :func:`~.transfer.read_transfer_fields`.
     """
-    reader = _transfer_fields
-    if reader is not None:
-        got = reader(buf, pos, end)
-        if got is not None:
-            return got
-    return read_transfer_fields(buf, pos, end)
+    return _answer(_transfer_fields, read_transfer_fields, buf, pos, end)
 
 
 def read_sasl_init(buf: bytes | bytearray | memoryview, pos: int,
@@ -146,22 +152,14 @@ def read_sasl_init(buf: bytes | bytearray | memoryview, pos: int,
     """:func:`~.handshake.read_sasl_init`, answered in C for the plain sasl-inits clients
     send (its answer is the Python reader's, property-tested); any other goes to the Python
     reader. Arguments and result are those of :func:`~.handshake.read_sasl_init`."""
-    reader = _sasl_init
-    if reader is not None:
-        got = reader(buf, pos, end)
-        if got is not None:
-            return got
-    return read_sasl_init_py(buf, pos, end)
+    return _answer(_sasl_init, read_sasl_init_py, buf, pos, end)
 
 
 def is_sasl_mechanisms(buf: bytes | bytearray | memoryview, pos: int, end: int) -> bool:
     """:func:`~.handshake.is_sasl_mechanisms`, answered in C for the plain sasl-mechanisms
     routers send (True only where the Python reader says True, property-tested); any other
     body goes to the Python reader."""
-    reader = _sasl_mechanisms
-    if reader is not None and reader(buf, pos, end) is not None:
-        return True
-    return is_sasl_mechanisms_py(buf, pos, end)
+    return _answer(_sasl_mechanisms, is_sasl_mechanisms_py, buf, pos, end)
 
 
 def read_open_head(body: bytes | bytearray | memoryview, *,

@@ -42,7 +42,7 @@ import socket
 import stat
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
@@ -247,20 +247,23 @@ def bind_unix_socket(path: str, group: str | None) -> socket.socket:
     return sock
 
 
+@dataclass(eq=False)
 class AdminServer:
-    """The admin interface of one daemon: started after the listeners, stopped at exit."""
+    """The admin interface of one daemon: started after the listeners, stopped at exit.
 
-    def __init__(self, build: Callable[[str], web.Application], config: AdminConfig,
-                 source: str | None = None) -> None:
-        """Serve the application ``build(token)`` makes (:func:`build_app`, or
-        :func:`build_workers_app` in a workers' parent) as ``config`` says; ``source`` names
-        the config file in errors."""
-        self.build = build
-        self.config = config
-        self.source = source
-        self.runner: web.AppRunner | None = None
-        self.socket_path: str | None = None
-        self.tcp_address: str | None = None
+    It serves the application ``build(token)`` makes (:func:`build_app`, or
+    :func:`build_workers_app` in a workers' parent) as ``config`` says; ``source`` names the
+    config file in errors.
+    """
+
+    build: Callable[[str], web.Application]
+    config: AdminConfig
+    source: str | None = None
+    runner: web.AppRunner | None = field(default=None, init=False)
+    socket_path: str | None = field(default=None, init=False)
+    """The Unix socket served, once started."""
+    tcp_address: str | None = field(default=None, init=False)
+    """The TCP address served (``HOST:PORT``), once started."""
 
     async def start(self) -> None:
         """Create the socket (and the TCP listener) and serve.

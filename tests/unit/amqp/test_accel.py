@@ -37,6 +37,7 @@ from amqp_policy_proxy.amqp.performatives import (
     Transfer,
 )
 from amqp_policy_proxy.amqp.transfer import read_transfer_fields
+from tests.unit.amqp.test_handshake import opens
 
 scan_c = accel.scan_c
 needs_c = pytest.mark.skipif(scan_c is None, reason="C extension not built (no compiler?)")
@@ -596,16 +597,8 @@ def _c_open_agrees(body: bytes, strict: bool) -> Any:
     return got
 
 
-proton_opens = st.builds(
-    Open,
-    container_id=st.text(max_size=20),
-    hostname=st.one_of(st.none(), st.text(max_size=300)),
-    max_frame_size=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
-    channel_max=st.one_of(st.none(), st.integers(0, 0xFFFF)),
-    idle_time_out=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
-    offered_capabilities=st.one_of(st.none(), st.just(symbol_array(["ANONYMOUS-RELAY"]))),
-    properties=st.one_of(st.none(), st.just({symbol("product"): "x"})),
-)
+#: Opens as proton encodes them (hostnames long enough for a str32 included).
+proton_opens = opens
 
 
 @needs_c

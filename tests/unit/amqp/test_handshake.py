@@ -183,7 +183,7 @@ def test_sasl_init_answer_is_what_proton_decodes(tail):
 opens = st.builds(
     Open,
     container_id=st.text(max_size=20),
-    hostname=st.one_of(st.none(), st.text(max_size=30)),
+    hostname=st.one_of(st.none(), st.text(max_size=30), st.text(min_size=250, max_size=300)),
     max_frame_size=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
     channel_max=st.one_of(st.none(), st.integers(0, 0xFFFF)),
     idle_time_out=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
