@@ -15,7 +15,8 @@ No I/O, no clock: the wall-clock time comes in as ``wall_now``.
 
 from __future__ import annotations
 
-from typing import Final, Protocol, cast
+from collections.abc import Callable
+from typing import Any, Final, Protocol, cast
 
 from amqp_policy_proxy.policy.topics.outcomes import (
     PUBLISH,
@@ -139,20 +140,8 @@ class TopicAuthorizer:
             (``persistent`` at the nearest defining node). Without a ``nearestAcl`` tree every
             delivery is visible and keeps its durability.
         """
-        key = ("delivery", principal, address)
-        memo = self._memo
-        found = memo.get(key)
-        if found is not None:
-            return cast(DeliveryDecision, found)
-        if self.tree is None:
-            answer = DeliveryDecision(True, False, "no per-delivery topic model")
-        else:
-            verdict = self.tree.check_delivery(principal, address)
-            answer = DeliveryDecision(verdict.allowed, verdict.strip_durable, verdict.text)
-        if len(memo) >= MEMO_SIZE:
-            memo.clear()
-        memo[key] = answer
-        return answer
+        return self._delivery(("delivery", principal, address), TopicTree.check_delivery,
+                              principal, address)
 
     def check_unknown_delivery(self, principal: Principal, subscription: str, *,
                                wall_now: float) -> DeliveryDecision:
@@ -170,7 +159,14 @@ class TopicAuthorizer:
         Returns:
             Visibility and ``strip_durable``; without a ``nearestAcl`` tree, visible.
         """
-        key = ("unknown", principal, subscription)
+        return self._delivery(("unknown", principal, subscription),
+                              TopicTree.check_unknown_delivery, principal, subscription)
+
+    def _delivery(self, key: tuple[str, Principal, str],
+                  ask: Callable[[TopicTree, Principal, str], Any], principal: Principal,
+                  address: str) -> DeliveryDecision:
+        """The per-delivery decision memoised under ``key``, else ``ask(tree, principal,
+        address)``'s verdict (visible without a ``nearestAcl`` tree), memoised."""
         memo = self._memo
         found = memo.get(key)
         if found is not None:
@@ -178,7 +174,7 @@ class TopicAuthorizer:
         if self.tree is None:
             answer = DeliveryDecision(True, False, "no per-delivery topic model")
         else:
-            verdict = self.tree.check_unknown_delivery(principal, subscription)
+            verdict = ask(self.tree, principal, address)
             answer = DeliveryDecision(verdict.allowed, verdict.strip_durable, verdict.text)
         if len(memo) >= MEMO_SIZE:
             memo.clear()
