@@ -66,6 +66,7 @@ class LedgerPending:
     __slots__ = ()
 
     def __repr__(self) -> str:
+        """``LEDGER_PENDING``, the name it is known by."""
         return "LEDGER_PENDING"
 
 

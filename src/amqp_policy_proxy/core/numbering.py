@@ -211,12 +211,16 @@ class DeliveryNumbering:
     # ------------------------------------------------------------------ internals
 
     def _era(self, u: int) -> Era | None:
+        """The era (a run of client ids renumbered by one offset) the unbounded client id
+        ``u`` belongs to, or None when no era names it."""
         for era in reversed(self.eras):
             if era.start <= u and (era.end is None or u < era.end):
                 return era
         return None
 
     def _settle(self, u: int) -> None:
+        """The delivery of unbounded client id ``u`` is settled: forget it, and its era once
+        no live delivery is left in it (the current era is kept)."""
         entry = self.live.pop(u, None)
         if entry is None:
             return
@@ -248,6 +252,8 @@ def _sequencing_error(expected: int, got: int | None) -> InvalidFieldError:
 
 
 def _range(perf: Disposition, a: int, b: int) -> Disposition:
+    """``perf`` for the delivery-ids ``a`` .. ``b`` (unbounded; sent modulo 2**32, ``last``
+    omitted for a single id: Part 2 §2.7.6)."""
     a &= MASK
     b &= MASK
     return dataclasses.replace(perf, first=a, last=None if a == b else b)
@@ -308,6 +314,7 @@ def flow_to_router(perf: Flow, withheld: int) -> dict[str, Any]:
 
 
 def _int(value: Any) -> int | None:
+    """A decoded AMQP uint field as an ``int``, None when absent or null."""
     return None if value is None else int(value)
 
 
