@@ -486,7 +486,8 @@ static int ascii(const unsigned char *b, Py_ssize_t start, Py_ssize_t stop) {
 static Py_ssize_t sized(const unsigned char *b, Py_ssize_t p, Py_ssize_t end, int short_code,
                         int long_code, Py_ssize_t *start) {
     if (p >= end) return -1;
-    Py_ssize_t n;
+    uint32_t n;  /* compared as unsigned before the cast: with a 32-bit Py_ssize_t (i386,
+                  * armv7) a length of 0x80000000 or more would turn negative */
     if (b[p] == short_code) {
         if (end - p < 2) return -1;
         *start = p + 2;
@@ -494,11 +495,11 @@ static Py_ssize_t sized(const unsigned char *b, Py_ssize_t p, Py_ssize_t end, in
     } else if (b[p] == long_code) {
         if (end - p < 5) return -1;
         *start = p + 5;
-        n = (Py_ssize_t)be32(b + p + 1);
+        n = be32(b + p + 1);
     } else {
         return -1;
     }
-    return n > end - *start ? -1 : *start + n;
+    return (uint64_t)n > (uint64_t)(end - *start) ? -1 : *start + (Py_ssize_t)n;
 }
 
 /* sasl_init(buf, pos, end) -> (mechanism, initial_response) or None
@@ -594,19 +595,24 @@ static PyObject *sasl_mechanisms(PyObject *Py_UNUSED(self), PyObject *const *arg
             int element = q < 0 ? 0 : b[q++];
             plain = n > 0 && (element == 0xA3 || element == 0xB3);
             for (uint64_t i = 0; plain && i < n; i++) {    /* sym8 / sym32: length, name */
-                Py_ssize_t at, len;
+                Py_ssize_t at;
+                uint32_t len;                             /* compared before any cast */
                 if (element == 0xA3 && q < end) {
                     at = q + 1;
                     len = b[q];
                 } else if (element == 0xB3 && end - q >= 4) {
                     at = q + 4;
-                    len = (Py_ssize_t)be32(b + q);
+                    len = be32(b + q);
                 } else {
                     plain = 0;
                     break;
                 }
-                plain = len <= end - at && ascii(b, at, at + len);
-                q = at + len;
+                if ((uint64_t)len > (uint64_t)(end - at)) {
+                    plain = 0;
+                    break;
+                }
+                plain = ascii(b, at, at + (Py_ssize_t)len);
+                q = at + (Py_ssize_t)len;
             }
             plain = plain && q == end;
         }

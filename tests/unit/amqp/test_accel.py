@@ -848,3 +848,51 @@ def test_sasl_readers_are_the_python_readers_with_or_without_the_extension():
     mechs = SaslMechanisms(sasl_server_mechanisms=symbol_array(["PLAIN"])).encode()
     assert accel.is_sasl_mechanisms(mechs, 0, len(mechs)) is True
     assert accel.is_sasl_mechanisms(body, 0, len(body)) is False
+
+
+def _sym32(code: int, data: bytes, length: int | None = None) -> bytes:
+    return bytes([code]) + (len(data) if length is None else length).to_bytes(4, "big") + data
+
+
+def _list32(code: int, items: list[bytes]) -> bytes:
+    content = b"".join(items)
+    return (b"\x00\x53" + bytes([code]) + b"\xd0" + (len(content) + 4).to_bytes(4, "big")
+            + len(items).to_bytes(4, "big") + content)
+
+
+#: 32-bit lengths a 32-bit Py_ssize_t (i386, armv7 builds) would read as negative: the C
+#: readers once cast them before comparing them with the room left, so that a sasl-init's
+#: field could end before it started (the next field read at an earlier offset) and a
+#: sasl-mechanisms' sym32 loop could step before the buffer.
+NEGATIVE_ON_32_BITS = [0x80000000, 0xC0000000, 0xFFFFFFF0, 0xFFFFFFFB, 0xFFFFFFFF]
+
+
+@needs_c
+@pytest.mark.parametrize("length", NEGATIVE_ON_32_BITS)
+@pytest.mark.parametrize("field", [0, 1, 2])
+def test_c_sasl_init_refuses_32_bit_lengths_past_the_body(length, field):
+    """A sasl-init whose mechanism (sym32), initial-response (vbin32) or hostname (str32)
+    claims a length of 2**31 or more, behind bytes a backward step would land on: no answer
+    from C (Python refuses it too), whatever the width of Py_ssize_t."""
+    items = [_sym32(0xB3, b"PLAIN"), _sym32(0xB0, b"\0alice\0pw"), _sym32(0xB1, b"test")]
+    items[field] = items[field][:1] + length.to_bytes(4, "big") + items[field][5:]
+    prefix = b"\x40\xa0\x00" * 20  # a null and an empty vbin8 to land on
+    buf = prefix + _list32(0x41, items)
+    assert _c_sasl_agrees(buf, len(prefix), len(buf)) == (None, None)
+    assert read_sasl_init_py(buf, len(prefix), len(buf)) is None
+    good = prefix + _list32(0x41, [_sym32(0xB3, b"PLAIN"), _sym32(0xB0, b"\0alice\0pw"),
+                                   _sym32(0xB1, b"test")])
+    assert sasl_init_c(good, len(prefix), len(good)) == ("PLAIN", b"\0alice\0pw")
+
+
+@needs_c
+@pytest.mark.parametrize("length", NEGATIVE_ON_32_BITS)
+def test_c_sasl_mechanisms_refuses_32_bit_lengths_past_the_body(length):
+    """An array32 of sym32 whose first name claims a length of 2**31 or more, and a lone
+    sym32 that does: no answer from C, and no step before the array."""
+    names = length.to_bytes(4, "big") + b"PLAIN" + (5).to_bytes(4, "big") + b"PLAIN"
+    array = b"\xf0" + (len(names) + 5).to_bytes(4, "big") + (2).to_bytes(4, "big") + b"\xb3"
+    for body in (_list32(0x40, [array + names]), _list32(0x40, [_sym32(0xB3, b"PLAIN", length)])):
+        buf = b"\xb3\x00\x00\x00\x00" * 8 + body
+        assert _c_sasl_agrees(buf, 40, len(buf)) == (None, None)
+        assert not is_sasl_mechanisms_py(buf, 40, len(buf))
