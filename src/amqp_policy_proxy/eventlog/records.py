@@ -18,19 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, get_args, get_type_hints
 
-from amqp_policy_proxy.core.events import (
-    AdminAction,
-    ConnectionApproved,
-    ConnectionClosed,
-    ConnectionDenied,
-    LinkDenied,
-    MessageDenied,
-    OpenDecided,
-    PolicyReloaded,
-    ProtocolViolation,
-    SessionDenied,
-    ShadowDenied,
-)
+from amqp_policy_proxy.core import events
 from amqp_policy_proxy.eventlog import schema
 
 __all__ = ["format_ts", "to_record"]
@@ -79,17 +67,17 @@ def _finite(value: float) -> float | None:
 # Event type -> event name. UpstreamConnectFailed is deliberately absent: it is a metric only
 # (amqp_proxy_upstream_connect_failures_total), not a connection fact.
 _EVENT_NAMES: dict[type, str] = {
-    ConnectionApproved: schema.CONNECTION_OPENED,
-    ConnectionDenied: schema.CONNECTION_DENIED,
-    ConnectionClosed: schema.CONNECTION_CLOSED,
-    SessionDenied: schema.SESSION_DENIED,
-    LinkDenied: schema.LINK_DENIED,
-    MessageDenied: schema.MESSAGE_DENIED,
-    ProtocolViolation: schema.PROTOCOL_ERROR,
-    PolicyReloaded: schema.POLICY_RELOADED,
-    OpenDecided: schema.AUTH_DECISION,
-    ShadowDenied: schema.SHADOW_DENIED,
-    AdminAction: schema.ADMIN_ACTION,
+    events.ConnectionApproved: schema.CONNECTION_OPENED,
+    events.ConnectionDenied: schema.CONNECTION_DENIED,
+    events.ConnectionClosed: schema.CONNECTION_CLOSED,
+    events.SessionDenied: schema.SESSION_DENIED,
+    events.LinkDenied: schema.LINK_DENIED,
+    events.MessageDenied: schema.MESSAGE_DENIED,
+    events.ProtocolViolation: schema.PROTOCOL_ERROR,
+    events.PolicyReloaded: schema.POLICY_RELOADED,
+    events.OpenDecided: schema.AUTH_DECISION,
+    events.ShadowDenied: schema.SHADOW_DENIED,
+    events.AdminAction: schema.ADMIN_ACTION,
 }
 
 #: How a value of each schema type becomes JSON, as an expression of the value ``{0}``. A
