@@ -12,7 +12,7 @@ May import prometheus_client; must not import the daemon.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -114,98 +114,111 @@ class LiveCollector:
 
     @staticmethod
     def _families(snap: MetricsSnapshot) -> Iterator[Metric]:
-        active = GaugeMetricFamily(
+        yield _family(
+            GaugeMetricFamily,
             "amqp_proxy_connections_active",
             "Open connections per vhost and policy group.",
-            labels=("vhost", "group"),
+            ("vhost", "group"),
+            snap.connections_active.items(),
         )
-        for (vhost, group), count in snap.connections_active.items():
-            active.add_metric((vhost, group), count)
-        yield active
-
-        traffic = CounterMetricFamily(
+        yield _family(
+            CounterMetricFamily,
             "amqp_proxy_bytes_total",
             "Bytes relayed per vhost and direction, AMQP frames included.",
-            labels=("vhost", "direction"),
+            ("vhost", "direction"),
+            snap.bytes_total.items(),
         )
-        for (vhost, direction), count in snap.bytes_total.items():
-            traffic.add_metric((vhost, direction), count)
-        yield traffic
-
-        transfers = CounterMetricFamily(
+        yield _family(
+            CounterMetricFamily,
             "amqp_proxy_transfers_total",
             "Transfer frames relayed per vhost and direction.",
-            labels=("vhost", "direction"),
+            ("vhost", "direction"),
+            snap.transfers_total.items(),
         )
-        for (vhost, direction), count in snap.transfers_total.items():
-            transfers.add_metric((vhost, direction), count)
-        yield transfers
-
-        limit = GaugeMetricFamily(
-            "amqp_proxy_limit",
-            "Configured policy count limits (connections, sessions, links) by QDR setting "
-            "name; no sample when unlimited.",
-            labels=("vhost", "group", "limit"),
-        )
-        limit_bytes = GaugeMetricFamily(
-            "amqp_proxy_limit_bytes",
-            "Configured policy size limits in bytes (maxFrameSize, maxMessageSize, "
-            "maxSessionWindow); no sample when unlimited.",
-            labels=("vhost", "group", "limit"),
-        )
-        for vhost, group, name, value in snap.limits:
-            family = limit_bytes if name in BYTE_LIMIT_NAMES else limit
-            family.add_metric((vhost, group, name), value)
-        yield limit
-        yield limit_bytes
-
-        info = GaugeMetricFamily(
+        for in_bytes, name, doc in _LIMIT_FAMILIES:
+            yield _family(
+                GaugeMetricFamily,
+                name,
+                doc,
+                ("vhost", "group", "limit"),
+                (((vhost, group, limit), value) for vhost, group, limit, value in snap.limits
+                 if (limit in BYTE_LIMIT_NAMES) == in_bytes),
+            )
+        yield _family(
+            GaugeMetricFamily,
             "amqp_proxy_policy_info",
             "Always 1; the digest label identifies the running policy.",
-            labels=("digest",),
+            ("digest",),
+            [((snap.policy_digest,), 1)] if snap.policy_digest else (),
         )
-        if snap.policy_digest:
-            info.add_metric((snap.policy_digest,), 1)
-        yield info
-
-        throttled = CounterMetricFamily(
-            "amqp_proxy_throttled_seconds",
-            "Seconds users of a group spent throttled by credit shaping (a sending link with "
-            "no credit left waiting for maxMessageRatePerUser / maxByteRatePerUser tokens), "
-            "summed over users.",
-            labels=("vhost", "group"),
-        )
-        messages = CounterMetricFamily(
-            "amqp_proxy_shaped_messages",
-            "Messages sent on links shaped by maxMessageRatePerUser / maxByteRatePerUser.",
-            labels=("vhost", "group"),
-        )
-        nbytes = CounterMetricFamily(
-            "amqp_proxy_shaped_bytes",
-            "Message payload bytes sent on shaped links.",
-            labels=("vhost", "group"),
-        )
-        for (vhost, group), (seconds, n_messages, n_bytes) in snap.shaping.items():
-            throttled.add_metric((vhost, group), seconds)
-            messages.add_metric((vhost, group), n_messages)
-            nbytes.add_metric((vhost, group), n_bytes)
-        yield throttled
-        yield messages
-        yield nbytes
-        mode = GaugeMetricFamily(
+        # snap.shaping's values are (throttled seconds, messages, bytes): one family each.
+        for index, (name, doc) in enumerate(_SHAPING_FAMILIES):
+            yield _family(
+                CounterMetricFamily,
+                name,
+                doc,
+                ("vhost", "group"),
+                ((key, figures[index]) for key, figures in snap.shaping.items()),
+            )
+        yield _family(
+            GaugeMetricFamily,
             "amqp_proxy_ledger_mode",
             "1 for the connection ledger's mode in force: redis (the fleet's store decides), "
             "local-share, closed or open (its failure mode), in-process (no [ledger]).",
-            labels=("mode",),
+            ("mode",),
+            (((mode,), 1 if mode == snap.ledger_mode else 0) for mode in LEDGER_MODES),
         )
-        for name in LEDGER_MODES:
-            mode.add_metric((name,), 1 if name == snap.ledger_mode else 0)
-        yield mode
-
-        proxies = GaugeMetricFamily(
+        yield _family(
+            GaugeMetricFamily,
             "amqp_proxy_ledger_proxies",
             "Live proxies last seen in the fleet ledger (the local-share divisor).",
+            (),
+            [((), snap.ledger_proxies)] if snap.ledger_proxies is not None else (),
         )
-        if snap.ledger_proxies is not None:
-            proxies.add_metric((), snap.ledger_proxies)
-        yield proxies
+
+
+#: ``(byte-valued, name, help)`` of the two families of configured limits.
+_LIMIT_FAMILIES: tuple[tuple[bool, str, str], ...] = (
+    (
+        False,
+        "amqp_proxy_limit",
+        "Configured policy count limits (connections, sessions, links) by QDR setting "
+        "name; no sample when unlimited.",
+    ),
+    (
+        True,
+        "amqp_proxy_limit_bytes",
+        "Configured policy size limits in bytes (maxFrameSize, maxMessageSize, "
+        "maxSessionWindow); no sample when unlimited.",
+    ),
+)
+
+#: ``(name, help)`` of the credit shaping counters, in the order of
+#: :attr:`MetricsSnapshot.shaping`'s figures.
+_SHAPING_FAMILIES: tuple[tuple[str, str], ...] = (
+    (
+        "amqp_proxy_throttled_seconds",
+        "Seconds users of a group spent throttled by credit shaping (a sending link with "
+        "no credit left waiting for maxMessageRatePerUser / maxByteRatePerUser tokens), "
+        "summed over users.",
+    ),
+    (
+        "amqp_proxy_shaped_messages",
+        "Messages sent on links shaped by maxMessageRatePerUser / maxByteRatePerUser.",
+    ),
+    ("amqp_proxy_shaped_bytes", "Message payload bytes sent on shaped links."),
+)
+
+
+def _family(
+    kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    name: str,
+    doc: str,
+    labels: tuple[str, ...],
+    samples: Iterable[tuple[tuple[str, ...], float]],
+) -> Metric:
+    """Return a new family of ``kind`` with one sample per ``(label values, value)``."""
+    family = kind(name, doc, labels=labels)
+    for label_values, value in samples:
+        family.add_metric(label_values, value)
+    return family
