@@ -15,6 +15,7 @@ May import prometheus_client; must not import the daemon.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -139,6 +140,91 @@ def _no_metric(event: object) -> None:
     """The handler of an event that is only written to the event log."""
 
 
+#: The counter of each counted event type: ``(name, help, labels)``. Each label's value is
+#: the event's attribute of the same name (:func:`_label`). In export order.
+_EVENT_COUNTERS: dict[type, tuple[str, str, tuple[str, ...]]] = {
+    ConnectionApproved: (
+        "amqp_proxy_connections_approved_total",
+        "Connections whose Open passed every admission rule.",
+        ("vhost", "group"),
+    ),
+    ConnectionDenied: (
+        "amqp_proxy_connections_denied_total",
+        "Connections refused at TCP accept, at Open or by the handshake timeout.",
+        ("vhost", "reason"),
+    ),
+    SessionDenied: (
+        "amqp_proxy_sessions_denied_total",
+        "Begin frames denied by maxSessions (answered Begin+End).",
+        ("vhost",),
+    ),
+    LinkDenied: (
+        "amqp_proxy_links_denied_total",
+        "Attach frames denied by policy (answered Attach+Detach); role is the client's side.",
+        ("vhost", "role", "reason"),
+    ),
+    MessageDenied: (
+        "amqp_proxy_messages_denied_total",
+        "Deliveries rejected by policy.",
+        ("vhost", "reason"),
+    ),
+    ShadowDenied: (
+        "amqp_proxy_shadow_denials_total",
+        "Denials shadow mode let through (enforcement: shadow): allowed, logged SHADOW DENY.",
+        ("vhost", "kind", "reason"),
+    ),
+    ProtocolViolation: (
+        "amqp_proxy_protocol_errors_total",
+        "Connections closed because a side broke the AMQP protocol.",
+        ("side", "condition"),
+    ),
+    UpstreamConnectFailed: (
+        "amqp_proxy_upstream_connect_failures_total",
+        "Failed attempts to connect to an upstream router or broker.",
+        ("upstream",),
+    ),
+    PolicyReloaded: (
+        "amqp_proxy_policy_reloads_total",
+        "Policy reloads by result (error: the running policy was kept).",
+        ("result",),
+    ),
+}
+
+
+class _Children(dict[Any, Any]):
+    """The labelled children of one metric, by an event's raw values of the label names.
+
+    ``.labels()`` builds and validates the label tuple under a lock on every call; a child
+    looked up here is built once, on first use (``__missing__``). Children are never removed
+    from the observer's metrics, so a remembered child stays the one prometheus exports; the
+    keys are bounded like the series.
+    """
+
+    def __init__(self, metric: Counter | Histogram, labels: tuple[str, ...]) -> None:
+        super().__init__()
+        self._metric = metric
+        self._one = len(labels) == 1
+        self.key: Callable[[Any], Any] = attrgetter(*labels)
+        """Returns the key of an event: its values of the label names (one value for one)."""
+
+    def __missing__(self, key: Any) -> Any:
+        """Build, remember and return the child of ``key``."""
+        child = self._metric.labels(*map(_label, (key,) if self._one else key))
+        self[key] = child
+        return child
+
+
+def _counting(counter: Counter, labels: tuple[str, ...]) -> Callable[[Any], None]:
+    """Return the handler that counts an event in ``counter`` (labels from the event)."""
+    children = _Children(counter, labels)
+    key = children.key
+
+    def count(event: Any) -> None:
+        children[key(event)].inc()
+
+    return count
+
+
 class _NoCreatedSeries:
     """Collector exposing a fixed set of metrics without their ``_created`` samples.
 
@@ -183,51 +269,10 @@ class MetricsObserver:
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, labels, registry=None)
 
-        self.connections_approved = counter(
-            "amqp_proxy_connections_approved_total",
-            "Connections whose Open passed every admission rule.",
-            ("vhost", "group"),
-        )
-        self.connections_denied = counter(
-            "amqp_proxy_connections_denied_total",
-            "Connections refused at TCP accept, at Open or by the handshake timeout.",
-            ("vhost", "reason"),
-        )
-        self.sessions_denied = counter(
-            "amqp_proxy_sessions_denied_total",
-            "Begin frames denied by maxSessions (answered Begin+End).",
-            ("vhost",),
-        )
-        self.links_denied = counter(
-            "amqp_proxy_links_denied_total",
-            "Attach frames denied by policy (answered Attach+Detach); role is the client's side.",
-            ("vhost", "role", "reason"),
-        )
-        self.messages_denied = counter(
-            "amqp_proxy_messages_denied_total",
-            "Deliveries rejected by policy.",
-            ("vhost", "reason"),
-        )
-        self.shadow_denials = counter(
-            "amqp_proxy_shadow_denials_total",
-            "Denials shadow mode let through (enforcement: shadow): allowed, logged SHADOW DENY.",
-            ("vhost", "kind", "reason"),
-        )
-        self.protocol_errors = counter(
-            "amqp_proxy_protocol_errors_total",
-            "Connections closed because a side broke the AMQP protocol.",
-            ("side", "condition"),
-        )
-        self.upstream_connect_failures = counter(
-            "amqp_proxy_upstream_connect_failures_total",
-            "Failed attempts to connect to an upstream router or broker.",
-            ("upstream",),
-        )
-        self.policy_reloads = counter(
-            "amqp_proxy_policy_reloads_total",
-            "Policy reloads by result (error: the running policy was kept).",
-            ("result",),
-        )
+        self._event_counters = {
+            event_type: counter(name, doc, labels)
+            for event_type, (name, doc, labels) in _EVENT_COUNTERS.items()
+        }
         self.event_log_dropped_total = counter(
             "amqp_proxy_event_log_dropped_total",
             "Event log records dropped (writer queue full, writer stopped or sink failure).",
@@ -273,15 +318,7 @@ class MetricsObserver:
         registry.register(
             _NoCreatedSeries(
                 (
-                    self.connections_approved,
-                    self.connections_denied,
-                    self.sessions_denied,
-                    self.links_denied,
-                    self.messages_denied,
-                    self.shadow_denials,
-                    self.protocol_errors,
-                    self.upstream_connect_failures,
-                    self.policy_reloads,
+                    *self._event_counters.values(),
                     self.event_log_dropped_total,
                     self.event_log_errors_total,
                     self.internal_errors_total,
@@ -296,38 +333,27 @@ class MetricsObserver:
 
         # Zero series that dashboards and alerts rely on being present from the start.
         for result in ("ok", "error"):
-            self.policy_reloads.labels(result)
+            self._event_counters[PolicyReloaded].labels(result)
         for reason in _VHOSTLESS_DENY_REASONS:
-            self.connections_denied.labels("", reason.value)
+            self._event_counters[ConnectionDenied].labels("", reason.value)
         for reason in LEDGER_ERROR_REASONS:
             self.ledger_errors.labels(reason)
 
-        # Labelled children of the per-connection metrics, by the event's raw label values:
-        # ``.labels()`` builds and validates the label tuple under a lock on every call.
-        # Children are never removed from these metrics, so a remembered child stays the one
-        # prometheus exports; the keys are bounded like the series (vhosts x groups).
-        self._approved_children: dict[tuple[object, object], Any] = {}
-        self._duration_children: dict[object, Any] = {}
+        # The duration histogram's children by the events' raw vhost.
+        self._durations = _Children(self.connection_duration, ("vhost",))
         # Traffic of closed connections per (vhost, direction): the live connections' figures
         # are added at each snapshot (:meth:`traffic`), so the totals never decrease.
         self._closed_bytes: dict[tuple[str, str], int] = {}
         self._closed_transfers: dict[tuple[str, str], int] = {}
 
         self._handlers: dict[type, Callable[[Any], None]] = {
-            ConnectionApproved: self._on_connection_approved,
-            ConnectionDenied: self._on_connection_denied,
-            ConnectionClosed: self._on_connection_closed,
-            SessionDenied: self._on_session_denied,
-            LinkDenied: self._on_link_denied,
-            MessageDenied: self._on_message_denied,
-            ProtocolViolation: self._on_protocol_violation,
-            UpstreamConnectFailed: self._on_upstream_connect_failed,
-            PolicyReloaded: self._on_policy_reloaded,
-            ShadowDenied: self._on_shadow_denied,
-            # event log only: the decisions are counted from ConnectionApproved/Denied
-            OpenDecided: _no_metric,
-            AdminAction: _no_metric,
+            event_type: _counting(metric, _EVENT_COUNTERS[event_type][2])
+            for event_type, metric in self._event_counters.items()
         }
+        self._handlers[ConnectionClosed] = self._on_connection_closed
+        # event log only: the decisions are counted from ConnectionApproved/Denied
+        self._handlers[OpenDecided] = _no_metric
+        self._handlers[AdminAction] = _no_metric
 
     def handle(self, event: object) -> None:
         """Update the metrics for one core event.
@@ -379,19 +405,6 @@ class MetricsObserver:
         if n:
             self.event_log_errors_total.inc(n)
 
-    # One handler per event type; names follow the event class.
-
-    def _on_connection_approved(self, event: ConnectionApproved) -> None:
-        key = (event.vhost, event.group)
-        child = self._approved_children.get(key)
-        if child is None:
-            child = self.connections_approved.labels(_label(event.vhost), _label(event.group))
-            self._approved_children[key] = child
-        child.inc()
-
-    def _on_connection_denied(self, event: ConnectionDenied) -> None:
-        self.connections_denied.labels(_label(event.vhost), _label(event.reason)).inc()
-
     def internal_error(self) -> None:
         """Count a bug contained to one connection (``amqp_proxy_internal_errors_total``)."""
         self.internal_errors_total.inc()
@@ -442,34 +455,4 @@ class MetricsObserver:
                                      event.transfers_out)):
             totals[(vhost, inbound)] = totals.get((vhost, inbound), 0) + n_in
             totals[(vhost, outbound)] = totals.get((vhost, outbound), 0) + n_out
-        vhost = event.vhost
-        child = self._duration_children.get(vhost)
-        if child is None:
-            child = self.connection_duration.labels(_label(vhost))
-            self._duration_children[vhost] = child
-        child.observe(max(0.0, event.duration_seconds))
-
-    def _on_session_denied(self, event: SessionDenied) -> None:
-        self.sessions_denied.labels(_label(event.vhost)).inc()
-
-    def _on_link_denied(self, event: LinkDenied) -> None:
-        self.links_denied.labels(
-            _label(event.vhost), _label(event.role), _label(event.reason)
-        ).inc()
-
-    def _on_message_denied(self, event: MessageDenied) -> None:
-        self.messages_denied.labels(_label(event.vhost), _label(event.reason)).inc()
-
-    def _on_shadow_denied(self, event: ShadowDenied) -> None:
-        self.shadow_denials.labels(
-            _label(event.vhost), _label(event.kind), _label(event.reason)
-        ).inc()
-
-    def _on_protocol_violation(self, event: ProtocolViolation) -> None:
-        self.protocol_errors.labels(_label(event.side), _label(event.condition)).inc()
-
-    def _on_upstream_connect_failed(self, event: UpstreamConnectFailed) -> None:
-        self.upstream_connect_failures.labels(_label(event.upstream)).inc()
-
-    def _on_policy_reloaded(self, event: PolicyReloaded) -> None:
-        self.policy_reloads.labels(_label(event.result)).inc()
+        self._durations[event.vhost].observe(max(0.0, event.duration_seconds))

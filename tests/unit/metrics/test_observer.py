@@ -103,6 +103,18 @@ def test_connection_denied_without_vhost_is_empty_label(registry, observer):
     )
 
 
+def test_connection_denied_series_are_one_per_label_value_across_repeats(registry, observer):
+    # The observer remembers children by the events' raw values: a reason given as its enum
+    # and as its plain string, and a None vhost and "", must still land in one series.
+    for vhost, reason in ((None, ConnectionDenyReason.NO_VHOST), ("", "no_vhost"),
+                          ("vh", ConnectionDenyReason.NO_VHOST), ("vh", "no_vhost")):
+        observer.handle(ConnectionDenied(conn_id="c1", at=1.0, vhost=vhost, reason=reason))
+    assert value(registry, "amqp_proxy_connections_denied_total",
+                 vhost="", reason="no_vhost") == 2
+    assert value(registry, "amqp_proxy_connections_denied_total",
+                 vhost="vh", reason="no_vhost") == 2
+
+
 def test_session_denied(registry, observer):
     for _ in range(3):
         observer.handle(SessionDenied(conn_id="c1", at=1.0, vhost="vh", channel=7, **WHO))
