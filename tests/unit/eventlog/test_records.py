@@ -286,6 +286,22 @@ def test_unknown_objects_are_not_records():
     assert to_record(object(), wall_offset=0.0) is None
 
 
+def test_records_follow_the_schema_and_the_event_annotations(monkeypatch):
+    """The builders are derived from the schema: a field it declares that the event does not
+    carry is refused when the builder is made, not filled in; a field the event may leave None
+    is null."""
+    fields = {**schema.EVENT_FIELDS[schema.LINK_DENIED], "password": "string"}
+    monkeypatch.setitem(schema.EVENT_FIELDS, schema.LINK_DENIED, fields)
+    with pytest.raises(TypeError, match="'password'"):
+        records._builder(LinkDenied, schema.LINK_DENIED)
+    monkeypatch.undo()
+    build = records._builder(LinkDenied, schema.LINK_DENIED)
+    event = LinkDenied(conn_id="c1", at=1000.0, **WHO, role="sender", address=None,
+                       reason=LinkDenyReason.SENDER_LIMIT)
+    assert build(event, OFFSET)["address"] is None
+    assert build(event, OFFSET) == to_record(event, wall_offset=OFFSET)
+
+
 def test_no_secret_or_foreign_fields_leak():
     """An event carrying extra attributes (a subclass with a password) logs schema fields only."""
 
