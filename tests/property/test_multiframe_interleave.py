@@ -9,8 +9,6 @@ under QDR's user-id check, a delivery whose ``user-id`` is not the user's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -18,16 +16,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import Message
 
-import amqp_policy_proxy.core.fastpath as fastpath
 from amqp_policy_proxy.amqp import accel
 from amqp_policy_proxy.amqp.errors import DecodeError
 from amqp_policy_proxy.amqp.framing import encode_frame
 from amqp_policy_proxy.amqp.message import read_message_head
 from amqp_policy_proxy.amqp.transfer import read_transfer_fields
-from amqp_policy_proxy.core.commands import SendData, Side
+from amqp_policy_proxy.core.commands import Side
 
-from ..support.scanners import scanners
-from ..unit.core.helpers import Attach, Script, Target, Transfer, frame, make_policy
+from ..support.encodings import transfer_body
+from ..support.scanners import general_only, scanners
+from ..unit.core.helpers import (
+    Attach,
+    Script,
+    Target,
+    Transfer,
+    frame,
+    make_policy,
+    merged_commands,
+)
 
 MAX = 300
 
@@ -46,36 +52,6 @@ ACCEL = [pytest.param("c", marks=pytest.mark.skipif(
 
 #: (channel, handle): named q.a and anonymous on channel 0, named q.b on channel 1.
 LINKS = [(0, 0), (0, 1), (1, 0)]
-
-
-def _u(n: int | None, wide: bool) -> bytes:
-    if n is None:
-        return b"\x40"
-    if not wide and n < 256:
-        return b"\x43" if n == 0 else b"\x52" + bytes([n])
-    return b"\x70" + n.to_bytes(4, "big")
-
-
-def _flag(v: bool | None, long_form: bool) -> bytes:
-    if v is None:
-        return b"\x40"
-    if long_form:
-        return b"\x56" + (b"\x01" if v else b"\x00")
-    return b"\x41" if v else b"\x42"
-
-
-def _transfer(handle: int, did: int | None, tag: bytes | None, settled: bool | None,
-              more: bool | None, count: int, wide: bool, list32: bool, long_bool: bool,
-              payload: bytes) -> bytes:
-    fields = [_u(handle, wide), _u(did, wide),
-              b"\x40" if tag is None else b"\xa0" + bytes([len(tag)]) + tag,
-              _u(0, wide), _flag(settled, long_bool), _flag(more, long_bool)][:count]
-    items = b"".join(fields)
-    if list32:
-        lst = b"\xd0" + (len(items) + 4).to_bytes(4, "big") + count.to_bytes(4, "big") + items
-    else:
-        lst = b"\xc0" + bytes([len(items) + 1, count]) + items
-    return b"\x00\x53\x14" + lst + payload
 
 
 def _message(user_id: bytes | None, to: str | None, size: int) -> bytes:
@@ -141,19 +117,10 @@ def _stream(items: list[Any]) -> bytes:
             payload = b"B" * (MAX - 20)
         else:
             payload = b""
-        out += encode_frame(channel, _transfer(handle, did, b"t", settled, more, count, wide,
-                                               list32, long_bool, payload))
+        out += encode_frame(channel, transfer_body(
+            handle, did, b"t", count=count, settled=settled, more=more, wide=wide, list32=list32,
+            long_bool=long_bool, payload=payload))
     return bytes(out)
-
-
-@contextmanager
-def _general_only() -> Iterator[None]:
-    saved = fastpath.FastPath.relay
-    fastpath.FastPath.relay = lambda self, buf, pos, end, now: pos  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        fastpath.FastPath.relay = saved  # type: ignore[method-assign]
 
 
 def _drive(stream: bytes, cuts: list[int], policy: Any) -> tuple[Any, ...]:
@@ -168,25 +135,10 @@ def _drive(stream: bytes, cuts: list[int], policy: Any) -> tuple[Any, ...]:
     s.router(frame(0, Attach(name="relay", handle=1, role=True, target=Target())))
     s.router(frame(1, Attach(name="qb", handle=0, role=True, target=Target(address="q.b"))))
     start = len(s.sent[Side.ROUTER])
-    commands: list[Any] = []
-    prev = 0
-    for cut in [*cuts, len(stream)]:
-        if cut > prev:
-            commands += s.client(stream[prev:cut])
-        prev = cut
-    merged: list[Any] = []
-    for cmd in commands:
-        if type(cmd) is SendData and merged and type(merged[-1]) is list \
-                and merged[-1][0] is cmd.side:
-            merged[-1][1] += bytes(cmd.data)
-        elif type(cmd) is SendData:
-            merged.append([cmd.side, bytearray(cmd.data)])
-        else:
-            merged.append(repr(cmd))
+    commands = s.client_in_reads(stream, cuts)
     c = s.conn
     figures = (c.figures.transfers_in, c.figures.bytes_in, c.view.client_state, c.close_reason)
-    return ([m if isinstance(m, str) else (m[0], bytes(m[1])) for m in merged], figures,
-            bytes(s.sent[Side.ROUTER][start:]))
+    return merged_commands(commands), figures, bytes(s.sent[Side.ROUTER][start:])
 
 
 def _router_reads(data: bytes, check_uid: bool) -> None:
@@ -233,7 +185,7 @@ def test_interleaved_multi_frame_deliveries(policy, items, data):
     for scanner in ("c", "python") if accel.scan_c is not None else ("python",):
         with scanners(scanner):
             runs[scanner] = _drive(stream, cuts, POLICIES[policy])
-    with scanners("python"), _general_only():
+    with scanners("python"), general_only():
         reference = _drive(stream, cuts, POLICIES[policy])
     for scanner, got in runs.items():
         assert got[:2] == reference[:2], scanner

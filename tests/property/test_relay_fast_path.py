@@ -19,8 +19,6 @@ that checks ``user-id`` on every message (no run can be skipped) and one that do
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -33,7 +31,7 @@ from amqp_policy_proxy.amqp import accel
 from amqp_policy_proxy.amqp.performatives import Accepted, Disposition
 from amqp_policy_proxy.core.commands import SendData, Side
 
-from ..support.scanners import scanners
+from ..support.scanners import general_only, scanners
 from ..unit.core.helpers import (
     Attach,
     Detach,
@@ -44,6 +42,7 @@ from ..unit.core.helpers import (
     Transfer,
     frame,
     make_policy,
+    merged_commands,
     parse_frames,
 )
 
@@ -118,21 +117,10 @@ def _stream(msgs: list[tuple[Any, ...]], tail: str) -> bytes:
     return bytes(out)
 
 
-@contextmanager
-def _general_only() -> Iterator[None]:
-    """Every frame takes the general path: the fast path forwards nothing."""
-    saved = fastpath.FastPath.relay
-    fastpath.FastPath.relay = lambda self, buf, pos, end, now: pos  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        fastpath.FastPath.relay = saved  # type: ignore[method-assign]
-
-
 def _run(stream: bytes, cuts: list[int], fast: bool, policy: Any = POLICY) -> tuple[Any, ...]:
     if fast:
         return _drive(stream, cuts, policy)
-    with _general_only():
+    with general_only():
         return _drive(stream, cuts, policy)
 
 
@@ -141,29 +129,15 @@ def _drive(stream: bytes, cuts: list[int], policy: Any) -> tuple[Any, ...]:
     s.open(user="alice")
     s.begin(0, router_channel=0)
     s.router(frame(0, Attach(name="qa", handle=0, role=True, target=Target(address="q.a"))))
-    commands: list[Any] = []
-    prev = 0
-    for cut in [*cuts, len(stream)]:
-        if cut > prev:
-            commands += s.client(stream[prev:cut])
-        prev = cut
+    commands = s.client_in_reads(stream, cuts)
     _router_numbering_is_contiguous(commands)
     # the router settles everything it got at once: its outcomes reach the client's ids
     commands.extend(s.router(frame(0, Disposition(role=True, first=0, last=1000, settled=True,
                                                   state=Accepted()))))
-    merged: list[Any] = []
-    for cmd in commands:
-        if (type(cmd) is SendData and merged and type(merged[-1]) is list
-                and merged[-1][0] is cmd.side):
-            merged[-1][1] += bytes(cmd.data)
-        elif type(cmd) is SendData:
-            merged.append([cmd.side, bytearray(cmd.data)])
-        else:
-            merged.append(repr(cmd))
     c = s.conn
     figures = (c.figures.transfers_in, c.figures.bytes_in, c.view.client_state, c.close_reason,
                c.figures.active_senders)
-    return [m if isinstance(m, str) else (m[0], bytes(m[1])) for m in merged], figures
+    return merged_commands(commands), figures
 
 
 def _router_numbering_is_contiguous(commands: list[Any]) -> None:

@@ -32,3 +32,15 @@ def scanners(which: str) -> Iterator[None]:
     finally:
         (fastpath._scan, accel.scan_router, accel._message_head, accel._open_head,
          accel._transfer_fields, accel._sasl_init, accel._sasl_mechanisms) = saved
+
+
+@contextmanager
+def general_only() -> Iterator[None]:
+    """Every admitted client frame takes the general handlers: the fast path forwards nothing
+    (the reference the fast path and the C parts are compared with)."""
+    saved = fastpath.FastPath.relay
+    fastpath.FastPath.relay = lambda self, buf, pos, end, now: pos  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        fastpath.FastPath.relay = saved  # type: ignore[method-assign]

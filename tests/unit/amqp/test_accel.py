@@ -37,6 +37,7 @@ from amqp_policy_proxy.amqp.performatives import (
     Transfer,
 )
 from amqp_policy_proxy.amqp.transfer import read_transfer_fields
+from tests.support.encodings import transfer_body as _transfer
 from tests.unit.amqp.test_handshake import opens
 
 scan_c = accel.scan_c
@@ -49,34 +50,6 @@ HEARTBEAT = bytes.fromhex("0000000802000000")
 def _frame(channel: int, body: bytes, doff: int = 2, ftype: int = 0) -> bytes:
     return ((8 + (doff - 2) * 4 + len(body)).to_bytes(4, "big") + bytes([doff, ftype])
             + channel.to_bytes(2, "big") + b"\0" * ((doff - 2) * 4) + body)
-
-
-def _u(n: int | None, kind: str) -> bytes:
-    if n is None:
-        return b"\x40"
-    if kind == "small" and n < 256:
-        return b"\x43" if n == 0 else b"\x52" + bytes([n])
-    return b"\x70" + n.to_bytes(4, "big")
-
-
-def _transfer(handle: int, did: int | None, tag: bytes | None, *, count: int = 5,
-              settled: bool | None = True, more: bool | None = False, kind: str = "small",
-              list32: bool = False, payload: bytes = b"m") -> bytes:
-    """A Transfer body in the encodings real clients use (written by hand, not by proton)."""
-    fields = [
-        _u(handle, kind),
-        _u(did, kind),
-        b"\x40" if tag is None else b"\xa0" + bytes([len(tag)]) + tag,
-        _u(0, kind),
-        b"\x40" if settled is None else (b"\x41" if settled else b"\x42"),
-        b"\x40" if more is None else (b"\x41" if more else b"\x42"),
-    ][:count]
-    items = b"".join(fields)
-    if list32:
-        lst = b"\xd0" + (len(items) + 4).to_bytes(4, "big") + count.to_bytes(4, "big") + items
-    else:
-        lst = b"\xc0" + bytes([len(items) + 1, count]) + items
-    return b"\x00\x53\x14" + lst + payload
 
 
 def _both(buf: bytes, pos: int, end: int, limit: int = LIMIT, channel: int = 0,
@@ -162,9 +135,9 @@ def test_arguments_are_checked():
 
 
 plain = st.builds(
-    lambda handle, did, tag, count, settled, more, kind, list32, payload, doff, hb: (
+    lambda handle, did, tag, count, settled, more, wide, list32, payload, doff, hb: (
         _frame(0, _transfer(handle, did, tag, count=count, settled=settled, more=more,
-                            kind=kind, list32=list32, payload=payload), doff=doff)
+                            wide=wide, list32=list32, payload=payload), doff=doff)
         + (HEARTBEAT if hb else b"")),
     st.sampled_from([0, 0, 0, 7, 300]),
     st.one_of(st.none(), st.integers(0, 2**32 - 1)),
@@ -172,7 +145,7 @@ plain = st.builds(
     st.integers(1, 6),
     st.one_of(st.none(), st.booleans()),
     st.sampled_from([None, False, False, True]),
-    st.sampled_from(["small", "wide"]),
+    st.booleans(),
     st.booleans(),
     st.binary(max_size=120),
     st.sampled_from([2, 2, 3, 5]),

@@ -110,6 +110,16 @@ class Script:
         """The router sends ``data``."""
         return self._run(self.conn.receive_data(Side.ROUTER, data, self.now))
 
+    def client_in_reads(self, data: bytes, cuts: list[int]) -> list[Any]:
+        """Client sends ``data`` cut at the offsets ``cuts`` (sorted), as separate reads."""
+        commands: list[Any] = []
+        prev = 0
+        for cut in [*cuts, len(data)]:
+            if cut > prev:
+                commands += self.client(data[prev:cut])
+            prev = cut
+        return commands
+
     def timer(self, now: float) -> list[Any]:
         """Move the clock to ``now`` and fire the connection's timer if it is due."""
         self.now = now
@@ -161,3 +171,19 @@ class Script:
                                                     incoming_window=2147483647,
                                                     outgoing_window=2147483647,
                                                     handle_max=handle_max)))
+
+
+def merged_commands(commands: list[Any]) -> list[Any]:
+    """``commands`` with consecutive ``SendData`` to one side joined into ``(side, bytes)``
+    and every other command as its ``repr``: what two runs are compared by (the writes may be
+    cut differently, the bytes and their order may not)."""
+    merged: list[Any] = []
+    for cmd in commands:
+        if type(cmd) is SendData and merged and type(merged[-1]) is list \
+                and merged[-1][0] is cmd.side:
+            merged[-1][1] += bytes(cmd.data)
+        elif type(cmd) is SendData:
+            merged.append([cmd.side, bytearray(cmd.data)])
+        else:
+            merged.append(repr(cmd))
+    return [m if isinstance(m, str) else (m[0], bytes(m[1])) for m in merged]
