@@ -29,8 +29,12 @@ PROTOCOL_HEADER_FIRST_BYTE = 0x41
 #: often a ``smallulong`` (format code 0x53) holding the code (Part 1 §1.2, §1.6.9).
 DESCRIBED = 0x00
 SMALLULONG = 0x53
+#: The largest ``ushort`` and ``uint`` (Part 1 §1.6.5, §1.6.7); sequence numbers (transfer-ids,
+#: delivery-ids, delivery-counts) wrap at ``UINT_MAX + 1`` (Part 2 §2.7.2, RFC 1982).
+USHORT_MAX = 0xFFFF
+UINT_MAX = 0xFFFFFFFF
 #: channel-max when the Open leaves it out (Part 2 §2.7.1: "65535").
-DEFAULT_CHANNEL_MAX = 0xFFFF
+DEFAULT_CHANNEL_MAX = USHORT_MAX
 
 
 class FrameType(IntEnum):

@@ -31,7 +31,7 @@ from collections.abc import Container
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..amqp import constants as C
-from ..amqp.constants import Condition
+from ..amqp.constants import UINT_MAX, USHORT_MAX, Condition
 from ..amqp.errors import IllegalStateError
 from ..amqp.framing import encode_frame
 from ..amqp.handshake import OpenHead, patch_open
@@ -44,7 +44,7 @@ from .commands import ROUTER
 from .context import ROUTER_FRAME_LIMIT, Context, Room
 from .events import ConnectionApproved, ConnectionDenied, OpenDecided
 from .rules import MessageRules
-from .sessions import USHORT_MAX, Sessions
+from .sessions import Sessions
 from .shadow import in_shadow, shadowed, verb
 from .state import C_DENIED, C_OPENED
 from .wire import error, frame
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-UINT_MAX = 0xFFFFFFFF
 #: The ledger's group for an unknown user admitted in shadow mode (it has no group: its
 #: sessions, links and messages are not checked); counted under group ``""``.
 UNGROUPED = GroupSettings(name="")

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..amqp import constants as C
 from ..amqp.accel import read_head
-from ..amqp.constants import Condition
+from ..amqp.constants import UINT_MAX, Condition
 from ..amqp.errors import (
     DecodeError,
     IllegalStateError,
@@ -249,7 +249,7 @@ class Deliveries(Room):
                 implicit, cannot tell which one it is.
         """
         session.dropped_transfers += 1
-        link.withheld = (link.withheld + 1) & 0xFFFFFFFF
+        link.withheld = (link.withheld + 1) & UINT_MAX
         self._withhold_id(session, link.delivery_id)
         shaper = link.shaper
         if shaper is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from ..amqp.constants import UINT_MAX
 from ..amqp.performatives import Flow
 from .commands import CLIENT, ROUTER
 from .context import Room
@@ -23,8 +24,6 @@ from .wire import frame
 
 if TYPE_CHECKING:
     from .shaping import Shaping
-
-UINT_MAX = 0xFFFFFFFF
 
 
 class SessionFlows(Room):

@@ -31,6 +31,7 @@ from ..amqp.constants import (
     SASL_FRAME,
     SMALLULONG,
     TRANSFER_CODE,
+    UINT_MAX,
 )
 from ..amqp.errors import FramingError, IllegalStateError
 from ..amqp.framing import check_frame_header, encode_frame, frame_header_ok
@@ -75,7 +76,6 @@ from .wire import frame, run_data
 _HDR = Struct(">IBBH")
 
 _U32 = Struct(">I")
-UINT_MAX = 0xFFFFFFFF
 #: The mechanisms the proxy offers when it must answer a SASL client itself (no upstream):
 #: enough for any client to go on to its sasl-init, which is answered ``sys-temp``.
 FALLBACK_MECHANISMS = ("ANONYMOUS", "PLAIN")

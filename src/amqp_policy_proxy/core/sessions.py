@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..amqp import constants as C
-from ..amqp.constants import Condition
+from ..amqp.constants import UINT_MAX, USHORT_MAX, Condition
 from ..amqp.errors import (
     DecodeError,
     FramingError,
@@ -39,7 +39,7 @@ from ..policy.reasons import DenialKind, LinkDenyReason, SessionDenyReason
 from .commands import CLIENT, ROUTER
 from .context import Context, Room
 from .events import LinkDenied, SessionDenied
-from .flows import UINT_MAX, SessionFlows
+from .flows import SessionFlows
 from .numbering import disposition_to_router
 from .records import LinkRecord, ReservedPool, SessionRecord
 from .rules import MessageRules
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-USHORT_MAX = 0xFFFF
 #: Channels kept back from the router (top of the client's channel-max) for Begin+End replies.
 RESERVED_CHANNELS = 8
 #: Handles kept back from the router (top of the client's handle-max) for Attach+Detach replies.

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from ..amqp.constants import UINT_MAX
 from ..amqp.errors import TransferLimitError
 from ..amqp.performatives import Attach, Begin, Flow
 from .commands import CLIENT, ROUTER
@@ -50,7 +51,6 @@ from .wire import frame
 
 logger = logging.getLogger(__name__)
 
-UINT_MAX = 0xFFFFFFFF
 _SERIAL = 1 << 32
 _HALF = 1 << 31
 #: A timer that fires this early (seconds) counts as due: event loops round timers to 1 ms.
