@@ -256,6 +256,14 @@ static inline Py_ssize_t whole_frame(const unsigned char *b, Py_ssize_t pos, Py_
     return pos + (Py_ssize_t)size;
 }
 
+/* Whether b[start:stop] is ASCII (symbols are; the texts the C readers
+ * take are read only then). */
+static int ascii(const unsigned char *b, Py_ssize_t start, Py_ssize_t stop) {
+    for (Py_ssize_t i = start; i < stop; i++)
+        if (b[i] & 0x80) return 0;
+    return 1;
+}
+
 /* Field kinds of the header (Part 3 §3.2.1) and properties (§3.2.4) lists, in order. */
 enum { K_BOOL, K_UBYTE, K_UINT, K_MSGID, K_BINARY, K_STRING, K_SYMBOL, K_TIMESTAMP };
 static const unsigned char HEADER_KINDS[] = {K_BOOL, K_UBYTE, K_UINT, K_BOOL, K_UINT};
@@ -320,10 +328,7 @@ static Py_ssize_t plain_field(const unsigned char *b, Py_ssize_t q, Py_ssize_t l
     if (lend - q < 2) return -1;
     Py_ssize_t n = b[q + 1];
     if (n > lend - (q + 2)) return -1;
-    if (c != 0xA0) {                                      /* text: plain ASCII only here */
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (b[q + 2 + i] & 0x80) return -1;
-    }
+    if (c != 0xA0 && !ascii(b, q + 2, q + 2 + n)) return -1;  /* text: plain ASCII only */
     *text = b + q + 2;
     *len = n;
     return q + 2 + n;
@@ -472,13 +477,6 @@ static int described_list(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end
         return 1;
     }
     return 0;
-}
-
-/* Whether b[start:stop] is ASCII (symbols are; a sasl-init's names are read only then). */
-static int ascii(const unsigned char *b, Py_ssize_t start, Py_ssize_t stop) {
-    for (Py_ssize_t i = start; i < stop; i++)
-        if (b[i] & 0x80) return 0;
-    return 1;
 }
 
 /* A sized value with constructors `short_code` (one-byte length) or `long_code` (four-byte
