@@ -2,12 +2,13 @@
 
 What it does: :func:`scan_py` (and its C build, ``_relayscan.scan``) walks a run of client
 frames that need no decision — heartbeats and the Transfers of one sender link, whole
-deliveries or the frames of a multi-frame one — and returns how far the run goes, so that
-the relay's fast path (``core.fastpath.FastPath.relay``) forwards the run as one slice of the
-original bytes without looking at each frame in Python. Anything else (another link or
-session, an aborted Transfer, a delivery over maxMessageSize, a frame header the general loop must judge, an encoding the inline reader
-of :func:`~amqp_policy_proxy.amqp.transfer.read_transfer_fields` does not cover) ends the
-run, and the Python loop handles that frame with its general handlers.
+deliveries or the frames of a multi-frame one — and returns how far the run goes, so that the
+relay's fast path (``core.fastpath.FastPath.relay``) forwards the run as one slice of the
+original bytes without looking at each frame in Python. Anything else (another link or session,
+an aborted Transfer, a delivery over maxMessageSize, a frame header the general loop must
+judge, an encoding the inline reader of
+:func:`~amqp_policy_proxy.amqp.transfer.read_transfer_fields` does not cover) ends the run, and
+the Python loop handles that frame with its general handlers.
 
 It also reads a Transfer's fields where the scanner stops (the first Transfer of a read, every
 Transfer of an inspected link): :func:`read_fields` answers
@@ -66,7 +67,9 @@ RouterScanFunction = Callable[[object, int, int, int], tuple[int, int]]
 
 OpenHeadFunction = Callable[[object, bool], tuple[Any, ...] | None]
 
-FieldsFunction = Callable[[object, int, int], tuple[Any, ...] | None]
+WindowReader = Callable[[object, int, int], Any]
+"""A C reader of ``buf[pos:end]`` (``(buf, pos, end) -> answer``, None: the Python reader
+decides)."""
 
 try:
     from ._relayscan import message_head as message_head_c
@@ -98,10 +101,10 @@ _message_head: HeadFunction | None = None if _disabled else message_head_c
 #: The C reader of plain Opens when built and not disabled, else None.
 _open_head: OpenHeadFunction | None = None if _disabled else open_head_c
 #: The C readers of plain sasl-inits and sasl-mechanisms when built and not disabled.
-_sasl_init: FieldsFunction | None = None if _disabled else sasl_init_c
-_sasl_mechanisms: FieldsFunction | None = None if _disabled else sasl_mechanisms_c
+_sasl_init: WindowReader | None = None if _disabled else sasl_init_c
+_sasl_mechanisms: WindowReader | None = None if _disabled else sasl_mechanisms_c
 #: The C reader of plain Transfer fields when built and not disabled, else None.
-_transfer_fields: FieldsFunction | None = None if _disabled else transfer_fields_c
+_transfer_fields: WindowReader | None = None if _disabled else transfer_fields_c
 _new_head = tuple.__new__
 
 
@@ -123,7 +126,7 @@ def read_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *,
     return read_message_head(buf, pos, end, last=last)
 
 
-def _answer(c_reader: FieldsFunction | None, py_reader: Callable[[Any, int, int], Any],
+def _answer(c_reader: WindowReader | None, py_reader: Callable[[Any, int, int], Any],
             buf: bytes | bytearray | memoryview, pos: int, end: int) -> Any:
     """``c_reader(buf, pos, end)`` when the C reader is there and answers (not None), else
     ``py_reader(buf, pos, end)``, the Python reader it answers for."""

@@ -170,7 +170,7 @@ class ClientSide(Leg):
                 if pos >= end:
                     break
                 state = sides.client  # the fast path stops when a frame changed it
-            mode = _MODE_OF[state] if state is not C_UNAVAILABLE else self._mode()
+            mode = self._mode()
             if mode == _NONE:
                 break
             if mode == _HEADER:

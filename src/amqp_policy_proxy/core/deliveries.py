@@ -111,10 +111,11 @@ class Deliveries(Room):
                         fend: int, now: float, fields: tuple[Any, ...]) -> bool:
         """A client Transfer (Part 2 §2.7.5) on ``link``, a sender link the client attached
         and has not detached, on ``session`` (which counted it already), its body at
-        ``buf[body:fend]``, its fields (:func:`read_transfer_fields`) ``fields``: the delivery bookkeeping, shaping, the
-        per-message rules on a delivery's first frame, ``maxMessageSize``, the session's
-        renumbering. True means "forward its bytes" (:meth:`client_transfer` without the
-        lookups, for the relay's fast path, which did them).
+        ``buf[body:fend]``, its fields (:func:`read_transfer_fields`) ``fields``: the
+        delivery bookkeeping, shaping, the per-message rules on a delivery's first frame,
+        ``maxMessageSize``, the session's renumbering. True means "forward its bytes"
+        (:meth:`client_transfer` without the lookups, for the relay's fast path, which did
+        them).
 
         Raises:
             DecodeError: a message head that is not canonical.

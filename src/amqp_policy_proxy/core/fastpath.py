@@ -1,15 +1,16 @@
 """Sans-IO. The relay's hot path: admitted client frames that need no decision.
 
-An admitted client mostly sends Transfers on a sender link, whole deliveries or the frames of
-a multi-frame one, within ``maxMessageSize``, with no per-message rule to apply, and
-heartbeats. Those only extend the *run* (the slice of original bytes forwarded in one write,
+An admitted client mostly sends Transfers on a sender link, whole deliveries or the frames of a
+multi-frame one, within ``maxMessageSize``, with no per-message rule to apply, and heartbeats.
+Those only extend the *run* (the slice of original bytes forwarded in one write,
 :class:`~.wire.Wire`); once the first Transfer's link is known, the optional C scanner
-(:mod:`..amqp.accel`) passes it and the frames after it that are more of the same, carrying
-the link's delivery in progress (the state the general Transfer handler keeps,
-:meth:`.records.LinkRecord.carry`). Every other frame (another performative, the first frame of a delivery
-on an inspected link, a denied or shaped link, an aborted Transfer, a delivery over
-``maxMessageSize``, a frame header the general loop must judge) goes to the general handlers (:mod:`.client_side`, :mod:`.deliveries`), so the behaviour is the same with
-or without this path, and with or without the C scanner (the property tests run all three).
+(:mod:`..amqp.accel`) passes it and the frames after it that are more of the same, carrying the
+link's delivery in progress (the state the general Transfer handler keeps,
+:meth:`.records.LinkRecord.carry`). Every other frame (another performative, the first frame of
+a delivery on an inspected link, a denied or shaped link, an aborted Transfer, a delivery over
+``maxMessageSize``, a frame header the general loop must judge) goes to the general handlers
+(:mod:`.client_side`, :mod:`.deliveries`), so the behaviour is the same with or without this
+path, and with or without the C scanner (the property tests run all three).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Sans-IO. Sessions and links: Begin, Attach, Flow, Detach, End from both legs.
 
-What the client began and attached (the records of :mod:`.records`, in the client's channel
-and handle numbering, mapped to the router's as its answers arrive), the live and peak counts,
-QDR's session and link denials (Begin+End and Attach+Detach answered by the proxy on channels and handles kept back from the router, decision 0003), and the session
-window the group's ``maxSessionWindow`` gives the client (its Flows: :mod:`.flows`).
+What the client began and attached (the records of :mod:`.records`, in the client's channel and
+handle numbering, mapped to the router's as its answers arrive), the live and peak counts,
+QDR's session and link denials (Begin+End and Attach+Detach answered by the proxy on channels
+and handles kept back from the router, decision 0003), and the session window the group's
+``maxSessionWindow`` gives the client (its Flows: :mod:`.flows`).
 """
 
 from __future__ import annotations
