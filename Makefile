@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup system-deps venv demo test lint bench dist deb clean
+.PHONY: setup system-deps venv qdrouterd demo test lint bench dist deb clean
 
 setup: system-deps venv
 
@@ -25,7 +25,12 @@ venv: $(BIN)/python
 demo: setup
 	$(BIN)/amqp-policy-proxy demo
 
-test: setup
+# The real qdrouterd of the test suite's real-router tier, built once into a cache directory
+# from the shared qdrouterd sources (skipped with a note when they are not there).
+qdrouterd:
+	@scripts/install-qdrouterd.sh
+
+test: setup qdrouterd
 	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
