@@ -119,7 +119,7 @@ def rabbit_log(rabbitmq):
 
 @pytest.fixture
 def proxy(rabbitmq):
-    with ProxyThread([("127.0.0.1", rabbitmq.port)], policy_path=POLICY) as p:
+    with ProxyThread([("127.0.0.1", rabbitmq.port)], policy_path=POLICY, kind="rabbitmq") as p:
         yield p
 
 
@@ -418,6 +418,61 @@ def test_durable_cleared_for_a_subscriber_without_persistent(proxy):
         sub.accept()
     assert got == {"volatile": ("volatile", False), "kept": ("kept", True)}
     c.close()
+
+
+# ------------------------------------------------- names as RabbitMQ resolves them (issue 27)
+
+
+@pytest.mark.parametrize("subscription", ["/topic/#", "/topic/*.salary",
+                                          "/exchange/amq.topic/#", "/topic/hr.#"])
+def test_a_routing_key_wildcard_is_filtered_per_delivery(proxy, subscription):
+    """The topic models see the routing key, not the prefix: a wildcard inside the key is a
+    wildcard subscription (filtered per delivery), never a plain token under the root."""
+    c = connect(proxy.port, vhost="rabbit-topics")
+    try:
+        sub = c.create_receiver(subscription, credit=10)
+        pub = c.create_sender("/topic/hr.salary")
+        pub.send(Message(address="/topic/hr.salary", body="secret salary"))
+        pub.send(Message(body="secret salary without to"))
+        with pytest.raises(Timeout):
+            sub.receive(timeout=2)
+    finally:
+        c.close()
+
+
+def test_an_empty_routing_key_is_checked_on_each_message_subject(proxy):
+    """``/exchange/amq.topic/`` leaves the routing key to each message's subject: a subject
+    the publisher may not publish is refused; an allowed one is delivered."""
+    c = connect(proxy.port, vhost="rabbit-topics")
+    try:
+        with pytest.raises(LinkDetached):
+            c.create_sender("/topic/hr.payroll")  # publish is @HR's only
+        news = c.create_receiver("/topic/news.subject", credit=5)
+        pub = c.create_sender("/exchange/amq.topic/")
+        refused = pub.send(Message(subject="hr.payroll", body="forged"), error_states=[])
+        assert refused.remote_state == refused.REJECTED
+        fine = pub.send(Message(subject="news.subject", body="headline"))
+        assert fine.remote_state == fine.ACCEPTED
+        assert news.receive(timeout=10).body == "headline"
+        news.accept()
+    finally:
+        c.close()
+
+
+def test_a_queue_target_without_a_name_is_checked_on_each_subject(proxy):
+    """``/queue`` publishes through the default exchange to the queue each message's subject
+    names: only queues the rules allow."""
+    queue = f"allowed-subject-{uuid.uuid4().hex[:6]}"
+    c = connect(proxy.port, vhost="rabbit-subject")
+    try:
+        c.create_receiver(f"/queue/{queue}", credit=5)  # declares it
+        pub = c.create_sender("/queue")
+        refused = pub.send(Message(subject="secret-queue", body="no"), error_states=[])
+        assert refused.remote_state == refused.REJECTED
+        pub.send(Message(subject=queue, body="yes"))
+    finally:
+        c.close()
+    assert drain(proxy.port, f"/queue/{queue}", vhost="rabbit-subject", expected=1) == ["yes"]
 
 
 # ---------------------------------------------------------------------- what RabbitMQ 3 lacks

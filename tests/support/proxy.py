@@ -36,8 +36,11 @@ class ProxyThread:
         handshake_seconds: float = 10.0,
         shutdown_grace_seconds: float = 5.0,
         config: DaemonConfig | None = None,
+        kind: str = "other",
+        identity: str = "strict",
     ) -> None:
-        """Configure the proxy; nothing runs until :meth:`start`."""
+        """Configure the proxy; nothing runs until :meth:`start`. ``kind`` and ``identity``
+        are the upstreams' ``[[upstream]]`` keys of the same names."""
         settings = settings or PolicySettings()
         if policy is None and policy_path is not None:
             policy = load_policy(policy_path, settings)
@@ -46,7 +49,9 @@ class ProxyThread:
             base,
             listeners=base.listeners or tuple(
                 ListenerConfig(Address(h, p)) for h, p in (listen or [("127.0.0.1", 0)])),
-            upstreams=base.upstreams or tuple(UpstreamConfig(Address(h, p)) for h, p in upstreams),
+            upstreams=base.upstreams or tuple(
+                UpstreamConfig(Address(h, p), kind=kind, identity=identity)
+                for h, p in upstreams),
             policy_path=policy_path or base.policy_path,
             policy=settings,
             metrics_address=Address("127.0.0.1", 0) if metrics else base.metrics_address,

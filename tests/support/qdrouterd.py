@@ -95,7 +95,7 @@ def unavailable_reason() -> str | None:
     """Say in one line why a real qdrouterd cannot run here, or ``None`` when it can."""
     if qdr_env() is None:
         return ("no qdrouterd build (run scripts/install-qdrouterd.sh; it needs the "
-                "qdrouterd sources of ../shared)")
+                "qdrouterd release sources of the shared material)")
     if shutil.which("saslpasswd2") is None:
         return "saslpasswd2 (Debian sasl2-bin) is not installed"
     return None

@@ -106,24 +106,26 @@ _sasl_mechanisms: WindowReader | None = None if _disabled else sasl_mechanisms_c
 #: The C reader of plain Transfer fields when built and not disabled, else None.
 _transfer_fields: WindowReader | None = None if _disabled else transfer_fields_c
 _new_head = tuple.__new__
+_NO_SUBJECT = (None,)
 
 
 def read_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *,
-              last: bool) -> MessageHead:
+              last: bool, subject: bool = False) -> MessageHead:
     """:func:`~.message.read_message_head`, answered in C for the plain heads real clients
     send (a header and properties in list8, short ASCII strings: ~0.3 µs instead of ~4).
 
     The C reader (``_relayscan.message_head``) answers only where its answer is the Python
     reader's (property-tested); for every other head, and without the extension, the Python
     reader reads it, or raises. Arguments, result and errors are those of
-    :func:`~.message.read_message_head`.
+    :func:`~.message.read_message_head`; with ``subject`` (a link whose upstream routes each
+    message by its subject) the Python reader reads the head, subject included.
     """
     reader = _message_head
-    if reader is not None:
+    if reader is not None and not subject:
         got = reader(buf, pos, end, last)
         if got is not None:
-            return _new_head(MessageHead, got)
-    return read_message_head(buf, pos, end, last=last)
+            return _new_head(MessageHead, got + _NO_SUBJECT)  # C reads no subject
+    return read_message_head(buf, pos, end, last=last, subject=subject)
 
 
 def _answer(c_reader: WindowReader | None, py_reader: Callable[[Any, int, int], Any],

@@ -123,10 +123,13 @@ class MessageHead(NamedTuple):
     complete: bool
     """False when the bytes end inside the head (header to properties): decide later or
     refuse; True when every head section present was read."""
+    subject: str | None = None
+    """``properties.subject`` when asked for (``read_message_head(subject=True)``), else
+    None."""
 
 
 def read_message_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *,
-                      last: bool) -> MessageHead:
+                      last: bool, subject: bool = False) -> MessageHead:
     """Read the head of a message the way every peer reads it, or refuse it.
 
     The sections header, delivery-annotations, message-annotations and properties are each
@@ -142,6 +145,7 @@ def read_message_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *
         pos: offset of the first section.
         end: one past the last available byte.
         last: True when the message ends at ``end`` (its Transfer has ``more`` false).
+        subject: also read ``properties.subject`` (a string without NUL).
 
     Returns:
         The fields; ``complete`` is False when more frames are needed to see the whole head.
@@ -152,13 +156,14 @@ def read_message_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *
     """
     user_id: bytes | None = None
     to: str | None = None
+    subj: str | None = None
     router = False
     expected = 0  # index into _HEAD_SECTIONS of the first section still allowed
     while pos < end:
         if end - pos < 3:
             if last:
                 raise DecodeError("truncated message section")
-            return MessageHead(user_id, to, router, False)
+            return MessageHead(user_id, to, router, False, subj)
         if buf[pos] != 0x00:
             raise DecodeError("message section is not a described value")
         kind = buf[pos + 1]
@@ -169,7 +174,7 @@ def read_message_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *
             if end - pos < 10:
                 if last:
                     raise DecodeError("truncated message section")
-                return MessageHead(user_id, to, router, False)
+                return MessageHead(user_id, to, router, False, subj)
             value = int.from_bytes(buf[pos + 2:pos + 10], "big")
             if value > 0xFF:
                 raise DecodeError("unknown message section")
@@ -180,7 +185,7 @@ def read_message_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *
         index = next((i for i, (c, _) in enumerate(_HEAD_SECTIONS) if c == code), -1)
         if index < 0:
             if code in _LATER_SECTIONS:
-                return MessageHead(user_id, to, router, True)
+                return MessageHead(user_id, to, router, True, subj)
             raise DecodeError(f"unknown message section {code:#x}")
         if index < expected:
             raise DecodeError("message sections out of order or repeated")
@@ -190,7 +195,7 @@ def read_message_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *
         except DecodeError:
             if last or _complete_value_fits(buf, vpos, end):
                 raise
-            return MessageHead(user_id, to, router, False)
+            return MessageHead(user_id, to, router, False, subj)
         ctor = buf[vpos]
         want = _HEAD_SECTIONS[index][1]
         if want == "list" and ctor not in (0x45, 0xC0, 0xD0):
@@ -210,8 +215,13 @@ def read_message_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *
                 if 0 in raw:
                     raise DecodeError("message 'to' holds a NUL character")
                 to = raw.decode("utf-8")
+            if subject and len(offsets) > 3 and buf[offsets[3]] != 0x40:
+                raw = _bytes_at(buf, offsets[3])
+                if 0 in raw:
+                    raise DecodeError("message 'subject' holds a NUL character")
+                subj = raw.decode("utf-8")
         pos = stop
-    return MessageHead(user_id, to, router, last)
+    return MessageHead(user_id, to, router, last, subj)
 
 
 def _complete_value_fits(buf: bytes | bytearray | memoryview, pos: int, end: int) -> bool:

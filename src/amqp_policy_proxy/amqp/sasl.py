@@ -29,6 +29,15 @@ class SaslIdentity(NamedTuple):
     """The identity the router will authenticate (None: the proxy cannot tell)."""
     authzid: str | None
     """A non-empty authorization identity the client asked for, else None."""
+    mechanism: str = ""
+    """``PLAIN``, ``SCRAM``, ``ANONYMOUS``, ``EXTERNAL`` or ``""`` (another mechanism)."""
+
+    @property
+    def asserted(self) -> bool:
+        """True when ``user`` is a name the client wrote (PLAIN authcid, SCRAM ``n=``), which
+        the upstream's authenticator canonicalises before it looks the user up; False for
+        ANONYMOUS, EXTERNAL (the certificate's subject) and unknown mechanisms."""
+        return self.mechanism in ("PLAIN", "SCRAM")
 
     @property
     def impersonates(self) -> bool:
@@ -36,7 +45,7 @@ class SaslIdentity(NamedTuple):
         return self.authzid is not None and self.authzid != self.user
 
 
-_ANONYMOUS = SaslIdentity(ANONYMOUS_USER, None)
+_ANONYMOUS = SaslIdentity(ANONYMOUS_USER, None, "ANONYMOUS")
 
 
 def _utf8(raw: bytes, what: str) -> str:
@@ -90,7 +99,7 @@ def identity_from_sasl_init(mechanism: str, initial_response: bytes | None, *,
         if not authcid:
             raise DecodeError("PLAIN initial response without an authcid")
         return SaslIdentity(_utf8(authcid, "PLAIN authcid"),
-                            _utf8(authzid, "PLAIN authzid") if authzid else None)
+                            _utf8(authzid, "PLAIN authzid") if authzid else None, "PLAIN")
     if mech.startswith("SCRAM-"):
         if not initial_response:
             raise DecodeError("SCRAM sasl-init without client-first-message")
@@ -108,8 +117,8 @@ def identity_from_sasl_init(mechanism: str, initial_response: bytes | None, *,
         if not user:
             raise DecodeError("SCRAM client-first-message with an empty n=")
         authzid = _scram_unescape(authz[2:]) if authz else ""
-        return SaslIdentity(user, authzid or None)
+        return SaslIdentity(user, authzid or None, "SCRAM")
     if mech == "EXTERNAL":
         claimed = _utf8(bytes(initial_response), "EXTERNAL authzid") if initial_response else ""
-        return SaslIdentity(tls_identity, claimed or None)
+        return SaslIdentity(tls_identity, claimed or None, "EXTERNAL")
     return SaslIdentity(None, None)

@@ -305,7 +305,15 @@ class ClientSide(Leg):
             if identity.impersonates:
                 self._refuse_impersonation(identity.user, identity.authzid, now)
                 return
-            ctx.sasl_user = identity.user
+            user = identity.user
+            if user is not None and identity.asserted:
+                # the name the upstream's authenticator records (decision 0007)
+                canonical = ctx.naming.identity(user)
+                if canonical is None:
+                    self._refuse_identity(user, now)
+                    return
+                user = canonical
+            ctx.sasl_user = user
             if self.sides.client is C_UNAVAILABLE:
                 self.answer_unavailable()
                 return
@@ -316,6 +324,27 @@ class ClientSide(Leg):
         self.sides.stop_client()
         self.wire.send(CLIENT, sasl_outcome(SaslCode.SYS_TEMP))
         self.wire.close_transport(CLIENT)
+
+    def _refuse_identity(self, user: str, now: float) -> None:
+        """The client's identity is not one the upstream's authenticator records as sent
+        (``Naming.identity``: whitespace Cyrus SASL trims under ``identity = "strict"``, a
+        control character): sasl-outcome ``auth`` (code 1), nothing to the router, both
+        transports closed; counted as a connection denied (``identity``)."""
+        conn = self.ctx
+        conn.user = user
+        conn.close_reason = "denied"
+        conn.handshake_deadline = None
+        logger.info(
+            "[%s] DENY SASL for user %s, rhost '%s': the upstream's authenticator would "
+            "record another name (identity %s)",
+            conn.conn_id, ascii(user), conn.remote_host, conn.naming.identity_mode,
+        )
+        conn.refuse_unopened(ConnectionDenyReason.IDENTITY, "sasl-outcome auth", now)
+        wire = self.wire
+        wire.pending.clear()
+        wire.out.append(SendData(CLIENT, sasl_outcome(SaslCode.AUTH)))
+        wire.close_transport(ROUTER)
+        wire.close_transport(CLIENT)
 
     def _refuse_impersonation(self, user: str | None, authzid: str | None, now: float) -> None:
         """The client asks to act as ``authzid`` while authenticating as ``user``.

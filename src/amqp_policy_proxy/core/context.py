@@ -13,6 +13,7 @@ from typing import Any
 
 from ..amqp.performatives import Error
 from ..ingress.peer import ClientAddress
+from ..policy.naming import DEFAULT_NAMING, Naming
 from .events import ConnectionDenied, ConnectionDenyReason
 from .records import Figures
 from .state import Sides
@@ -61,6 +62,7 @@ class Context:
         "sasl_ok",
         "client_frame_limit",
         "router_frame_limit",
+        "naming",
     )
 
     def __init__(
@@ -76,6 +78,7 @@ class Context:
         tls_subject: str | None = None,
         wall_offset: float = 0.0,
         balancer_host: str | None = None,
+        naming: Naming | None = None,
     ) -> None:
         """The facts of a freshly accepted client transport.
 
@@ -94,6 +97,9 @@ class Context:
             wall_offset: POSIX seconds minus loop-clock seconds (DDS validity dates).
             balancer_host: the load balancer's address when ``remote_host`` came from its
                 PROXY protocol header (carried by every event), else None.
+            naming: how the upstream resolves addresses and identities (``[[upstream]]
+                kind``, :mod:`amqp_policy_proxy.policy.naming`); None: an upstream whose
+                resolution the proxy does not know (only canonical names pass).
         """
         self.conn_id = conn_id
         self.remote_host = remote_host if type(remote_host) is str else remote_host.text
@@ -137,6 +143,8 @@ class Context:
         """Largest frame accepted from the client (the max-frame-size it was given)."""
         self.router_frame_limit = ROUTER_FRAME_LIMIT
         """Largest frame accepted from the router (the client's max-frame-size, capped)."""
+        self.naming: Naming = naming if naming is not None else DEFAULT_NAMING
+        """How the upstream resolves names: every address and identity decision uses it."""
 
     @property
     def vhost_name(self) -> str | None:

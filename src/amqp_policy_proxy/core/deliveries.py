@@ -477,16 +477,21 @@ class Deliveries(Room):
         shadow = in_shadow(conn)  # a durable rewrite is not a denial: none in shadow
         if head is not None and not head.complete:
             visible, decided = False, "properties not in the first frame"
-        elif head is not None and head.to is not None:
+        elif head is not None and head.to is not None and conn.naming.resolve(head.to):
             to = head.to
+            # the topic the upstream resolves the message's address to (decision 0007)
             d = self.rules.topics.check_delivery(
-                self.rules.principal, link.address or "", to, wall_now=wall_now
+                self.rules.principal, link.address or "",
+                conn.naming.resolve(to).topic_name, wall_now=wall_now  # type: ignore[union-attr]
             )
             visible, decided = d.visible, d.decided_by
             link.rewrite_durable = d.strip_durable and not shadow
         else:
+            node = link.node  # the subscription as the upstream resolves it
             d = self.rules.topics.check_unknown_delivery(
-                self.rules.principal, link.address or "", wall_now=wall_now
+                self.rules.principal,
+                node.topic_name if node is not None else link.address or "",
+                wall_now=wall_now,
             )
             visible, decided = d.visible, d.decided_by
             link.rewrite_durable = d.strip_durable and not shadow

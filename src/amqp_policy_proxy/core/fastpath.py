@@ -125,7 +125,8 @@ class FastPath:
                             and not (link.in_delivery and link.discarding)
                         ):
                             if scan is not None and (
-                                not link.inspect or (uid_scan is not None and not link.anonymous)
+                                not link.inspect or (uid_scan is not None and not link.anonymous
+                                                     and not link.by_subject)
                             ):
                                 # the C scanner passes this frame and the ones after it on the
                                 # same link that need no decision (and heartbeats), carrying

@@ -54,7 +54,7 @@ class LinkRecord:
         "router_detached", "anonymous", "inspect", "delivery_bytes", "delivery_id",
         "delivery_tag", "delivery_settled", "in_delivery", "discarding", "discard_reason",
         "qos", "topic_filter", "strip_durable", "rewrite_durable", "shaper", "withheld",
-        "initial_count", "router_flow",
+        "initial_count", "router_flow", "node", "by_subject",
     )
 
     def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
@@ -69,6 +69,12 @@ class LinkRecord:
         self.client_detached = False
         self.router_detached = False
         self.anonymous = is_sender and not address
+        self.node: Any = None
+        """The terminus address as the upstream resolves it (a
+        :class:`~amqp_policy_proxy.policy.naming.Node`; None: no address or dynamic)."""
+        self.by_subject = False
+        """The upstream routes each message of this sender by its ``subject`` (RabbitMQ
+        ``/exchange/X/``, ``/queue``): every delivery's head is checked in Python."""
         self.inspect = False
         """The first frame of each delivery goes through the per-message checks (user-id,
         relay ``to``, router annotations, topic publish of ``to``)."""

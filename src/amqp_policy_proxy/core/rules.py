@@ -76,14 +76,22 @@ class MessageRules:
             self.scan_user_id = self.user_id_bytes
 
     def inspects(self, link: LinkRecord) -> bool:
-        """Whether the first frame of each delivery on the sender ``link`` needs a look."""
-        return link.anonymous or self.check_user_id or self.topics is not None
+        """Whether the first frame of each delivery on the sender ``link`` needs a look
+        (also every link whose upstream routes each message by its ``subject``)."""
+        node = link.node
+        return (link.anonymous or self.check_user_id or self.topics is not None
+                or (node is not None and node.by_subject))
 
-    def check_link(self, is_sender: bool, address: str, qos: int, now: float) -> Any:
-        """The topic models' decision on a link to ``address`` (publish or subscribe)."""
+    def check_link(self, is_sender: bool, address: str, node: Any, qos: int,
+                   now: float) -> Any:
+        """The topic models' decision on a link to ``address`` (publish or subscribe), made
+        on the topic the upstream resolves it to (``node``, a
+        :class:`~amqp_policy_proxy.policy.naming.Node`; None in shadow mode for an address
+        whose node is not certain: the raw text is shown to the models)."""
         conn = self.ctx
         check = self.topics.check_publish if is_sender else self.topics.check_subscribe
-        verdict = check(self.principal, address, qos=qos, wall_now=now + conn.wall_offset)
+        topic = address if node is None else node.topic_name
+        verdict = check(self.principal, topic, qos=qos, wall_now=now + conn.wall_offset)
         if not verdict.allowed:
             logger.info(
                 "[%s] topic authorization denies %s '%s' for user '%s': %s",
@@ -111,10 +119,12 @@ class MessageRules:
         Raises:
             DecodeError: the message head is not canonical.
         """
-        head = read_head(buf, payload, fend, last=not more)
+        node = link.node
+        by_subject = node is not None and node.by_subject
+        head = read_head(buf, payload, fend, last=not more, subject=by_subject)
         to = head.to
         if not head.complete:
-            if link.anonymous:
+            if link.anonymous or by_subject:
                 return MessageDenyReason.RELAY_TARGET, to
             return (
                 MessageDenyReason.USER_ID if self.check_user_id else MessageDenyReason.TOPIC
@@ -123,24 +133,43 @@ class MessageRules:
             return MessageDenyReason.USER_ID, to
         conn = self.ctx
         topics = self.topics
+        naming = conn.naming
         if link.anonymous:
             if head.router_annotations and not self.allow_router_annotations:
                 return MessageDenyReason.ROUTER_ANNOTATIONS, to
             if to is not None:
                 if to != self.relay_allowed:
-                    if not decisions.approve_relay_target(conn.group, user=conn.user or "", to=to):
+                    if not decisions.approve_relay_target(conn.group, user=conn.user or "", to=to,
+                                                          naming=naming):
                         return MessageDenyReason.RELAY_TARGET, to
                     self.relay_allowed = to
-                if (
-                    topics is not None
-                    and not topics.check_publish(
-                        self.principal, to, qos=link.qos, wall_now=now + conn.wall_offset
-                    ).allowed
-                ):
-                    return MessageDenyReason.TOPIC, to
-        elif topics is not None and to is not None and to != link.address:
-            if not topics.check_publish(
-                self.principal, to, qos=link.qos, wall_now=now + conn.wall_offset
+                if topics is not None:
+                    resolved = naming.resolve(to)
+                    if resolved is None or not topics.check_publish(
+                        self.principal, resolved.topic_name, qos=link.qos,
+                        wall_now=now + conn.wall_offset,
+                    ).allowed:
+                        return MessageDenyReason.TOPIC, to
+            return None
+        if by_subject:
+            # RabbitMQ routes this message by its subject: that node is the message's target
+            routed = naming.with_subject(node, head.subject)
+            if routed is None or not decisions.node_allowed(conn.group.targets, routed,
+                                                            conn.user or ""):
+                return MessageDenyReason.RELAY_TARGET, head.subject
+            if topics is not None and not topics.check_publish(
+                self.principal, routed.topic_name, qos=link.qos,
+                wall_now=now + conn.wall_offset,
+            ).allowed:
+                return MessageDenyReason.TOPIC, head.subject
+            node = routed
+        if topics is not None and to is not None and to != link.address:
+            resolved = naming.resolve(to)
+            if resolved is None:
+                return MessageDenyReason.TOPIC, to
+            if (node is None or resolved.name != node.name) and not topics.check_publish(
+                self.principal, resolved.topic_name, qos=link.qos,
+                wall_now=now + conn.wall_offset,
             ).allowed:
                 return MessageDenyReason.TOPIC, to
         return None

@@ -265,6 +265,7 @@ class Sessions(SessionFlows):
                     user=user,
                     target_address=address or None,
                     open_senders=figures.active_senders,
+                    naming=conn.naming,
                 )
             else:
                 reason = decisions.approve_receiver(
@@ -273,6 +274,7 @@ class Sessions(SessionFlows):
                     source_address=address or None,
                     dynamic=dynamic,
                     open_receivers=figures.active_receivers,
+                    naming=conn.naming,
                 )
             if reason is not None and self._deny_link(
                 session, perf, handle, is_sender, address, reason, now
@@ -285,8 +287,10 @@ class Sessions(SessionFlows):
             qos = rules.qos_of(
                 _int_or_none(perf.snd_settle_mode), _int_or_none(perf.rcv_settle_mode)
             )
-            if address and not dynamic:
-                verdict = rules.check_link(is_sender, address, qos, now)
+            node = conn.naming.resolve(address) if address and not dynamic else None
+            if address and not dynamic and (node is None or not node.by_subject):
+                # on the node the upstream routes to (a by-subject sender: each message)
+                verdict = rules.check_link(is_sender, address, node, qos, now)
                 if not verdict.allowed:
                     if self._deny_link(
                         session, perf, handle, is_sender, address, LinkDenyReason.TOPIC, now
@@ -294,6 +298,9 @@ class Sessions(SessionFlows):
                         return
                     verdict = None  # allowed in shadow: no per-delivery filter either
         link = LinkRecord(str(perf.name), handle, is_sender, address)
+        if address and not dynamic:
+            link.node = conn.naming.resolve(address)
+            link.by_subject = link.node is not None and link.node.by_subject
         link.initial_count = _int_or_none(perf.initial_delivery_count) or 0
         link.qos = qos
         link.inspect = is_sender and group is not None and rules.inspects(link)

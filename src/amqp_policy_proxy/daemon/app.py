@@ -32,6 +32,7 @@ from ..limits.rates import RateLimits
 from ..policy.errors import ConfigIssue, PolicyError
 from ..policy.load import load_policy
 from ..policy.model import Policy
+from ..policy.naming import Naming
 from ..policy.reasons import ConnectionDenyReason
 from ..resolver import system_resolver
 from . import systemd
@@ -73,6 +74,8 @@ class Daemon:
         """This process's own counts (the global count at accept, and the vhost counts)."""
         self.rates = RateLimits(config.policy.max_connection_rate)
         """Connection-rate buckets and the users' shaping buckets, shared by connections."""
+        self.naming = config.upstreams[0].naming() if config.upstreams else Naming()
+        """How the upstreams resolve names (one for all: the config validates it)."""
         self.fleet: FleetLedger | None = None
         """The fleet ledger (``[ledger]``), started with the listeners."""
         self.admission_ledger: AdmissionLedger = self.ledger
@@ -213,7 +216,7 @@ class Daemon:
             policy=self.policy, ledger=self.admission_ledger, now=self.loop.time(),
             handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
             wall_offset=self._wall_offset, balancer_host=_balancer(proto),
-            paused_vhosts=self.paused_vhosts, rates=self.rates)
+            paused_vhosts=self.paused_vhosts, rates=self.rates, naming=self.naming)
         self.connections[proto.conn_id] = proto
         return conn
 

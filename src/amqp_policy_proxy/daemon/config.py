@@ -56,6 +56,7 @@ from pydantic_core import PydanticCustomError
 
 from ..fleet.ledger import FAILURE_MODES, LedgerSettings
 from ..policy.model import PolicySettings
+from ..policy.naming import Naming
 from .logs import escape_control
 
 
@@ -144,6 +145,17 @@ class UpstreamConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_server_name: str | None = None
+    kind: str = "other"
+    """How it resolves names: ``qdrouterd``, ``rabbitmq`` or ``other`` (decision 0007)."""
+    identity: str = "strict"
+    """``strict``: refuse an identity its authenticator would change; ``canonical``: take
+    the changed one."""
+    sasl_realm: str | None = None
+    """A realm its SASL appends to user names without ``@``."""
+
+    def naming(self) -> Naming:
+        """The :class:`~amqp_policy_proxy.policy.naming.Naming` of this upstream."""
+        return Naming(self.kind, identity_mode=self.identity, realm=self.sasl_realm)
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -434,6 +446,17 @@ class UpstreamTable(_Table):
     """PEM private key of tls_cert, unencrypted."""
     tls_server_name: NonEmpty | None = None
     """Name the router's certificate must carry; default: the address's host."""
+    kind: Literal["qdrouterd", "rabbitmq", "other"] = "other"
+    """What the upstream is, so that the proxy decides on names as it resolves them:
+    "qdrouterd" (its address view, Cyrus SASL identities), "rabbitmq" (its AMQP 1.0 address
+    formats), "other" (the default: only addresses already in their canonical form pass)."""
+    identity: Literal["strict", "canonical"] = "strict"
+    """"strict" (default): a user name the upstream's authenticator would change (e.g.
+    whitespace Cyrus SASL trims) is refused with SASL outcome auth; "canonical": the changed
+    name is the user everywhere."""
+    sasl_realm: NonEmpty | None = None
+    """A realm the upstream's SASL appends to user names without "@" (Cyrus with a
+    user_realm); qdrouterd's listeners append none."""
 
     @model_validator(mode="after")
     def _tls_keys_go_together(self) -> UpstreamTable:
@@ -678,6 +701,20 @@ class ConfigFile(_Table):
                 "\"redis://...\") or ledger = \"auto\": without one each worker would "
                 "enforce every limit on its own", {"n": self.daemon.workers})
         return self
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstreams_name_alike(cls, upstreams: list[UpstreamTable]) -> list[UpstreamTable]:
+        first = upstreams[0]
+        for i, up in enumerate(upstreams[1:], 1):
+            for key in ("kind", "identity", "sasl_realm"):
+                if getattr(up, key) != getattr(first, key):
+                    raise PydanticCustomError(
+                        "upstream_naming", "upstream[{i}].{key} = {b!r} differs from "
+                        "upstream[0].{key} = {a!r}: the upstreams of one proxy are tried in "
+                        "turn for one client and must resolve names alike",
+                        {"i": i, "key": key, "a": getattr(first, key), "b": getattr(up, key)})
+        return upstreams
 
     @field_validator("listener")
     @classmethod

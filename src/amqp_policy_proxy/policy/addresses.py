@@ -396,6 +396,35 @@ class AddressRules:
             memo[key] = result
         return result
 
+    def allows_literal(self, address: str, user: str) -> bool:
+        """Whether an item names ``address`` literally: equal to it after ``${user}``
+        substitution, with no wildcard (``*``, ``#``) in the item.
+
+        Router-internal addresses (``$management``, ``_topo/...``; :mod:`.naming`) are allowed
+        only this way, never through ``*``, a prefix or a pattern.
+
+        Args:
+            address: the resolved node name.
+            user: the authenticated user name substituted for ``${user}``.
+        """
+        if not address:
+            return False
+        for item in self._items:
+            if "*" in item or "#" in item:
+                continue
+            if USER_TOKEN in item:
+                if not user:
+                    continue
+                item = item.replace(USER_TOKEN, user)
+            if item == address:
+                return True
+        return False
+
+    def wildcard_items(self) -> tuple[str, ...]:
+        """The items that match more than one address (``*``, prefixes, patterns with ``*``
+        or ``#``), for ``check``'s warnings about router-internal addresses."""
+        return tuple(i for i in self._items if "*" in i or "#" in i)
+
     def _allows_list(self, address: str, user: str) -> bool:
         if address in self._exact:
             return True

@@ -7,6 +7,11 @@
 * :func:`approve_relay_target`: an anonymous-relay message's ``to`` (QDR
   ``qd_policy_approve_message_target``).
 
+Every address decision is made on the node the upstream resolves the address to
+(:mod:`.naming`, decision 0007): a rule matches the resolved name; a router-internal node needs
+a literal grant; an address whose node the proxy cannot be sure of is denied like an address no
+rule allows.
+
 The reasons are the enums of :mod:`.reasons` (the ``reason`` labels of docs/observability.md). Whether vhost policy is
 enabled at all (``settings.enable_vhost_policy``) is for the caller to check first.
 """
@@ -16,8 +21,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from amqp_policy_proxy.ingress.peer import ClientAddress
+from amqp_policy_proxy.policy.addresses import AddressRules
 from amqp_policy_proxy.policy.lookup import GroupMatch, VhostMatch, resolve_group, resolve_vhost
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, VhostPolicy
+from amqp_policy_proxy.policy.naming import DEFAULT_NAMING, Naming, Node
 from amqp_policy_proxy.policy.reasons import ConnectionDenyReason, LinkDenyReason
 
 _C = ConnectionDenyReason
@@ -153,8 +160,19 @@ def count_rule(reason: ConnectionDenyReason, vhost: VhostPolicy, group: GroupSet
     return f"{key} {value} (group '{group.name}') reached"
 
 
+def node_allowed(rules: AddressRules, node: Node | None, user: str) -> bool:
+    """Whether ``rules`` allow the resolved ``node`` for ``user``: None (the upstream's node is
+    not certain) never is; a router-internal node only by a literal grant."""
+    if node is None:
+        return False
+    if node.internal:
+        return rules.allows_literal(node.name, user)
+    return rules.allows(node.name, user)
+
+
 def approve_sender(
-    group: GroupSettings, *, user: str, target_address: str | None, open_senders: int
+    group: GroupSettings, *, user: str, target_address: str | None, open_senders: int,
+    naming: Naming = DEFAULT_NAMING,
 ) -> LinkDenyReason | None:
     """Decide a client sender's Attach (the router's incoming link), as QDR's
     ``qd_policy_approve_amqp_sender_link``.
@@ -168,6 +186,7 @@ def approve_sender(
         target_address: the target terminus address; None or ``""`` when there is no target,
             no address, or a dynamic target.
         open_senders: client sender links currently attached on this connection.
+        naming: how the upstream resolves the address (:mod:`.naming`).
 
     Returns:
         None when allowed, else ``"sender_limit"`` (``amqp:resource-limit-exceeded``),
@@ -176,7 +195,8 @@ def approve_sender(
     if group.max_senders is not None and open_senders >= group.max_senders:
         return _L.SENDER_LIMIT
     if target_address:
-        return None if group.targets.allows(target_address, user) else _L.TARGET
+        node = naming.resolve(target_address)
+        return None if node_allowed(group.targets, node, user) else _L.TARGET
     return None if group.allow_anonymous_sender else _L.ANONYMOUS_SENDER
 
 
@@ -187,6 +207,7 @@ def approve_receiver(
     source_address: str | None,
     dynamic: bool,
     open_receivers: int,
+    naming: Naming = DEFAULT_NAMING,
 ) -> LinkDenyReason | None:
     """Decide a client receiver's Attach (the router's outgoing link), as QDR's
     ``qd_policy_approve_amqp_receiver_link``.
@@ -200,6 +221,8 @@ def approve_receiver(
         source_address: the source terminus address; None or ``""`` when absent.
         dynamic: the source terminus has ``dynamic=true``.
         open_receivers: client receiver links currently attached on this connection.
+        naming: how the upstream resolves the address; a source whose routing key would come
+            from each message (RabbitMQ ``/exchange/X``) has no certain node and is denied.
 
     Returns:
         None when allowed, else ``"receiver_limit"`` (``amqp:resource-limit-exceeded``),
@@ -210,11 +233,15 @@ def approve_receiver(
     if dynamic:
         return None if group.allow_dynamic_source else _L.DYNAMIC_SOURCE
     if source_address:
-        return None if group.sources.allows(source_address, user) else _L.SOURCE
+        node = naming.resolve(source_address)
+        if node is not None and node.by_subject:
+            node = None
+        return None if node_allowed(group.sources, node, user) else _L.SOURCE
     return _L.NO_SOURCE
 
 
-def approve_relay_target(group: GroupSettings, *, user: str, to: str) -> bool:
+def approve_relay_target(group: GroupSettings, *, user: str, to: str,
+                         naming: Naming = DEFAULT_NAMING) -> bool:
     """Decide one anonymous-relay message's destination, as QDR's
     ``qd_policy_approve_message_target``.
 
@@ -226,9 +253,10 @@ def approve_relay_target(group: GroupSettings, *, user: str, to: str) -> bool:
         group: the connection's group settings.
         user: the authenticated user name, for ``${user}``.
         to: the ``x-opt-qd.to`` annotation if honoured, else ``properties.to``, raw.
+        naming: how the upstream resolves ``to`` (:mod:`.naming`).
 
     Returns:
         True when ``targetPattern`` (else ``targets``) allows ``to``; False otherwise,
         including when neither is configured.
     """
-    return group.targets.allows(to, user)
+    return node_allowed(group.targets, naming.resolve(to), user)

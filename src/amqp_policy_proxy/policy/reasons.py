@@ -26,6 +26,10 @@ class ConnectionDenyReason(StrEnum):
     AUTHZID = "authzid"
     """The client's SASL authorization identity differs from the identity it authenticates
     as (PLAIN authzid, SCRAM ``a=``, EXTERNAL): refused with the SASL outcome ``auth``."""
+    IDENTITY = "identity"
+    """The identity is not one the upstream's authenticator records as sent (e.g. padded
+    with whitespace Cyrus SASL would trim, or a control character): refused with the SASL
+    outcome ``auth`` under ``identity = "strict"`` (decision 0007)."""
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     """No upstream accepted the connection: the client got SASL ``sys-temp`` or
     ``amqp:connection:forced`` / ``no upstream available``; not a policy decision."""

@@ -365,7 +365,7 @@ head_c = accel.message_head_c
 def _python_head(buf: bytes, pos: int, end: int, last: bool) -> Any:
     """The Python reader's answer: the head as a plain tuple, or the DecodeError it raised."""
     try:
-        return tuple(read_message_head(buf, pos, end, last=last))
+        return tuple(read_message_head(buf, pos, end, last=last))[:4]  # C reads no subject
     except DecodeError as exc:
         return exc
 
