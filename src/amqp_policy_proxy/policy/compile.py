@@ -26,6 +26,7 @@ from amqp_policy_proxy.policy.addresses import (
     AddressRules,
     multiple_token_message,
     pattern_item_message,
+    split_tokens,
 )
 from amqp_policy_proxy.policy.errors import ERROR, WARNING, ConfigIssue, PolicyError
 from amqp_policy_proxy.policy.hostnames import HostnamePatterns
@@ -514,6 +515,12 @@ def _compile_group(
                            else multiple_token_message(item))
                 if problem:
                     issues.error(file, f"{path}[{i}]", f"{prefix} policy key '{key}' {problem}")
+                if _covers_router_internals(item, spec.kind is Kind.PATTERNS):
+                    issues.warning(file, f"{path}[{i}]",
+                                   f"{prefix} policy key '{key}' item '{item}' would match "
+                                   "router-internal addresses ($management, _local/, _topo/, "
+                                   "_edge/); the proxy allows those only by an "
+                                   "item that names them literally (docs/qdr-compatibility.md)")
                 for unknown in _UNKNOWN_PLACEHOLDER.findall(item):
                     issues.error(file, f"{path}[{i}]",
                                  f"{prefix} policy key '{key}' item '{item}' holds unknown "
@@ -593,6 +600,26 @@ def _compile_group(
 _UNKNOWN_PLACEHOLDER = re.compile(r"\$\{(?!user\})[^}]*\}")
 """A ``${...}`` other than ``${user}`` in a sources/targets item: a typo (``${usr}``) that
 QDR would keep as literal text, so the rule would silently match nothing."""
+
+
+_INTERNAL_PREFIXES = ("$management", "_local/", "_topo/", "_edge/")
+
+
+def _covers_router_internals(item: str, pattern: bool) -> bool:
+    """Whether the wildcard ``item`` is aimed at router-internal addresses (``$*``, ``_*``,
+    ``_local.#``: ``check``'s warning, since the proxy never lets a wildcard grant one,
+    decision 0007). A bare ``*`` or ``#`` is not warned about: it is in most QDR files, and
+    docs/qdr-compatibility.md says it grants no router-internal address."""
+    if pattern:
+        tokens = split_tokens(item)
+        if not tokens or not any(t in ("*", "#") for t in tokens):
+            return False
+        first = tokens[0]
+        return first in ("_local", "_topo", "_edge", "$management")
+    if not item.endswith("*") or item == "*":
+        return False
+    stem = item[:-1]
+    return any(p.startswith(stem) or stem.startswith(p) for p in _INTERNAL_PREFIXES)
 
 
 def _rules(items: Mapping[str, list[tuple[int, str]]], plain: str, pattern: str) -> AddressRules:

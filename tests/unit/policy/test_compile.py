@@ -463,3 +463,16 @@ def test_global_connection_rate_is_validated() -> None:
     assert _compile_errors({"hostname": "v", "groups": {}},
                            settings=PolicySettings(max_connection_rate=-5)) == [
         ("policy.max_connection_rate", "must be an integer >= 0, not -5")]
+
+
+@pytest.mark.parametrize(("key", "item", "warned"), [
+    ("targets", "$*", True), ("targets", "_*", True), ("sources", "_local*", True),
+    ("targetPattern", "$management.#", True), ("sourcePattern", "_topo.#", True),
+    ("targets", "*", False), ("targetPattern", "#", False), ("targets", "$SYS*", False), ("sources", "$manage*", True),
+    ("targets", "public.*", False),
+])
+def test_a_wildcard_aimed_at_router_internal_addresses_is_a_warning(key, item, warned) -> None:
+    policy = _compile({"hostname": "v", "groups": {"g": {"users": "u", "remoteHosts": "*",
+                                                          key: item}}})
+    paths = [w.path for w in policy.warnings if "router-internal" in w.message]
+    assert paths == ([f"vhost[v].groups.g.{key}[0]"] if warned else [])
