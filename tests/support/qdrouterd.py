@@ -51,7 +51,7 @@ from amqp_policy_proxy.demo.sasl import make_sasl_config
 from . import spawn_watchdog, stop_watchdog
 from .ports import free_port
 
-__all__ = ["REALM", "Qdrouterd", "QdrouterdError", "qdr_env", "unavailable_reason"]
+__all__ = ["REALM", "Management", "Qdrouterd", "RouterRecord", "QdrouterdError", "qdr_env", "unavailable_reason"]
 
 #: The SASL realm of the router's users: a client logs in as ``name@QDR.test``.
 REALM = "QDR.test"
@@ -117,6 +117,8 @@ class Qdrouterd:
 
     Args:
         users: plain user name -> password; each is created as ``name@QDR.test``.
+        realm: the users' realm; None: Cyrus's default realm (the host name), so that clients
+            log in, and the router records them, with plain names.
         mechs: the client listener's SASL mechanisms.
         extra_config: more qdrouterd config sections, appended verbatim (e.g. ``address``).
         router_id: the router's id (also the ``_topo`` area/router name).
@@ -135,8 +137,10 @@ class Qdrouterd:
         mechs: Sequence[str] = ("PLAIN", "SCRAM-SHA-1", "SCRAM-SHA-256"),
         extra_config: str = "",
         router_id: str = "QDR.test",
+        realm: str | None = REALM,
     ) -> None:
         self.users = dict(users)
+        self.realm = realm
         self.mechs = tuple(mechs)
         self.extra_config = extra_config
         self.router_id = router_id
@@ -163,7 +167,7 @@ class Qdrouterd:
         sasl_dir.mkdir()
         # ANONYMOUS only for the admin listener (each listener narrows the list)
         make_sasl_config(sasl_dir, self.users, name="qdrouterd",
-                         mechs=(*self.mechs, "ANONYMOUS"), realm=REALM)
+                         mechs=(*self.mechs, "ANONYMOUS"), realm=self.realm)
         conf = workdir / "qdrouterd.conf"
         conf.write_text(f"""\
 router {{
@@ -296,24 +300,12 @@ log {{
         Raises:
             QdrouterdError: the agent answered with a status other than 200.
         """
-        from proton import Message
-        from proton.utils import BlockingConnection, SyncRequestResponse
+        with self.management(timeout) as agent:
+            return agent.query(entity_type, attributes)
 
-        conn = BlockingConnection(self.admin_url, timeout=timeout)
-        try:
-            client = SyncRequestResponse(conn, "$management")
-            request = Message(
-                body={"attributeNames": list(attributes)},
-                properties={"operation": "QUERY", "type": "org.amqp.management",
-                            "entityType": entity_type, "name": "self"})
-            response = client.call(request)
-        finally:
-            conn.close()
-        status = (response.properties or {}).get("statusCode")
-        if status != 200:
-            raise QdrouterdError(f"QUERY {entity_type}: status {status}: {response.properties}")
-        names = response.body["attributeNames"]
-        return [dict(zip(names, row, strict=True)) for row in response.body["results"]]
+    def management(self, timeout: float = 10.0) -> Management:
+        """A management client on one admin connection, for many queries (close it)."""
+        return Management(self.admin_url, timeout)
 
     def _client_connection_ids(self) -> set[Any]:
         rows = self.query("org.apache.qpid.dispatch.connection", ["identity", "user", "role"])
@@ -338,6 +330,112 @@ log {{
         """The ``user`` the router recorded for each authenticated client connection."""
         rows = self.query("org.apache.qpid.dispatch.connection", ["user", "role"])
         return [r["user"] for r in rows if r["role"] == "normal" and r["user"] != "anonymous"]
+
+
+class RouterRecord:
+    """What a real router received since a baseline, in the in-tree broker's terms (the
+    ``broker`` of the end-to-end tests): ``opens()``, ``attaches()``, ``received(address)``,
+    ``wait_until()``. Read from the router's log (``Connection Opened``, ``Link attached``) and
+    its management counters (``deliveriesIngress`` per address)."""
+
+    _OPEN = "Connection Opened: dir=in"
+    _ATTACH = "Link attached: dir="
+
+    def __init__(self, router: Qdrouterd) -> None:
+        self.router = router
+        self._agent = router.management()
+        self._log_start = len(router.log_text())
+        self._base_total, self._base = self._counters()
+
+    def _counters(self) -> tuple[int, dict[str, int]]:
+        total = int(self._agent.query("org.apache.qpid.dispatch.router",
+                                      ["deliveriesIngress"])[0]["deliveriesIngress"])
+        per = {r["key"]: int(r["deliveriesIngress"]) for r in self._agent.query(
+            "org.apache.qpid.dispatch.router.address", ["key", "deliveriesIngress"])}
+        return total, per
+
+    def _log(self) -> list[str]:
+        return self.router.log_text()[self._log_start:].splitlines()
+
+    def opens(self) -> list[str]:
+        """The router's ``Connection Opened`` lines since the baseline (one per client Open)."""
+        return [line for line in self._log() if self._OPEN in line]
+
+    def attaches(self) -> list[Any]:
+        """Links the router attached since the baseline: objects with ``source``, ``target``,
+        ``address`` (the terminus address the router logged) and ``name`` (None: not logged)."""
+        import re
+        from types import SimpleNamespace
+
+        out = []
+        for line in self._log():
+            if self._ATTACH not in line:
+                continue
+            found = re.search(r"source=\{(.*?) expire.*target=\{(.*?) expire", line)
+            source, target = (found.groups() if found else ("", ""))
+            source = None if source == "<none>" else source
+            target = None if target == "<none>" else target
+            out.append(SimpleNamespace(name=None, source=source, target=target,
+                                       address=target or source))
+        return out
+
+    def received(self, address: str) -> int:
+        """Deliveries the router took in for ``address`` since the baseline, plus every
+        delivery to an address it had no entry for (it keeps no count for an address nobody
+        subscribes to): an upper bound, so ``received(a) == 0`` proves nothing reached it;
+        a test that needs an exact count subscribes first."""
+        total, per = self._counters()
+        known = sum(v - self._base.get(k, 0) for k, v in per.items())
+        unknown = (total - self._base_total) - known
+        key = "M0" + address
+        return per.get(key, 0) - self._base.get(key, 0) + max(unknown, 0)
+
+    def wait_until(self, predicate: Any, timeout: float = 5.0, interval: float = 0.05) -> bool:
+        """Poll ``predicate`` until true or ``timeout`` seconds; its last value."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(interval)
+        return bool(predicate())
+
+    def close(self) -> None:
+        """Close the management connection."""
+        self._agent.close()
+
+
+class Management:
+    """A management client (request/response to ``$management``) on one admin connection."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        from proton.utils import BlockingConnection, SyncRequestResponse
+
+        self.connection = BlockingConnection(url, timeout=timeout)
+        self._client = SyncRequestResponse(self.connection, "$management")
+
+    def query(self, entity_type: str, attributes: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """As :meth:`Qdrouterd.query`."""
+        from proton import Message
+
+        response = self._client.call(Message(
+            body={"attributeNames": list(attributes)},
+            properties={"operation": "QUERY", "type": "org.amqp.management",
+                        "entityType": entity_type, "name": "self"}))
+        status = (response.properties or {}).get("statusCode")
+        if status != 200:
+            raise QdrouterdError(f"QUERY {entity_type}: status {status}: {response.properties}")
+        names = response.body["attributeNames"]
+        return [dict(zip(names, row, strict=True)) for row in response.body["results"]]
+
+    def close(self) -> None:
+        """Close the admin connection."""
+        self.connection.close()
+
+    def __enter__(self) -> Management:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _accepts(port: int) -> bool:
