@@ -154,8 +154,8 @@ class MessageRules:
         if by_subject:
             # RabbitMQ routes this message by its subject: that node is the message's target
             routed = naming.with_subject(node, head.subject)
-            if routed is None or not decisions.node_allowed(conn.group.targets, routed,
-                                                            conn.user or ""):
+            if routed is None or not decisions.node_allowed(
+                    conn.group.targets, routed, conn.user or "", conn.group.declared_prefixes):
                 return MessageDenyReason.RELAY_TARGET, head.subject
             if topics is not None and not topics.check_publish(
                 self.principal, routed.topic_name, qos=link.qos,

@@ -44,6 +44,7 @@ from amqp_policy_proxy.policy.keys import (
     suggest,
 )
 from amqp_policy_proxy.policy.model import GroupSettings, Policy, PolicySettings, VhostPolicy
+from amqp_policy_proxy.policy.naming import is_management
 from amqp_policy_proxy.policy.topics.authorizer import TopicAuthorizer
 from amqp_policy_proxy.policy.topics.config import (
     DdsLoadError,
@@ -518,8 +519,8 @@ def _compile_group(
                 if _covers_router_internals(item, spec.kind is Kind.PATTERNS):
                     issues.warning(file, f"{path}[{i}]",
                                    f"{prefix} policy key '{key}' item '{item}' would match "
-                                   "router-internal addresses ($management, _local/, _topo/, "
-                                   "_edge/); the proxy allows those only by an "
+                                   "router-internal addresses ($management and other $ "
+                                   "names, _local/, _topo/, _edge/); the proxy allows those only by an "
                                    "item that names them literally (docs/qdr-compatibility.md)")
                 for unknown in _UNKNOWN_PLACEHOLDER.findall(item):
                     issues.error(file, f"{path}[{i}]",
@@ -602,7 +603,7 @@ _UNKNOWN_PLACEHOLDER = re.compile(r"\$\{(?!user\})[^}]*\}")
 QDR would keep as literal text, so the rule would silently match nothing."""
 
 
-_INTERNAL_PREFIXES = ("$management", "_local/", "_topo/", "_edge/")
+_INTERNAL_PREFIXES = ("$", "_local/", "_topo/", "_edge/")
 
 
 def _covers_router_internals(item: str, pattern: bool) -> bool:
@@ -615,10 +616,13 @@ def _covers_router_internals(item: str, pattern: bool) -> bool:
         if not tokens or not any(t in ("*", "#") for t in tokens):
             return False
         first = tokens[0]
-        return first in ("_local", "_topo", "_edge", "$management")
+        return first in ("_local", "_topo", "_edge") or (first.startswith("$")
+                                                         and not first.startswith("${"))
     if not item.endswith("*") or item == "*":
         return False
     stem = item[:-1]
+    if stem.startswith("${"):
+        return False  # ${user}...: the user's own names
     return any(p.startswith(stem) or stem.startswith(p) for p in _INTERNAL_PREFIXES)
 
 
@@ -711,7 +715,20 @@ def _compile_topics(
         if group is not None and (tree is not None or dds is not None or permissions is not None):
             out[name] = replace(group, topics=TopicAuthorizer(
                 vhost=v, group=name, tree=tree, permissions=permissions, dds=dds))
+    declared = _declared_prefixes(tree)
+    if declared:
+        out = {name: replace(group, declared_prefixes=declared) for name, group in out.items()}
     return out
+
+
+def _declared_prefixes(tree: Any) -> tuple[str, ...]:
+    """The ``$`` trees a vhost's topic tree declares in ``systemPrefixes`` (e.g. ``$SYS``),
+    joined with its separator: broker topics, granted by ``sources``/``targets`` like any
+    address (decision 0007). ``$management`` is never one."""
+    if tree is None:
+        return ()
+    joined = (tree.syntax.join(prefix) for prefix in tree.system_prefixes)
+    return tuple(p for p in joined if p.startswith("$") and not is_management(p))
 
 
 def _load_dds(raw: _RawVhost, dds_loader: DdsLoader | None, issues: _Issues) -> Any:

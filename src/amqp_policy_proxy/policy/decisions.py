@@ -160,14 +160,22 @@ def count_rule(reason: ConnectionDenyReason, vhost: VhostPolicy, group: GroupSet
     return f"{key} {value} (group '{group.name}') reached"
 
 
-def node_allowed(rules: AddressRules, node: Node | None, user: str) -> bool:
-    """Whether ``rules`` allow the resolved ``node`` for ``user``: None (the upstream's node is
-    not certain) never is; a router-internal node only by a literal grant."""
+def node_allowed(rules: AddressRules, node: Node | None, user: str,
+                 declared: tuple[str, ...] = ()) -> bool:
+    """Whether ``rules`` allow the resolved ``node`` for ``user`` (decision 0007).
+
+    None (the upstream's node is not certain) never is; a router-internal node only by a
+    literal grant, unless it lies in a ``declared`` ``$`` tree (:attr:`GroupSettings.
+    declared_prefixes`: the name itself, or below it after ``/`` or ``.``), which the rules
+    grant like any address.
+    """
     if node is None:
         return False
-    if node.internal:
-        return rules.allows_literal(node.name, user)
-    return rules.allows(node.name, user)
+    name = node.name
+    if node.internal and not any(
+            name == p or (name.startswith(p) and name[len(p)] in "./") for p in declared):
+        return rules.allows_literal(name, user)
+    return rules.allows(name, user)
 
 
 def approve_sender(
@@ -196,7 +204,8 @@ def approve_sender(
         return _L.SENDER_LIMIT
     if target_address:
         node = naming.resolve(target_address)
-        return None if node_allowed(group.targets, node, user) else _L.TARGET
+        allowed = node_allowed(group.targets, node, user, group.declared_prefixes)
+        return None if allowed else _L.TARGET
     return None if group.allow_anonymous_sender else _L.ANONYMOUS_SENDER
 
 
@@ -236,7 +245,8 @@ def approve_receiver(
         node = naming.resolve(source_address)
         if node is not None and node.by_subject:
             node = None
-        return None if node_allowed(group.sources, node, user) else _L.SOURCE
+        allowed = node_allowed(group.sources, node, user, group.declared_prefixes)
+        return None if allowed else _L.SOURCE
     return _L.NO_SOURCE
 
 
@@ -259,4 +269,5 @@ def approve_relay_target(group: GroupSettings, *, user: str, to: str,
         True when ``targetPattern`` (else ``targets``) allows ``to``; False otherwise,
         including when neither is configured.
     """
-    return node_allowed(group.targets, naming.resolve(to), user)
+    return node_allowed(group.targets, naming.resolve(to), user,
+                        group.declared_prefixes)

@@ -107,6 +107,10 @@ class GroupSettings:
     """Receiver source rules (``sourcePattern`` if configured, else ``sources``)."""
     targets: AddressRules = field(default_factory=AddressRules.deny_all)
     """Sender target and relay ``to`` rules (``targetPattern`` if configured, else ``targets``)."""
+    declared_prefixes: tuple[str, ...] = ()
+    """``$`` address trees the vhost's ``topicTree`` declares in ``systemPrefixes`` (``$SYS``):
+    broker topics that ``sources``/``targets`` grant like any address, where other ``$`` names
+    need a literal grant (decision 0007); never ``$management``."""
     allow_waypoint_links: bool = True
     """Accepted for QDR compatibility, not enforced (router-internal capability)."""
     allow_fallback_links: bool = True

@@ -4,6 +4,7 @@ The proxy decides on a name and the upstream acts on a name; the two must be the
 An upstream does not route on the address text a client writes, nor look up the user name a
 client sends, byte for byte: qdrouterd drops a scheme and authority, a leading ``/``, one
 trailing separator, and serves ``$management``, ``_local/``, ``_topo/`` and ``_edge/`` itself;
+``$`` names are system names on most brokers;
 RabbitMQ maps ``/topic/K`` and ``/exchange/amq.topic/K`` to one routing key and takes the
 routing key from each message's ``subject`` where the target leaves it empty; Cyrus SASL trims
 the authentication identity. So every address decision (Attach sources and targets,
@@ -24,10 +25,12 @@ Three kinds (``[[upstream]] kind``):
   addresses that are already their own canonical form (no ``:/``, no leading ``/`` or ``_``,
   no ``//``, no trailing separator); anything else is refused like a denied address.
 
-Router-internal nodes (the management agent's ``$management``, and qdrouterd's ``_local/``,
+Router-internal nodes (``$management`` and every other ``$`` name, qdrouterd's ``_local/``,
 ``_topo/``, ``_edge/`` classes) come back with ``internal`` set: a rule allows them only when it names them
 literally (:meth:`~.addresses.AddressRules.allows_literal`), never through ``*``, a pattern or
-a topic wildcard.
+a topic wildcard; a ``$`` tree a vhost declares as broker topics (``topicTree``
+``systemPrefixes``, e.g. MQTT's ``$SYS``) is granted like any address
+(:func:`~.decisions.node_allowed`), ``$management`` never.
 
 No I/O, no clock, no imports outside the standard library.
 """
@@ -43,14 +46,14 @@ IDENTITY_MODES: Final = ("strict", "canonical")
 the authenticator would change; ``canonical`` takes the changed name."""
 
 #: Prefixes of qdrouterd's router-internal address classes (after its address view).
-QDR_INTERNAL_PREFIXES: Final = ("_local", "_topo", "_edge")
+QDR_INTERNAL_PREFIXES: Final = ("_local", "_topo", "_edge", "$")
 #: The management node (qdrouterd's agent subscribes it as a mobile address; Artemis, Azure and
-#: the AMQP management draft use the same name). Its name and anything below it is internal;
-#: other ``$`` names (MQTT's ``$SYS/...``) are ordinary addresses to qdrouterd.
+#: the AMQP management draft use the same name): internal, and never a declared system prefix.
 MANAGEMENT_NODE: Final = "$management"
 
 
-def _is_management(name: str) -> bool:
+def is_management(name: str) -> bool:
+    """Whether ``name`` is the management node or a name below it (``$management.x``)."""
     return name.startswith(MANAGEMENT_NODE) and (
         len(name) == len(MANAGEMENT_NODE) or name[len(MANAGEMENT_NODE)] in "./:")
 #: What ``isspace`` is in the C locale: what Cyrus SASL trims from an identity.
@@ -234,7 +237,7 @@ def qdr_node(address: str) -> Node | None:
     view = qdr_view(address)
     if not view:
         return None
-    internal = view.startswith(QDR_INTERNAL_PREFIXES) or _is_management(view)
+    internal = view.startswith(QDR_INTERNAL_PREFIXES)
     return Node(view, internal, view)
 
 
@@ -336,9 +339,9 @@ def strict_node(address: str) -> Node | None:
     """``address`` when it is its own canonical form on any upstream, else None.
 
     Canonical: not empty, no ``:/``, no leading ``/`` or ``_``, no ``//``, no trailing ``.`` or
-    ``/``, no control character. ``$management`` (and names below it) is internal.
+    ``/``, no control character. ``$`` names are router-internal.
     """
     if (not address or ":/" in address or "//" in address or address[0] in "/_"
             or address[-1] in "./" or any(ord(c) < 0x20 for c in address)):
         return None
-    return Node(address, _is_management(address), address)
+    return Node(address, address.startswith("$"), address)

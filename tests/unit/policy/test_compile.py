@@ -468,8 +468,9 @@ def test_global_connection_rate_is_validated() -> None:
 @pytest.mark.parametrize(("key", "item", "warned"), [
     ("targets", "$*", True), ("targets", "_*", True), ("sources", "_local*", True),
     ("targetPattern", "$management.#", True), ("sourcePattern", "_topo.#", True),
-    ("targets", "*", False), ("targetPattern", "#", False), ("targets", "$SYS*", False), ("sources", "$manage*", True),
-    ("targets", "public.*", False),
+    ("targets", "*", False), ("targetPattern", "#", False), ("targets", "$SYS*", True), ("sources", "$manage*", True),
+    ("targets", "public.*", False), ("targets", "${user}*", False),
+    ("targetPattern", "${user}.#", False),
 ])
 def test_a_wildcard_aimed_at_router_internal_addresses_is_a_warning(key, item, warned) -> None:
     policy = _compile({"hostname": "v", "groups": {"g": {"users": "u", "remoteHosts": "*",

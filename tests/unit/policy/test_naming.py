@@ -39,17 +39,33 @@ def test_router_internal_nodes(address):
 
 
 @pytest.mark.parametrize("kind", ["qdrouterd", "other"])
-@pytest.mark.parametrize("address", ["$SYS/broker/uptime", "$managementx", "$cbs"])
-def test_other_dollar_names_are_ordinary_nodes(kind, address):
-    # qdrouterd's agent subscribes only $management; MQTT's $SYS tree is a plain mobile address
+@pytest.mark.parametrize("address", ["$SYS/broker/uptime", "$cbs", "$management.x"])
+def test_every_dollar_name_is_internal(kind, address):
     node = Naming(kind).resolve(address)
-    assert node is not None and not node.internal
-    assert node_allowed(AddressRules.from_list(["*"]), node, "u")
+    assert node is not None and node.internal
+    assert not node_allowed(AddressRules.from_list(["*"]), node, "u")
 
 
-@pytest.mark.parametrize("address", ["$management.x", "$management/x"])
-def test_names_below_management_are_internal(address):
-    assert Naming("other").resolve(address).internal
+@pytest.mark.parametrize(("address", "allowed"), [
+    ("$SYS", True), ("$SYS/broker/uptime", True), ("$SYS.x", True),
+    ("$SYSTEM", False), ("$management", False), ("$other/x", False),
+])
+def test_a_declared_dollar_tree_is_granted_like_any_address(address, allowed):
+    node = Naming("qdrouterd").resolve(address)
+    assert node_allowed(AddressRules.from_list(["*"]), node, "u", ("$SYS",)) is allowed
+
+
+def test_a_topic_trees_system_prefixes_are_declared_but_never_management():
+    from amqp_policy_proxy.policy.compile import compile_policy
+    from amqp_policy_proxy.policy.model import PolicySettings
+
+    tree = {"model": "nearestAcl", "separator": "/", "systemPrefixes": ["$SYS", "$management"],
+            "nodes": {"": {"publish": ["*"], "subscribe": ["*"]}}}
+    policy = compile_policy([("p.json", [["vhost", {
+        "hostname": "v", "topicTree": tree,
+        "groups": {"g": {"users": "u", "remoteHosts": "*", "targets": "*"}}}]])],
+        PolicySettings())
+    assert policy.vhosts["v"].groups["g"].declared_prefixes == ("$SYS",)
 
 
 def test_internal_nodes_need_a_literal_grant():
