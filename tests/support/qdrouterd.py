@@ -444,3 +444,74 @@ def _accepts(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+class Subscriber:
+    """A receiver on the router's test-only admin listener that accepts every message in a
+    thread of its own (so a blocking sender in the test gets its disposition).
+
+    ``with Subscriber(router.admin_url, "orders.x") as sub: ...; sub.bodies()``.
+    """
+
+    def __init__(self, url: str, address: str, credit: int = 100) -> None:
+        import threading
+
+        from proton.handlers import MessagingHandler
+        from proton.reactor import Container
+
+        self.received: list[Any] = []
+        ready = threading.Event()
+        owner = self
+
+        class _Handler(MessagingHandler):
+            def __init__(self) -> None:
+                super().__init__(prefetch=credit)
+                self.connection: Any = None
+
+            def on_start(self, event: Any) -> None:
+                self.connection = event.container.connect(url)
+                event.container.create_receiver(self.connection, address)
+
+            def on_link_opened(self, event: Any) -> None:
+                ready.set()
+
+            def on_message(self, event: Any) -> None:
+                owner.received.append(event.message.body)
+
+        self._handler = _Handler()
+        self._container = Container(self._handler)
+        self._thread = threading.Thread(target=self._container.run, daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise QdrouterdError(f"subscriber on {address} did not attach")
+        time.sleep(0.1)  # the router has propagated the address before the test sends
+
+    def bodies(self, quiet: float = 0.5, timeout: float = 5.0) -> list[Any]:
+        """The bodies received, once nothing new arrived for ``quiet`` seconds."""
+        deadline = time.monotonic() + timeout
+        seen = -1
+        while time.monotonic() < deadline and seen != len(self.received):
+            seen = len(self.received)
+            time.sleep(quiet)
+        return list(self.received)
+
+    def close(self) -> None:
+        """Close the connection and stop the thread."""
+        self._container.schedule(0, _Closer(self._handler))
+        self._thread.join(5)
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Closer:
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    def on_timer_task(self, event: Any) -> None:
+        if self.handler.connection is not None:
+            self.handler.connection.close()
+        event.container.stop()
