@@ -69,6 +69,12 @@ class ResourceLimitError(AmqpError, condition=Condition.RESOURCE_LIMIT_EXCEEDED)
     """A resource the proxy cannot provide (e.g. no reserved channel left for a reply)."""
 
 
+class WindowViolationError(AmqpError, condition=Condition.SESSION_WINDOW_VIOLATION):
+    """A Transfer beyond the session's incoming-window the peer was given (Part 2 §2.5.6:
+    the sender MUST NOT send a Transfer once the remote incoming-window is zero; proton ends
+    the connection with this condition, "incoming session window exceeded")."""
+
+
 class TransferLimitError(AmqpError, condition=Condition.LINK_TRANSFER_LIMIT_EXCEEDED):
     """A sender that sent (or counted) more deliveries than the link-credit it was given
     (Part 2 §2.6.7: "a sender MUST NOT send more messages" once link-credit is zero)."""

@@ -148,7 +148,10 @@ class ClientSide(Leg):
         saved = (wire.run_buf, wire.run_start, wire.run_end)
         wire.run_buf, wire.run_start, wire.run_end = buf, -1, 0
         try:
-            return self._units(buf, start, end, now)
+            pos = self._units(buf, start, end, now)
+            if self.sessions.window_pending:
+                self.sessions.reopen_windows()  # once per read: see reopen_windows
+            return pos
         finally:
             wire.flush_run()
             wire.run_buf, wire.run_start, wire.run_end = saved
@@ -463,7 +466,7 @@ class ClientSide(Leg):
             forward = self.deliveries.client_transfer(buf, body, channel, fend, now)
             session = sessions.sessions.get(channel)
             if session is not None and sessions.window_frames is not None:
-                sessions.reopen_window(session)
+                sessions.window_pending.add(session)
             return forward
         if code == DISPOSITION_CODE:
             if channel in sessions.denied_sessions:

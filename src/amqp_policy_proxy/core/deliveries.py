@@ -81,6 +81,8 @@ class Deliveries(Room):
             NotAllowedError: a channel never begun, or a Transfer where the client receives.
             UnattachedHandleError: a handle not attached. IllegalStateError: after Detach.
             DecodeError: a Transfer or message head that is not canonical.
+            WindowViolationError: a Transfer past the incoming-window the client was given
+                (``maxSessionWindow``, :meth:`.flows.SessionFlows.check_window`).
         """
         sessions = self.sessions
         session = sessions.sessions.get(channel)
@@ -92,6 +94,7 @@ class Deliveries(Room):
             fields = read_transfer_fields(buf, body, fend)
         handle = fields[0]
         session.transfers_in += 1
+        sessions.check_window(session)
         link = session.links.get(handle)
         if link is None:
             if handle in session.denied_handles:

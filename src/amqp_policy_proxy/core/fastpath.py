@@ -116,6 +116,9 @@ class FastPath:
                         f = read_fields(buf, body, fend)
                         link = session.links.get(f[0])
                         n = 0  # Transfers passed from this one on
+                        # Transfer frames the client may still send (maxSessionWindow); the
+                        # frame past the window takes the general handler, which refuses it
+                        left = 1 if window is None else (all_sessions.window_left(session) or 0)
                         sender = (link is not None and link.is_sender
                                   and not link.client_detached)
                         if (
@@ -139,6 +142,8 @@ class FastPath:
                                     (link.delivery_bytes, link.delivery_id,
                                      link.delivery_settled) if link.in_delivery else None,
                                 )
+                                if window is not None and n > left:
+                                    n = 0  # the window ends inside the run: frame by frame
                                 if n:
                                     if delivery is not None or link.in_delivery:
                                         link.carry(delivery)
@@ -146,7 +151,8 @@ class FastPath:
                                         run_start = pos
                                     pos = npos
                             if (not n and not link.in_delivery and not f[3] and not link.inspect
-                                    and (max_size is None or fend - f[5] <= max_size)):
+                                    and (max_size is None or fend - f[5] <= max_size)
+                                    and left > 0):
                                 # no scanner, or a frame it leaves to Python: a whole delivery
                                 # that needs no decision is forwarded as it came (the frames
                                 # of a multi-frame one take the general handler below)
@@ -159,20 +165,20 @@ class FastPath:
                                 session.transfers_in += n
                                 run_end = pos
                                 if window is not None:
-                                    wire.run_start, wire.run_end = run_start, run_end
-                                    all_sessions.reopen_window(session)
-                                    run_start, run_end = wire.run_start, wire.run_end
+                                    all_sessions.window_pending.add(session)
                                 continue
                     # a decision, a denial or an error: the general Transfer handler
                     wire.run_start, wire.run_end = run_start, run_end
                     if f is not None and sender:  # (its lookups done above)
                         session.transfers_in += 1
+                        if window is not None:
+                            all_sessions.check_window(session)
                         forward = deliveries.sender_transfer(session, link, buf, body, fend, now,
                                                             f)
                     else:
                         forward = deliveries.client_transfer(buf, body, channel, fend, now, f)
                     if session is not None and window is not None:
-                        all_sessions.reopen_window(session)
+                        all_sessions.window_pending.add(session)
                 else:
                     wire.run_start, wire.run_end = run_start, run_end
                     forward = general(buf, pos, doff, ftype, channel, fend, now)

@@ -15,6 +15,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ..amqp.constants import UINT_MAX
+from ..amqp.errors import WindowViolationError
 from ..amqp.performatives import Flow
 from .commands import CLIENT, ROUTER
 from .context import Room
@@ -35,6 +36,7 @@ class SessionFlows(Room):
 
     router_sessions: dict[int, SessionRecord]
     window_frames: int | None
+    window_pending: set[SessionRecord]
     shaping: Shaping | None
 
     def on_client_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> None:
@@ -90,6 +92,44 @@ class SessionFlows(Room):
         if changes:
             return frame(channel, dataclasses.replace(perf, **changes))
         return raw
+
+    def check_window(self, session: SessionRecord) -> None:
+        """Hold the client to the incoming-window the proxy gave it (``maxSessionWindow``),
+        after its Transfer frames were counted in ``session.transfers_in``.
+
+        The window is the router's, lowered to ``maxSessionWindow`` frames and reopened by
+        :meth:`reopen_window`; before the router's Begin it is 0. Unbounded (no check) when
+        the group sets no ``maxSessionWindow``: the router holds the client to its own window.
+
+        Raises:
+            WindowViolationError: a Transfer frame past the window (proton's answer,
+                ``amqp:session:window-violation``, "incoming session window exceeded").
+        """
+        left = self.window_left(session)
+        if left is not None and left < 0:
+            raise WindowViolationError("incoming session window exceeded")
+
+    def window_left(self, session: SessionRecord) -> int | None:
+        """Transfer frames the client may still send on ``session`` (None: unbounded)."""
+        if self.window_frames is None:
+            return None
+        end = session.client_window_end
+        if session.shaping is not None:
+            end = max(end, session.shaping.in_end)
+        return end - (session.client_next_out + session.transfers_in)
+
+    def reopen_windows(self) -> None:
+        """Reopen the window of every session that sent Transfers in the read just processed.
+
+        Called once per client read, never between the frames of one read: a client can only
+        have seen a Flow the proxy sent before it wrote, so frames it pipelined within one
+        write are held to the window it had (as proton, which posts its Flows after it has
+        processed its input), and a client that ignores the window is stopped at its end.
+        """
+        pending = self.window_pending
+        for session in pending:
+            self.reopen_window(session)
+        pending.clear()
 
     def reopen_window(self, session: SessionRecord) -> None:
         """Give the client more of the ``maxSessionWindow`` once it used half of it.

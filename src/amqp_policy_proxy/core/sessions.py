@@ -88,6 +88,7 @@ class Sessions(SessionFlows):
         "renumbering",
         "early_denials",
         "count_router_transfers",
+        "window_pending",
     )
 
     def __init__(self, ctx: Context, rules: MessageRules) -> None:
@@ -115,6 +116,9 @@ class Sessions(SessionFlows):
         self.count_router_transfers = False
         """The router's Transfers are counted per session (``maxSessionWindow``, or sessions
         that keep the router's flow state, :attr:`~.records.SessionRecord.tracks_router`)."""
+        self.window_pending: set[SessionRecord] = set()
+        """Sessions whose client sent Transfers in the read being processed: their window is
+        reopened once the whole read is (:meth:`~.flows.SessionFlows.reopen_windows`)."""
         self.early_denials: list[bytes] = []
         """Session denials answered before the router's Open reached the client (Begins
         pipelined behind the client's Open): sent right after that Open."""
