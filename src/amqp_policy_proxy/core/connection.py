@@ -508,6 +508,7 @@ class ProxyConnection(Context):
         self.handshake_deadline = None
         self.linger_deadline = None
         self.admission.release()
+        self.denial_lines.flush(logger, self.conn_id, now)
         if self.sessions.shaping is not None:
             self.sessions.shaping.close(now)
         if self.opened_at is not None:

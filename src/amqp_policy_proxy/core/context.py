@@ -15,6 +15,7 @@ from ..amqp.performatives import Error
 from ..ingress.peer import ClientAddress
 from ..policy.naming import DEFAULT_NAMING, Naming
 from .events import ConnectionDenied, ConnectionDenyReason
+from .logbudget import LogBudget
 from .records import Figures
 from .state import Sides
 from .wire import Wire
@@ -63,6 +64,7 @@ class Context:
         "client_frame_limit",
         "router_frame_limit",
         "naming",
+        "denial_lines",
     )
 
     def __init__(
@@ -132,6 +134,8 @@ class Context:
         self.sides = Sides()
         self.wire = Wire(self.sides, container_id)
         self.figures = Figures()
+        self.denial_lines = LogBudget()
+        """The budget of this connection's denial log lines (:mod:`.logbudget`)."""
         self.sasl_used = False
         """The client started with the SASL header."""
         self.sasl_init_seen = False

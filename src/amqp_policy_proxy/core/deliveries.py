@@ -190,16 +190,18 @@ class Deliveries(Room):
         ``SHADOW DENY``, the delivery is forwarded as it came."""
         if not shadowed(self.ctx, DenialKind.MESSAGE, reason, now, address=address):
             return False
-        self._log_denial(reason, address, detail, SHADOW_DENY)
+        self._log_denial(reason, address, now, detail, SHADOW_DENY)
         return True
 
     def _log_denial(
-        self, reason: MessageDenyReason, address: str | None, detail: str = "", verb: str = DENY
+        self, reason: MessageDenyReason, address: str | None, now: float, detail: str = "",
+        verb: str = DENY,
     ) -> None:
         """One INFO line for a denied message, in QDR's words (``DENY AMQP Transfer ...``;
         ``verb`` ``SHADOW DENY`` for one shadow mode let through)."""
         conn = self.ctx
-        logger.info(
+        conn.denial_lines.log(
+            logger, conn.conn_id, now,
             "[%s] %s AMQP Transfer for user '%s', rhost '%s', vhost '%s', address '%s': %s%s",
             conn.conn_id,
             verb,
@@ -227,7 +229,7 @@ class Deliveries(Room):
         """
         link.discarding = True
         link.discard_reason = reason
-        self._log_denial(reason, address)
+        self._log_denial(reason, address, now)
         self._withhold(session, link, now)
         self.wire.emit(
             MessageDenied(
@@ -320,6 +322,7 @@ class Deliveries(Room):
         self._log_denial(
             MessageDenyReason.MESSAGE_SIZE,
             link.address,
+            now,
             f"maxMessageSize {self.rules.max_message_size} exceeded",
         )
         link.discarding = True

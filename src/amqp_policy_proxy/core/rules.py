@@ -93,7 +93,8 @@ class MessageRules:
         topic = address if node is None else node.topic_name
         verdict = check(self.principal, topic, qos=qos, wall_now=now + conn.wall_offset)
         if not verdict.allowed:
-            logger.info(
+            conn.denial_lines.log(
+                logger, conn.conn_id, now,
                 "[%s] topic authorization denies %s '%s' for user '%s': %s",
                 conn.conn_id,
                 "publish" if is_sender else "subscribe",

@@ -209,7 +209,8 @@ class Sessions(SessionFlows):
         """
         conn = self.ctx
         shadow = shadowed(conn, DenialKind.SESSION, SessionDenyReason.SESSION_LIMIT, now)
-        logger.info(
+        conn.denial_lines.log(
+            logger, conn.conn_id, now,
             "[%s] %s AMQP Begin Session due to session limit. user: %s, rhost: %s, vhost: %s",
             conn.conn_id,
             verb(shadow),
@@ -353,7 +354,8 @@ class Sessions(SessionFlows):
         conn = self.ctx
         role = "sender" if is_sender else "receiver"
         shadow = shadowed(conn, DenialKind.LINK, reason, now, role=role, address=address)
-        logger.info(
+        conn.denial_lines.log(
+            logger, conn.conn_id, now,
             "[%s] %s AMQP Attach %s '%s' for user '%s', rhost '%s', vhost '%s' (%s)",
             conn.conn_id,
             verb(shadow),
