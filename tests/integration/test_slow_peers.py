@@ -296,3 +296,52 @@ def test_client_is_not_read_while_the_upstream_connect_is_pending():
         for s in fillers:
             s.close()
         hole.close()
+
+
+DENYING = compile_policy([(None, [["vhost", {
+    "hostname": "test",
+    "groups": {"all": {"users": "*", "remoteHosts": "*", "sources": "*", "targets": "allowed"}},
+}]])], PolicySettings())
+
+
+@pytest.mark.slow
+def test_a_client_that_provokes_denials_without_reading_them_stops_being_read(upstream):
+    # issue 28, denial floods: an Attach to a denied target and its Detach, over and over,
+    # never reading the proxy's answers (an Attach and a Detach with amqp:unauthorized-access
+    # each). The proxy's own replies count toward the client's high-water mark like relayed
+    # bytes, so the client stops being read and the denials stop with it.
+    from amqp_policy_proxy.core.events import LinkDenied
+    from tests.support.rawpeer import Detach
+
+    with ProxyThread([("127.0.0.1", upstream.port)], policy=DENYING) as proxy, RawClient(
+            proxy.port, rcvbuf=16 * 1024) as c:
+        c.open(user="alice")
+        c.send(begin(0))
+        pair = attach_sender(0, 0, "secret") + frame(0, Detach(handle=0, closed=True))
+        burst = pair * 64
+        c.sock.settimeout(0.2)
+        buffered: list[int] = []
+        start = time.monotonic()
+        blocked = False
+        pending = memoryview(burst)
+        while time.monotonic() - start < 8:
+            try:
+                pending = pending[c.sock.send(pending):] or memoryview(burst)
+            except TimeoutError:
+                blocked = True  # the client's socket is full: the proxy stopped reading it
+                buffered.append(write_buffers(proxy)[0][0])
+        assert blocked, "the proxy read every frame of a client that never reads"
+        # what the proxy answered and nobody read stays near the high-water mark (without
+        # the back-pressure: 11 MB and 100,000 denials in 10 s, growing)
+        assert max(buffered) <= HIGH_WATER + 512 * 1024, max(buffered)
+        before = len(proxy.events_of(LinkDenied))
+        assert before < 100_000, before
+        # the client reads again: the proxy resumes reading it and answers what it sent
+        c.sock.settimeout(0.5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(proxy.events_of(LinkDenied)) == before:
+            try:
+                c.sock.recv(1 << 20)
+            except TimeoutError:
+                pass
+        assert len(proxy.events_of(LinkDenied)) > before

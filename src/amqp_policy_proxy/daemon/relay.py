@@ -41,10 +41,13 @@ LOW_WATER = 64 * 1024
 CONNECT_BACKLOG = 64 * 1024
 #: Why a client is not read (bits; it is read again when none is left): its bytes wait for
 #: the upstream connect (``CONNECT_BACKLOG``), the pre-authentication memory budget is spent,
-#: the router's write buffer is above ``HIGH_WATER``.
+#: the router's write buffer is above ``HIGH_WATER``, or the client's own is (it does not
+#: read what the proxy writes to it: relayed bytes and the proxy's own replies alike, so a
+#: client that provokes denials without reading them stops being read).
 PAUSED_CONNECTING = 1
 PAUSED_BUDGET = 2
 PAUSED_ROUTER_FULL = 4
+PAUSED_CLIENT_FULL = 8
 
 
 class Upstream(Protocol):
@@ -279,14 +282,17 @@ class ClientProtocol(asyncio.Protocol):
         self.resume(PAUSED_BUDGET)
 
     def pause_writing(self) -> None:
-        """The client is not reading: stop reading from the router."""
+        """The client is not reading (its write buffer is above ``HIGH_WATER``): stop reading
+        from the router, and from the client itself, whose frames would only add replies."""
         if self.router is not None and self.router.transport is not None:
             self.router.transport.pause_reading()
+        self.pause(PAUSED_CLIENT_FULL)
 
     def resume_writing(self) -> None:
-        """The client drained its buffer: read from the router again."""
+        """The client drained its buffer: read from the router and the client again."""
         if self.router is not None and self.router.transport is not None:
             self.router.transport.resume_reading()
+        self.resume(PAUSED_CLIENT_FULL)
 
     # --- running the core -----------------------------------------------------------------
 
