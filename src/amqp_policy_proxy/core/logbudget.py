@@ -1,4 +1,4 @@
-"""Sans-IO. The denial log lines of one connection, rate-limited (issue 28, denial floods).
+"""Sans-IO. The denial log lines of one connection, rate-limited (denial floods).
 
 A client can provoke a denial per frame (an Attach to a denied target and a Detach, over and
 over): 117,000 denials in 40 s made 20 MB of log. Every denial is still counted (metrics) and

@@ -640,9 +640,11 @@ class LedgerTable(_Table):
     lease_seconds: Seconds = 10.0
     """A proxy that stops renewing its lease (crashed, cut off) stops counting after this long;
     each proxy renews it and rewrites its own counts every third of it."""
-    timeout_ms: Milliseconds = 20.0
-    """An admission the store has not answered within this long is decided by failure_mode,
-    which stays in force until the store answers again."""
+    timeout_ms: Milliseconds = 1000.0
+    """How long the store may stay silent before it counts as unreachable: an Open waits for
+    the store's answer up to this long (as it waits for the router); one not answered within it
+    is decided by failure_mode, which stays in force until the store answers again. Keep it well
+    above the store's worst healthy latency: one late answer must not switch to the fallback."""
     failure_mode: Literal["local-share", "closed", "open"] = "local-share"
     """While the store is unreachable or slow: local-share (each limit divided by the proxies
     last seen alive, rounded up, against this proxy's own counts), closed (deny new connections:

@@ -60,6 +60,9 @@ _SCOPE_REASON = {
 #: Seconds a batch may take before the connection to the store is given up (the admissions
 #: in it were answered from the fallback after ``timeout_ms`` already).
 BATCH_DEADLINE = 2.0
+#: Scopes whose other proxies' counts are remembered for the ``local-share`` fallback (about
+#: 150 bytes each; the least recently answered go first).
+MAX_OTHERS = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +74,11 @@ class LedgerSettings:
         proxy_id: this process's name in the store (unique in the fleet).
         lease_seconds: a proxy that has not renewed its lease for this long stops counting;
             renewed every third of it.
-        timeout_ms: an admission not answered within this many milliseconds is decided by
-            ``failure_mode``, and the ledger stays in that mode until the store is back.
+        timeout_ms: how long the store may stay silent, in milliseconds, before it counts as
+            unreachable: an Open waits for the store's answer up to this long (as it waits
+            for the router), and one not answered within it is decided by
+            ``failure_mode``, which stays in force until the store is back. Long enough
+            that no client can cause it (one late answer is waited for, not a failure).
         failure_mode: ``local-share`` (each limit divided by the proxies last seen alive,
             rounded up, against this process's counts), ``closed`` (deny new connections) or
             ``open`` (this process's counts against the full limits).
@@ -81,7 +87,7 @@ class LedgerSettings:
     url: str
     proxy_id: str
     lease_seconds: float = 10.0
-    timeout_ms: float = 20.0
+    timeout_ms: float = 1000.0
     failure_mode: FailureMode = "local-share"
 
 
@@ -174,6 +180,11 @@ class FleetLedger:
         self._hold_until = 0.0
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.others: dict[tuple[str, str, str], int] = {}
+        """What the other live proxies held in a scope (``(vhost, "vhost" | "user" |
+        "host", name)``) when the store last answered an admission in it; the
+        ``local-share`` fallback adds it to this process's own counts. Only non-zero
+        counts are kept, at most :data:`MAX_OTHERS`."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -316,15 +327,21 @@ class FleetLedger:
         if self.mode == "closed":
             reason = ConnectionDenyReason.LEDGER_UNAVAILABLE
         else:
-            share = max(1, self.proxies_alive) if self.mode == "local-share" else 1
-            per_vhost, per_user, per_host = (
-                -(-limit // share) for limit in op.limits)
-            if local.vhost_active(op.vhost) >= per_vhost:
-                reason = ConnectionDenyReason.VHOST_LIMIT
-            elif local.user_active(op.vhost, op.user) >= per_user:
-                reason = ConnectionDenyReason.USER_LIMIT
-            elif local.host_active(op.vhost, op.host) >= per_host:
-                reason = ConnectionDenyReason.HOST_LIMIT
+            sharing = self.mode == "local-share"
+            share = max(1, self.proxies_alive) if sharing else 1
+            others = self.others
+            for (kind, name, held, why), limit in zip((
+                    ("vhost", "", local.vhost_active(op.vhost), ConnectionDenyReason.VHOST_LIMIT),
+                    ("user", op.user, local.user_active(op.vhost, op.user),
+                     ConnectionDenyReason.USER_LIMIT),
+                    ("host", op.host, local.host_active(op.vhost, op.host),
+                     ConnectionDenyReason.HOST_LIMIT)), op.limits, strict=True):
+                # local-share: this process's share of the limit, and never above the limit
+                # together with what the other proxies held when the store last answered
+                if held >= -(-limit // share) or (
+                        sharing and held + others.get((op.vhost, kind, name), 0) >= limit):
+                    reason = why
+                    break
         if reason is not None and op.enforce:
             return reason
         local.record(op.conn_id, vhost=op.vhost, group=op.group, user=op.user,
@@ -449,6 +466,9 @@ class FleetLedger:
                 failed = failed or result
                 continue
             if isinstance(op, _Admit):
+                if isinstance(result, list):
+                    self._note_others(op, result[1:])
+                    result = result[0]
                 self._store_answered(op, int(result), now)
         if batch.rewrite and results:
             alive = results[-1]
@@ -477,6 +497,19 @@ class FleetLedger:
             return
         # scope < 0: counted in shadow mode over the limit of scope -scope
         self.on_answer(op.conn_id, _SCOPE_REASON[-scope] if scope else None)
+
+    def _note_others(self, op: _Admit, counts: list[Any]) -> None:
+        """Remember what the other live proxies hold in ``op``'s three scopes (the store's
+        answer after the scope number), for the ``local-share`` fallback."""
+        others = self.others
+        for kind, name, n in zip(("vhost", "user", "host"), ("", op.user, op.host), counts,
+                                 strict=False):
+            key = (op.vhost, kind, name)
+            others.pop(key, None)
+            if int(n) > 0:
+                others[key] = int(n)
+        while len(others) > MAX_OTHERS:
+            del others[next(iter(others))]
 
     def _ensure_registered(self, pipe: Any, vhost: str, sent: list[Any]) -> None:
         """Name ``vhost`` in this proxy's vhost set once (so a later run can clear it)."""

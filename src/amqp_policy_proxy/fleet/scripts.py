@@ -70,42 +70,50 @@ ADMIT = _NOW + """
 -- mode, counted even over a limit)
 local me = ARGV[1]
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), me)
+-- the live sum of a hash, and the part of it that is not this proxy's
 local function live(key)
   local fields = redis.call('HGETALL', key)
-  local sum = 0
+  local sum, mine = 0, 0
   for i = 1, #fields, 2 do
     local who = fields[i]
     local expiry = redis.call('ZSCORE', KEYS[1], who)
     if expiry and tonumber(expiry) >= now then
-      sum = sum + tonumber(fields[i + 1])
+      local n = tonumber(fields[i + 1])
+      sum = sum + n
+      if who == me then mine = n end
     else
       -- a proxy whose lease ran out: its counts stop counting, and are removed
       redis.call('HDEL', key, who)
       if expiry then redis.call('ZREM', KEYS[1], who) end
     end
   end
-  return sum
+  return sum, sum - mine
 end
--- QDR's order: the vhost's maxConnections, then per user, then per host
+local others = {}
 local over = 0
+-- QDR's order: the vhost's maxConnections, then per user, then per host
 for i = 3, 5 do
-  if live(KEYS[i]) >= tonumber(ARGV[i]) then
-    if ARGV[6] ~= '0' then return i - 2 end
-    over = i - 2
-    break
-  end
+  local sum, rest = live(KEYS[i])
+  others[i - 2] = rest
+  if over == 0 and sum >= tonumber(ARGV[i]) then over = i - 2 end
+end
+if over > 0 and ARGV[6] ~= '0' then
+  return {over, others[1], others[2], others[3]}
 end
 for i = 3, 5 do
   redis.call('HINCRBY', KEYS[i], me, 1)
   redis.call('SADD', KEYS[2], KEYS[i])
 end
-return -over
+return {-over, others[1], others[2], others[3]}
 """
 """One admission: sum the live proxies' fields of the three scopes (dropping dead ones),
 check the limits in QDR's order, and count the connection in all three only if all pass.
-Returns 0 (admitted) or the failed scope (:data:`SCOPE_VHOST`, :data:`SCOPE_USER`,
-:data:`SCOPE_HOST`); in shadow mode (enforce 0) the connection is counted anyway and the
-failed scope comes back negated."""
+Returns ``{scope, others_vhost, others_user, others_host}``: scope 0 (admitted) or the failed
+one (:data:`SCOPE_VHOST`, :data:`SCOPE_USER`, :data:`SCOPE_HOST`; in shadow mode, enforce 0,
+the connection is counted anyway and the failed scope comes back negated), then what the
+*other* live proxies hold in each scope, which the ``local-share`` fallback adds to this
+proxy's own counts (it never admits a scope above its limit together with what the store
+already granted)."""
 
 RELEASE = """
 -- KEYS: vhost hash, user hash, host hash; ARGV: proxy id

@@ -521,7 +521,7 @@ def test_ledger_auto_shorthand_and_workers(confdir: Path) -> None:
     assert config.workers == 3
     assert config.ledger is not None and config.ledger.url == "auto"
     assert (config.ledger.lease_seconds, config.ledger.timeout_ms,
-            config.ledger.failure_mode, config.ledger.proxy_id) == (10.0, 20.0, "local-share", "")
+            config.ledger.failure_mode, config.ledger.proxy_id) == (10.0, 1000.0, "local-share", "")
     # flags lay over the shorthand
     config = config_from_sources(path, overrides={
         "ledger.proxy_id": ("--proxy-id", "edge-1"),

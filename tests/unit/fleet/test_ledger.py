@@ -208,3 +208,85 @@ async def test_exit_removes_own_fields_and_a_restart_clears_a_crashed_runs(redis
         assert user_fields(store) == {}
     finally:
         await again.ledger.stop()
+
+
+async def test_a_slow_answer_is_waited_for_not_a_reason_for_the_fallback(redis_server,
+                                                                        store) -> None:
+    """Issue 28, storms: one late answer (the store stalls 300 ms, as a storm or a busy host
+    makes it) is waited for; the ledger stays exact instead of switching to its fallback."""
+    p1, p2 = Proxy(redis_server.url, "p1"), Proxy(redis_server.url, "p2")
+    await p1.ledger.start()
+    await p2.ledger.start()
+    try:
+        await p2.admit()
+        await p2.admit()  # the user's limit of 2, held by the other proxy
+        redis_server.pause()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, redis_server.resume)
+        _, r = await p1.admit()
+        assert str(r) == "user_limit"  # the store's answer, 300 ms late
+        assert p1.ledger.mode == "redis" and p1.errors == []
+        assert sum(user_fields(store).values()) == 2
+    finally:
+        redis_server.resume()
+        await p1.ledger.stop()
+        await p2.ledger.stop()
+
+
+async def test_local_share_never_admits_above_the_limit_with_what_the_store_granted(
+        redis_server, store) -> None:
+    """Issue 28, storms: p2 holds the user's limit of 2 (granted by the store); p1 learnt it
+    from its last answer. When p1 falls back to local-share (its share: ceil(2 / 2) = 1, and
+    it holds none), it must not admit a third."""
+    p1 = Proxy(redis_server.url, "p1", timeout_ms=50)
+    p2 = Proxy(redis_server.url, "p2")
+    await p1.ledger.start()
+    await p2.ledger.start()
+    try:
+        await p1.ledger._reconcile()  # p1 sees p2 alive: proxies_alive 2
+        assert p1.ledger.proxies_alive == 2
+        assert [r for _, r in [await p2.admit(), await p2.admit()]] == [None, None]
+        _, r = await p1.admit()
+        assert str(r) == "user_limit"
+        redis_server.pause()
+        try:
+            _, r = await p1.admit()
+            assert p1.ledger.mode == "local-share"
+            assert str(r) == "user_limit", "local-share admitted a third connection"
+            _, r = await p1.admit(user="other")  # a user nobody else holds: its share
+            assert r is None
+        finally:
+            redis_server.resume()
+    finally:
+        await p1.ledger.stop()
+        await p2.ledger.stop()
+
+
+async def test_fallback_admissions_are_charged_to_the_store_before_it_decides_again(
+        redis_server, store) -> None:
+    """Issue 28, storms: what p1 admitted in its fallback is in the store before the store
+    decides anything again, so p2 sees it at its next admission."""
+    p1 = Proxy(redis_server.url, "p1", timeout_ms=50, failure_mode="open")
+    p2 = Proxy(redis_server.url, "p2")
+    await p1.ledger.start()
+    await p2.ledger.start()
+    try:
+        redis_server.pause()
+        try:
+            _, r = await p1.admit()
+            assert p1.ledger.mode == "open" and r is None
+            _, r = await p1.admit()
+            assert r is None
+        finally:
+            redis_server.resume()
+        for _ in range(100):
+            if p1.ledger.mode == "redis":
+                break
+            await asyncio.sleep(0.05)
+        assert p1.ledger.mode == "redis"
+        assert user_fields(store) == {"p1": 2}
+        _, r = await p2.admit()
+        assert str(r) == "user_limit"
+    finally:
+        await p1.ledger.stop()
+        await p2.ledger.stop()

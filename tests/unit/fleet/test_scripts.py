@@ -12,10 +12,15 @@ V = "shop"
 LEASE = 10_000
 
 
+def admit_full(store, me: str, user: str = "u", host: str = "h", limits=(100, 2, 100),
+               lease: int = LEASE) -> list[int]:
+    keys = (scripts.leases_key(V), scripts.owned_key(V, me), *scripts.scope_keys(V, user, host))
+    return [int(x) for x in store.eval(scripts.ADMIT, len(keys), *keys, me, lease, *limits)]
+
+
 def admit(store, me: str, user: str = "u", host: str = "h", limits=(100, 2, 100),
           lease: int = LEASE) -> int:
-    keys = (scripts.leases_key(V), scripts.owned_key(V, me), *scripts.scope_keys(V, user, host))
-    return int(store.eval(scripts.ADMIT, len(keys), *keys, me, lease, *limits))
+    return admit_full(store, me, user, host, limits, lease)[0]
 
 
 def fields(store, key: str) -> dict[str, int]:
@@ -34,6 +39,15 @@ def test_admission_counts_every_scope_until_a_limit_and_names_it(store) -> None:
     assert admit(store, "p1", user="other", limits=(2, 9, 9)) == scripts.SCOPE_VHOST
     assert admit(store, "p1", user="other", limits=(9, 9, 2)) == scripts.SCOPE_HOST
     assert admit(store, "p1", user="other", limits=(9, 9, 3)) == 0
+
+
+def test_admission_answers_what_the_other_proxies_hold_in_each_scope(store) -> None:
+    # the local-share fallback adds these to its own counts (issue 28, storms)
+    assert admit_full(store, "p2") == [0, 0, 0, 0]
+    assert admit_full(store, "p2", host="h2") == [0, 0, 0, 0]  # its own counts only
+    assert admit_full(store, "p1") == [scripts.SCOPE_USER, 2, 2, 1]
+    assert admit_full(store, "p1", user="v") == [0, 2, 0, 1]
+    assert admit_full(store, "p2", user="v") == [0, 1, 1, 1]
 
 
 def test_a_denied_admission_counts_nothing(store) -> None:
