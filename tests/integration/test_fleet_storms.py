@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fleet import ProxyProcess, close_all, connect_many
+from tests.support.fleet import ProxyProcess, close_all, connect_many, wait_for
 from tests.support.redis import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -39,12 +39,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 SECONDS = float(os.environ.get("AMQP_PROXY_STORM_SECONDS", "5"))
 THREADS = 12
 LIMIT = 2
-POLICY = [["vhost", {
-    "hostname": "fleet", "maxConnections": 1000, "maxConnectionsPerUser": LIMIT,
-    "maxConnectionsPerHost": 1000, "allowUnknownUser": False,
-    "groups": {"all": {"users": "alice, bob", "remoteHosts": "*", "sources": "*",
-                       "targets": "*"}},
-}]]
+GROUPS = {"all": {"users": "alice, bob, carol", "remoteHosts": "*", "sources": "*",
+                  "targets": "*"}}
+POLICY = [
+    ["vhost", {"hostname": "fleet", "maxConnections": 1000, "maxConnectionsPerUser": LIMIT,
+               "maxConnectionsPerHost": 1000, "allowUnknownUser": False, "groups": GROUPS}],
+    # one Open a second per user, two a second for the vhost (burst: the rate)
+    ["vhost", {"hostname": "rated", "maxConnections": 1000, "maxConnectionRatePerUser": 1,
+               "allowUnknownUser": False, "groups": GROUPS}],
+    ["vhost", {"hostname": "vrated", "maxConnections": 1000, "maxConnectionRate": 2,
+               "allowUnknownUser": False, "groups": GROUPS}],
+]
 
 
 def run_storm(ports: list[int]) -> dict:
@@ -172,6 +177,44 @@ def test_twenty_simultaneous_opens_right_after_a_start_admit_exactly_the_limit(
         finally:
             close_all(admitted)
         assert sum(p.metric("amqp_proxy_ledger_errors_total") for p in procs) == 0
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def _rates_are_fleet_wide(ports: list[int]) -> None:
+    admitted, denied = connect_many([(ports[i % len(ports)], "alice", "rated")
+                                     for i in range(12)])
+    close_all(admitted)
+    assert len(admitted) == 1, (len(admitted), denied[:2])
+    users = ["alice", "bob", "carol"]
+    admitted, denied = connect_many([(ports[i % len(ports)], users[i % 3], "vrated")
+                                     for i in range(12)])
+    close_all(admitted)
+    assert len(admitted) == 2, (len(admitted), denied[:2])
+
+
+def test_connection_rates_are_shared_by_the_workers(workdir, broker_address) -> None:
+    """maxConnectionRatePerUser 1: 12 back-to-back Opens of one user admit 1 (each worker
+    admitted 1 of its own before the rates were in the store); maxConnectionRate 2 admits 2."""
+    proc = ProxyProcess(workdir, broker_address, workdir / "policy.json", name="w",
+                        ledger='url = "auto"\n', flags=["--workers", "2"])
+    try:
+        _rates_are_fleet_wide([proc.port])
+        # (the parent serves the sum of the workers' counters)
+        assert wait_for(lambda: proc.metric("amqp_proxy_connections_denied_total",
+                                            reason="user_rate") == 11)
+    finally:
+        proc.stop()
+
+
+def test_connection_rates_are_shared_by_the_proxies_of_a_fleet(workdir, broker_address,
+                                                               redis) -> None:
+    procs = [ProxyProcess(workdir, broker_address, workdir / "policy.json", name=name,
+                          ledger=f'url = "{redis.url}"\nproxy_id = "{name}"\n')
+             for name in ("pa", "pb")]
+    try:
+        _rates_are_fleet_wide([p.port for p in procs])
     finally:
         for p in procs:
             p.stop()

@@ -61,8 +61,15 @@ class ProxyProcess:
 
     def _wait_ports(self, timeout: float = 30.0) -> tuple[int, int]:
         deadline = time.monotonic() + timeout
+        workers = "--workers" in self.args
         while time.monotonic() < deadline:
-            for line in list(self.lines):
+            if workers:  # the parent's metrics (the sum of the workers') come first
+                text = self.log()
+                ready = re.search(r"all \d+ workers listening on ports (\d+)", text)
+                served = re.search(r"serving metrics on http://127\.0\.0\.1:(\d+)/", text)
+                if ready and served:
+                    return int(ready.group(1)), int(served.group(1))
+            for line in [] if workers else list(self.lines):
                 m = re.search(r"started: listening on 127\.0\.0\.1:(\d+).*metrics "
                               r"http://127\.0\.0\.1:(\d+)/metrics", line)
                 if m:

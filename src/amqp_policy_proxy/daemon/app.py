@@ -26,6 +26,7 @@ from ..core.admission import AdmissionLedger
 from ..core.connection import ProxyConnection
 from ..core.events import ConnectionDenied, PolicyReloaded, ProxyEvent
 from ..fleet.ledger import IN_PROCESS, FleetLedger
+from ..fleet.rates import FleetRates
 from ..ingress.peer import ClientAddress, client_address
 from ..limits.connections import ConnectionLedger
 from ..limits.rates import RateLimits
@@ -79,6 +80,9 @@ class Daemon:
         self.fleet: FleetLedger | None = None
         """The fleet ledger (``[ledger]``), started with the listeners."""
         self.admission_ledger: AdmissionLedger = self.ledger
+        self.connection_rates: RateLimits | FleetRates = self.rates
+        """The rate buckets connections use: the process's own, or with a fleet ledger the
+        store's connection rates (:class:`~..fleet.rates.FleetRates`)."""
         """What the core admits against: the fleet ledger, else :attr:`ledger`."""
         self._heartbeat = time.monotonic()
         self._readiness: tuple[bool, str] = (False, "starting: no policy loaded yet")
@@ -216,7 +220,7 @@ class Daemon:
             policy=self.policy, ledger=self.admission_ledger, now=self.loop.time(),
             handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
             wall_offset=self._wall_offset, balancer_host=_balancer(proto),
-            paused_vhosts=self.paused_vhosts, rates=self.rates, naming=self.naming)
+            paused_vhosts=self.paused_vhosts, rates=self.connection_rates, naming=self.naming)
         self.connections[proto.conn_id] = proto
         return conn
 
@@ -245,6 +249,7 @@ class Daemon:
                                  observer=_LedgerFigures(self))
         await self.fleet.start()
         self.admission_ledger = self.fleet
+        self.connection_rates = FleetRates(self.rates, self.fleet)
         logger.info("ledger %s: proxy id %s, mode %s, lease %g s, timeout %g ms, failure mode "
                     "%s", settings.url.rpartition("@")[2], settings.proxy_id, self.fleet.mode,
                     settings.lease_seconds, settings.timeout_ms, settings.failure_mode)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.admission import LEDGER_PENDING, LedgerPending
 from ..limits.connections import ConnectionLedger, connection_limits
+from ..limits.rates import connection_rates
 from ..policy.reasons import ConnectionDenyReason
 from . import scripts
 
@@ -56,6 +57,9 @@ _SCOPE_REASON = {
     scripts.SCOPE_VHOST: ConnectionDenyReason.VHOST_LIMIT,
     scripts.SCOPE_USER: ConnectionDenyReason.USER_LIMIT,
     scripts.SCOPE_HOST: ConnectionDenyReason.HOST_LIMIT,
+    scripts.SCOPE_VHOST_RATE: ConnectionDenyReason.VHOST_RATE,
+    scripts.SCOPE_USER_RATE: ConnectionDenyReason.USER_RATE,
+    scripts.SCOPE_HOST_RATE: ConnectionDenyReason.HOST_RATE,
 }
 #: Seconds a batch may take before the connection to the store is given up (the admissions
 #: in it were answered from the fallback after ``timeout_ms`` already).
@@ -111,6 +115,8 @@ class _Admit:
     limits: tuple[int, int, int]
     asked: float
     enforce: bool = True
+    rates: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """``connection_rates``: vhost, per-user and per-host rates per second, and the burst."""
     """False in shadow mode: counted even over a limit, the failed scope still answered."""
     timer: asyncio.TimerHandle | None = None
     answered: bool = False
@@ -180,6 +186,10 @@ class FleetLedger:
         self._hold_until = 0.0
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.rate_charges: dict[str, tuple[int, float]] = {}
+        """Connection-rate tokens taken while the store was unreachable, by bucket key:
+        ``(tokens, rate per second)``, charged to the store when it is back, before it decides
+        again (at most :data:`MAX_OTHERS` buckets)."""
         self.others: dict[tuple[str, str, str], int] = {}
         """What the other live proxies held in a scope (``(vhost, "vhost" | "user" |
         "host", name)``) when the store last answered an admission in it; the
@@ -263,7 +273,8 @@ class FleetLedger:
             return self._fallback(conn_id, vhost, group, user, remote_host, enforce)
         loop = self._loop
         op = _Admit(conn_id, vhost.hostname, group.name, user, remote_host,
-                    connection_limits(vhost, group), time.perf_counter(), enforce)
+                    connection_limits(vhost, group), time.perf_counter(), enforce,
+                    connection_rates(vhost, group))
         op.timer = loop.call_later(self.settings.timeout_ms / 1000.0, self._timed_out, op)
         self._pending[conn_id] = op
         self._queue.append(op)
@@ -439,9 +450,11 @@ class FleetLedger:
             vhost_l, user_l, host_l = op.limits
             keys = (scripts.leases_key(op.vhost),
                     scripts.owned_key(op.vhost, self.settings.proxy_id),
-                    *scripts.scope_keys(op.vhost, op.user, op.host))
+                    *scripts.scope_keys(op.vhost, op.user, op.host),
+                    *scripts.rate_keys(op.vhost, op.user, op.host))
             pipe.evalsha(self._shas["admit"], len(keys), *keys, self.settings.proxy_id,
-                         self._lease_ms(), vhost_l, user_l, host_l, 1 if op.enforce else 0)
+                         self._lease_ms(), vhost_l, user_l, host_l, 1 if op.enforce else 0,
+                         *op.rates)
             sent.append(op)
         for rel in batch.releases:
             pipe.evalsha(self._shas["release"], 3,
@@ -511,6 +524,27 @@ class FleetLedger:
         while len(others) > MAX_OTHERS:
             del others[next(iter(others))]
 
+    def charge_rates(self, vhost: str, user: str, host: str,
+                     rates: tuple[int, int, int, int]) -> None:
+        """A connection admitted by the fallback took a token from each limited rate
+        bucket locally (``rates`` as :func:`~..limits.rates.connection_rates`): remember it,
+        to charge the store's buckets when the store is back."""
+        charges = self.rate_charges
+        for key, rate in zip(scripts.rate_keys(vhost, user, host), rates[:3], strict=True):
+            if rate:
+                n, _ = charges.pop(key, (0, rate))
+                charges[key] = (n + 1, float(rate))
+        while len(charges) > MAX_OTHERS:
+            del charges[next(iter(charges))]
+
+    def _queue_charges(self, pipe: Any) -> list[str]:
+        """Queue a charge of every connection-rate bucket the fallback took tokens from."""
+        keys = list(self.rate_charges)
+        for key in keys:
+            n, rate = self.rate_charges[key]
+            pipe.evalsha(self._shas["charge"], 1, key, n, rate)
+        return keys
+
     def _ensure_registered(self, pipe: Any, vhost: str, sent: list[Any]) -> None:
         """Name ``vhost`` in this proxy's vhost set once (so a later run can clear it)."""
         if vhost not in self._registered:
@@ -573,14 +607,18 @@ class FleetLedger:
             self._shas = {
                 name: await client.script_load(text)
                 for name, text in (("admit", scripts.ADMIT), ("release", scripts.RELEASE),
-                                   ("rewrite", scripts.REWRITE), ("alive", scripts.ALIVE))}
+                                   ("rewrite", scripts.REWRITE), ("alive", scripts.ALIVE),
+                                   ("charge", scripts.CHARGE))}
             me = self.settings.proxy_id
             stored = {v.decode() if isinstance(v, bytes) else str(v)
                       for v in await client.smembers(scripts.vhosts_key(me))}
             self._registered.clear()
             pipe = client.pipeline(transaction=False)
+            charges = self._queue_charges(pipe)
             self._queue_rewrite(pipe, self._lease_ms(), stored)
             results = await asyncio.wait_for(pipe.execute(), BATCH_DEADLINE)
+            for key in charges:  # charged: forget them (new ones may have come meanwhile)
+                self.rate_charges.pop(key, None)
             gone = stored - self._registered
             if gone:
                 await client.srem(scripts.vhosts_key(me), *gone)

@@ -9,6 +9,9 @@ key of one vhost is in one slot and one script may touch them all):
 ``P:{V}:host:<ip>``           hash: proxy id -> connections to V from <ip>
 ``P:{V}:leases``              sorted set: proxy id -> lease expiry (ms, the store's clock)
 ``P:{V}:owned:<id>``          set: the hashes of V where proxy <id> has a field
+``P:{V}:rate:vhost``          string: V's connection-rate bucket (GCRA tat, ms, expiring)
+``P:{V}:rate:user:<user>``    string: <user>'s connection-rate bucket in V
+``P:{V}:rate:host:<ip>``      string: <ip>'s connection-rate bucket in V
 ``P:{proxies}:alive``         sorted set: proxy id -> lease expiry (counts live proxies)
 ``P:{proxies}:vhosts:<id>``   set: the vhosts where proxy <id> may have fields
 ============================  ===========================================================
@@ -24,8 +27,10 @@ from __future__ import annotations
 PREFIX = "amqp-policy-proxy"
 """The first part of every key."""
 
-#: Scope numbers the admission script returns for a denial (0: admitted), in QDR's order.
+#: Scope numbers the admission script returns for a denial (0: admitted), in QDR's order:
+#: the counts, then the connection rates (the proxy's extension) in the same order.
 SCOPE_VHOST, SCOPE_USER, SCOPE_HOST = 1, 2, 3
+SCOPE_VHOST_RATE, SCOPE_USER_RATE, SCOPE_HOST_RATE = 4, 5, 6
 
 
 def vhost_tag(vhost: str) -> str:
@@ -37,6 +42,13 @@ def scope_keys(vhost: str, user: str, host: str) -> tuple[str, str, str]:
     """The three hashes an Open to ``vhost`` by ``user`` from ``host`` is counted in."""
     tag = vhost_tag(vhost)
     return f"{tag}:vhost", f"{tag}:user:{user}", f"{tag}:host:{host}"
+
+
+def rate_keys(vhost: str, user: str, host: str) -> tuple[str, str, str]:
+    """The three connection-rate buckets an Open to ``vhost`` by ``user`` from ``host`` takes
+    a token from (GCRA: each holds its theoretical arrival time, and expires when full)."""
+    tag = vhost_tag(vhost)
+    return f"{tag}:rate:vhost", f"{tag}:rate:user:{user}", f"{tag}:rate:host:{host}"
 
 
 def leases_key(vhost: str) -> str:
@@ -65,9 +77,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 ADMIT = _NOW + """
--- KEYS: leases, owned, vhost hash, user hash, host hash
+-- KEYS: leases, owned, vhost hash, user hash, host hash, then the vhost, user and host
+-- connection-rate buckets
 -- ARGV: proxy id, lease ms, vhost limit, user limit, host limit, enforce (1, or 0: shadow
--- mode, counted even over a limit)
+-- mode, counted even over a limit), vhost rate, user rate, host rate (per second, 0: none),
+-- burst (0: each rate)
 local me = ARGV[1]
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), me)
 -- the live sum of a hash, and the part of it that is not this proxy's
@@ -100,6 +114,34 @@ end
 if over > 0 and ARGV[6] ~= '0' then
   return {over, others[1], others[2], others[3]}
 end
+-- then the connection rates, all or nothing (a denied attempt takes no token); GCRA on the
+-- store's clock: a bucket holds the instant it is full again
+local takes = {}
+if over == 0 and KEYS[6] then
+  local burst = tonumber(ARGV[10] or '0')
+  for i = 1, 3 do
+    local rate = tonumber(ARGV[6 + i] or '0')
+    if rate > 0 then
+      local cap = burst > 0 and burst or rate
+      local tat = tonumber(redis.call('GET', KEYS[5 + i]) or '0')
+      if tat < now then tat = now end
+      if tat - now > (cap - 1) * 1000 / rate + 0.000001 then
+        over = 3 + i
+        break
+      end
+      takes[#takes + 1] = {KEYS[5 + i], tat + 1000 / rate}
+    end
+  end
+  if over > 0 and ARGV[6] ~= '0' then
+    return {over, others[1], others[2], others[3]}
+  end
+  if over == 0 then
+    for _, t in ipairs(takes) do
+      redis.call('SET', t[1], string.format('%.6f', t[2]), 'PX',
+                 math.max(1, math.ceil(t[2] - now)))
+    end
+  end
+end
 for i = 3, 5 do
   redis.call('HINCRBY', KEYS[i], me, 1)
   redis.call('SADD', KEYS[2], KEYS[i])
@@ -107,13 +149,29 @@ end
 return {-over, others[1], others[2], others[3]}
 """
 """One admission: sum the live proxies' fields of the three scopes (dropping dead ones),
-check the limits in QDR's order, and count the connection in all three only if all pass.
-Returns ``{scope, others_vhost, others_user, others_host}``: scope 0 (admitted) or the failed
-one (:data:`SCOPE_VHOST`, :data:`SCOPE_USER`, :data:`SCOPE_HOST`; in shadow mode, enforce 0,
-the connection is counted anyway and the failed scope comes back negated), then what the
-*other* live proxies hold in each scope, which the ``local-share`` fallback adds to this
-proxy's own counts (it never admits a scope above its limit together with what the store
-already granted)."""
+check the limits in QDR's order, then the connection rates (``maxConnectionRate``,
+``maxConnectionRatePerUser``, ``maxConnectionRatePerHost``: GCRA buckets on the store's
+clock, shared by the whole fleet), and count the connection and take a token from each
+limited bucket only if all pass. Returns ``{scope, others_vhost, others_user, others_host}``:
+scope 0 (admitted) or the failed one (:data:`SCOPE_VHOST` .. :data:`SCOPE_HOST_RATE`; in
+shadow mode, enforce 0, the connection is counted anyway, no token is taken, and the failed
+scope comes back negated), then what the *other* live proxies hold in each count scope, which
+the ``local-share`` fallback adds to this proxy's own counts (it never admits a scope above
+its limit together with what the store already granted)."""
+
+CHARGE = _NOW + """
+-- KEYS: one connection-rate bucket; ARGV: tokens, rate per second
+-- tokens taken while the store was unreachable (the fallback's admissions), charged now:
+-- the bucket may go into debt
+local rate = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+tat = tat + tonumber(ARGV[1]) * 1000 / rate
+redis.call('SET', KEYS[1], string.format('%.6f', tat), 'PX', math.max(1, math.ceil(tat - now)))
+return 0
+"""
+"""Charge a connection-rate bucket with the tokens this proxy's fallback took (debt allowed),
+before the store decides again."""
 
 RELEASE = """
 -- KEYS: vhost hash, user hash, host hash; ARGV: proxy id

@@ -60,6 +60,15 @@ def charged(tat: float, rate: float, now: float, n: float = 1.0) -> float:
     return (tat if tat > now else now) + n / rate
 
 
+def connection_rates(vhost: VhostPolicy, group: GroupSettings) -> tuple[int, int, int, int]:
+    """The connection rates an Open is checked against, per second (0: none): ``(the
+    vhost's maxConnectionRate, the group's maxConnectionRatePerUser, its
+    maxConnectionRatePerHost, the vhost's connectionRateBurst)``; the group's rates are
+    already resolved against the vhost's, a burst of 0 means each rate's own."""
+    return (vhost.max_connection_rate or 0, group.max_connection_rate_per_user or 0,
+            group.max_connection_rate_per_host or 0, vhost.connection_rate_burst or 0)
+
+
 class BucketTable:
     """Connection-rate buckets by key, bounded in memory.
 
@@ -163,6 +172,7 @@ class RateLimits:
         user: str,
         remote_host: str,
         now: float,
+        share: int = 1,
     ) -> ConnectionDenyReason | None:
         """Admit a connection against the vhost's, the user's and the host's rate.
 
@@ -172,24 +182,28 @@ class RateLimits:
         each limited bucket only when every one has one, so a denied attempt costs no token
         (it costs the router nothing either). The user's and host's buckets are kept per
         vhost whatever the group, each attempt judged with its own group's rate (as the
-        counts). The burst is the vhost's ``connectionRateBurst``, else each rate.
+        counts). The burst is the vhost's ``connectionRateBurst``, else each rate. ``share``
+        divides every rate and burst (the fleet ledger's ``local-share`` fallback: this
+        process's part of a fleet-wide rate).
 
         Returns:
             None when admitted (tokens taken), else the first rate that has no token.
         """
-        per_user, per_host = group.max_connection_rate_per_user, group.max_connection_rate_per_host
-        if not (vhost.max_connection_rate or per_user or per_host):
+        per_vhost, per_user, per_host, burst = connection_rates(vhost, group)
+        if not (per_vhost or per_user or per_host):
             return None  # the common case: no rate at all
         vname = vhost.hostname
-        burst = vhost.connection_rate_burst
         checks = []
         for table, key, rate, reason in (
-            (self._vhosts, vname, vhost.max_connection_rate, VHOST_RATE),
+            (self._vhosts, vname, per_vhost, VHOST_RATE),
             (self.users, (vname, user), per_user, USER_RATE),
             (self.hosts, (vname, remote_host), per_host, HOST_RATE),
         ):
             if rate:
-                if not table.conforms(key, rate, burst or rate, now):
+                cap = burst or rate
+                if share > 1:
+                    rate, cap = rate / share, max(1.0, cap / share)
+                if not table.conforms(key, rate, cap, now):
                     return reason
                 checks.append((table, key, rate))
         for table, key, rate in checks:

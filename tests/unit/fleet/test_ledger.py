@@ -290,3 +290,64 @@ async def test_fallback_admissions_are_charged_to_the_store_before_it_decides_ag
     finally:
         await p1.ledger.stop()
         await p2.ledger.stop()
+
+
+RATED = compile_policy([(None, [["vhost", {
+    "hostname": "shop", "maxConnections": 50, "maxConnectionsPerUser": 50,
+    "maxConnectionsPerHost": 50, "allowUnknownUser": True, "maxConnectionRatePerUser": 1,
+    "groups": {"$default": {"users": "*", "remoteHosts": "*"}},
+}]])], PolicySettings()).vhosts["shop"]
+
+
+async def rated_admit(proxy: Proxy, rates: Any, user: str = "u") -> Any:
+    """An admission as the core makes it: the ledger, then the connection rates."""
+    import time as _time
+
+    proxy.n += 1
+    cid = f"{proxy.ledger.settings.proxy_id}-r{proxy.n}"
+    group = RATED.groups["$default"]
+    got = proxy.ledger.try_admit(cid, vhost=RATED, group=group, user=user, remote_host="h")
+    if got is LEDGER_PENDING:
+        for _ in range(400):
+            if cid in proxy.answers:
+                break
+            await asyncio.sleep(0.005)
+        got = proxy.answers[cid]
+    if got is None:
+        got = rates.try_admit(vhost=RATED, group=group, user=user, remote_host="h",
+                              now=_time.monotonic())
+    return got
+
+
+async def test_connection_rates_are_shared_through_the_store_and_charged_after_a_fallback(
+        redis_server, store) -> None:
+    """Issue 28, rates: maxConnectionRatePerUser 1 is one Open a second for the fleet, not
+    per proxy; what a fallback admitted is charged to the store's bucket when it is back."""
+    from amqp_policy_proxy.fleet.rates import FleetRates
+    from amqp_policy_proxy.limits.rates import RateLimits
+
+    p1 = Proxy(redis_server.url, "p1", timeout_ms=50, failure_mode="open")
+    p2 = Proxy(redis_server.url, "p2")
+    r1, r2 = FleetRates(RateLimits(), p1.ledger), FleetRates(RateLimits(), p2.ledger)
+    await p1.ledger.start()
+    await p2.ledger.start()
+    try:
+        got = [await rated_admit(p, r) for p, r in ((p1, r1), (p2, r2), (p1, r1), (p2, r2))]
+        assert [None if g is None else str(g) for g in got] == [
+            None, "user_rate", "user_rate", "user_rate"]
+        await asyncio.sleep(1.05)
+        redis_server.pause()
+        try:
+            got = await rated_admit(p1, r1, user="v")
+            assert p1.ledger.mode == "open" and got is None  # its own bucket decides
+        finally:
+            redis_server.resume()
+        for _ in range(100):
+            if p1.ledger.mode == "redis":
+                break
+            await asyncio.sleep(0.05)
+        assert p1.ledger.mode == "redis" and not p1.ledger.rate_charges
+        assert str(await rated_admit(p2, r2, user="v")) == "user_rate"  # charged
+    finally:
+        await p1.ledger.stop()
+        await p2.ledger.stop()

@@ -111,3 +111,50 @@ def test_every_key_of_a_vhost_is_in_one_cluster_slot() -> None:
     keys = [*scripts.scope_keys("a.b", "user}x", "::1"), scripts.leases_key("a.b"),
             scripts.owned_key("a.b", "host:5672")]
     assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+def admit_rated(store, me: str, user: str = "u", host: str = "h", rates=(0, 1, 0, 0),
+                enforce: int = 1) -> int:
+    keys = (scripts.leases_key(V), scripts.owned_key(V, me), *scripts.scope_keys(V, user, host),
+            *scripts.rate_keys(V, user, host))
+    return int(store.eval(scripts.ADMIT, len(keys), *keys, me, LEASE, 100, 100, 100, enforce,
+                          *rates)[0])
+
+
+def test_connection_rates_are_one_bucket_for_the_fleet(store) -> None:
+    # maxConnectionRatePerUser 1 (burst 1): one Open a second for the user, whichever proxy
+    _, user, _ = scripts.scope_keys(V, "u", "h")
+    assert admit_rated(store, "p1") == 0
+    assert admit_rated(store, "p2") == scripts.SCOPE_USER_RATE
+    assert admit_rated(store, "p1") == scripts.SCOPE_USER_RATE
+    assert fields(store, user) == {"p1": 1}  # a denied attempt is not counted
+    assert admit_rated(store, "p2", user="other") == 0  # another user's bucket
+    time.sleep(1.05)
+    assert admit_rated(store, "p2") == 0
+    # every rate, in the counts' order: the vhost's first, the host's last
+    assert admit_rated(store, "p1", user="x", rates=(1, 0, 0, 0)) == 0
+    assert admit_rated(store, "p2", user="y", rates=(1, 0, 0, 0)) == scripts.SCOPE_VHOST_RATE
+    assert admit_rated(store, "p1", user="z", host="h9", rates=(0, 0, 1, 0)) == 0
+    assert admit_rated(store, "p2", user="w", host="h9",
+                       rates=(0, 0, 1, 0)) == scripts.SCOPE_HOST_RATE
+
+
+def test_a_rate_burst_admits_that_many_then_refills_at_the_rate(store) -> None:
+    got = [admit_rated(store, f"p{i % 2}", rates=(0, 10, 0, 3)) for i in range(5)]
+    assert got == [0, 0, 0, scripts.SCOPE_USER_RATE, scripts.SCOPE_USER_RATE]
+    time.sleep(0.12)  # 10/s: one token back after 0.1 s
+    assert admit_rated(store, "p1", rates=(0, 10, 0, 3)) == 0
+
+
+def test_a_rate_in_shadow_mode_counts_and_takes_no_token(store) -> None:
+    _, user, _ = scripts.scope_keys(V, "u", "h")
+    assert admit_rated(store, "p1") == 0
+    assert admit_rated(store, "p1", enforce=0) == -scripts.SCOPE_USER_RATE
+    assert fields(store, user) == {"p1": 2}
+
+
+def test_charge_puts_a_rate_bucket_into_debt(store) -> None:
+    key = scripts.rate_keys(V, "u", "h")[1]
+    store.eval(scripts.CHARGE, 1, key, 3, 1)  # three tokens taken in a fallback, 1/s
+    assert admit_rated(store, "p1") == scripts.SCOPE_USER_RATE
+    assert 0 < store.pttl(key) <= 3000
