@@ -218,3 +218,31 @@ def test_connection_rates_are_shared_by_the_proxies_of_a_fleet(workdir, broker_a
     finally:
         for p in procs:
             p.stop()
+
+
+def test_message_shaping_is_one_bucket_for_the_fleet(workdir, broker_address, redis) -> None:
+    """maxMessageRatePerUser 100 with two proxies sharing one redis-server: alice sending 200
+    messages through each at once is held to 100 a second for the pair (about 4 s, not the 2 s
+    two per-process buckets gave); every message is accepted."""
+    from tests.integration.test_rate_limits import POLICY as RATES
+    from tests.integration.test_rate_limits import Burst, run
+
+    procs = [ProxyProcess(workdir, broker_address, Path(RATES), name=name,
+                          ledger=f'url = "{redis.url}"\nproxy_id = "{name}"\n')
+             for name in ("pa", "pb")]
+    try:
+        bursts = [Burst(p.port, "alice", "rates.shaped", 200) for p in procs]
+        threads = [threading.Thread(target=run, args=(b,)) for b in bursts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert [(b.accepted, b.rejected, b.released) for b in bursts] == [(200, 0, 0)] * 2
+        span = max(b.finished for b in bursts) - min(b.started for b in bursts)
+        print(f"\n400 messages of one user through two proxies at 100/s: {span:.2f} s")
+        # a burst of a tenth of a second (10 messages), then 100 a second: 3.9 s
+        assert 3.4 <= span <= 5.5, span
+        assert sum(p.metric("amqp_proxy_ledger_errors_total") for p in procs) == 0
+    finally:
+        for p in procs:
+            p.stop()

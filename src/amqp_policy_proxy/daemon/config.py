@@ -646,8 +646,9 @@ class LedgerTable(_Table):
     is decided by failure_mode, which stays in force until the store answers again. Keep it well
     above the store's worst healthy latency: one late answer must not switch to the fallback."""
     failure_mode: Literal["local-share", "closed", "open"] = "local-share"
-    """While the store is unreachable or slow: local-share (each limit divided by the proxies
-    last seen alive, rounded up, against this proxy's own counts), closed (deny new connections:
+    """While the store is unreachable (refused, closed, or silent for timeout_ms): local-share
+    (each limit and connection rate divided by the proxies last seen alive, rounded up, against
+    this proxy's own counts and buckets, never above a limit with what the others held), closed (deny new connections:
     amqp:resource-limit-exceeded) or open (this proxy's own counts against the full limits).
     --ledger-failure-mode overrides it."""
 

@@ -131,9 +131,20 @@ class _Release:
 
 
 @dataclass(slots=True)
+class _Take:
+    """Shaping tokens asked of the store: ``args`` as :data:`~.scripts.TAKE`'s ARGV."""
+
+    keys: tuple[str, str]
+    args: tuple[float, ...]
+    done: Callable[[tuple[int, int] | None], None]
+    """Called with the tokens taken, or None when the store did not answer."""
+
+
+@dataclass(slots=True)
 class _Batch:
     admits: list[_Admit] = field(default_factory=list)
     releases: list[_Release] = field(default_factory=list)
+    takes: list[_Take] = field(default_factory=list)
     rewrite: bool = False
 
 
@@ -174,7 +185,7 @@ class FleetLedger:
         """The store's ``run_id`` when last reconciled (a change means a restart)."""
         self._client = client
         self._shas: dict[str, str] = {}
-        self._queue: deque[_Admit | _Release] = deque()
+        self._queue: deque[_Admit | _Release | _Take] = deque()
         self._pending: dict[str, _Admit] = {}
         self._touched: set[str] = set()
         """Vhosts where this process may have fields in the store."""
@@ -375,6 +386,8 @@ class FleetLedger:
             op = self._queue.popleft()
             if isinstance(op, _Admit):
                 self._answer_fallback(op)
+            elif isinstance(op, _Take):
+                op.done(None)
         for op in list(self._pending.values()):
             self._answer_fallback(op)
 
@@ -423,11 +436,13 @@ class FleetLedger:
         if self._rewrite_due:
             self._rewrite_due = False
             batch.rewrite = True
-            keep: deque[_Admit | _Release] = deque()
+            keep: deque[_Admit | _Release | _Take] = deque()
             while queue:
                 op = queue.popleft()
                 if isinstance(op, _Release):
                     batch.releases.append(op)
+                elif isinstance(op, _Take):
+                    batch.takes.append(op)
                 else:
                     keep.append(op)
             self._queue = keep
@@ -436,6 +451,8 @@ class FleetLedger:
             op = queue.popleft()
             if isinstance(op, _Release):
                 batch.releases.append(op)
+            elif isinstance(op, _Take):
+                batch.takes.append(op)
             elif not op.answered:
                 batch.admits.append(op)
         return batch
@@ -444,7 +461,7 @@ class FleetLedger:
         batch = self._build()
         client = self._client
         pipe = client.pipeline(transaction=False)
-        sent: list[_Admit | _Release | None] = []
+        sent: list[_Admit | _Release | _Take | None] = []
         for op in batch.admits:
             self._ensure_registered(pipe, op.vhost, sent)
             vhost_l, user_l, host_l = op.limits
@@ -461,6 +478,9 @@ class FleetLedger:
                          *scripts.scope_keys(rel.vhost, rel.user, rel.host),
                          self.settings.proxy_id)
             sent.append(rel)
+        for take in batch.takes:
+            pipe.evalsha(self._shas["take"], 2, *take.keys, *take.args)
+            sent.append(take)
         if batch.rewrite:
             sent.extend(self._queue_rewrite(pipe, self._lease_ms()))
         if not sent:
@@ -470,6 +490,8 @@ class FleetLedger:
                                              BATCH_DEADLINE)
         except Exception as exc:  # noqa: BLE001 - ConnectionError, TimeoutError, OSError...
             await self._disconnect()
+            for take in batch.takes:
+                take.done(None)
             self._enter_fallback(_error_reason(exc), _describe(exc))
             return
         now = time.perf_counter()
@@ -477,8 +499,12 @@ class FleetLedger:
         for op, result in zip(sent, results, strict=True):
             if isinstance(result, BaseException):
                 failed = failed or result
+                if isinstance(op, _Take):
+                    op.done(None)
                 continue
-            if isinstance(op, _Admit):
+            if isinstance(op, _Take):
+                op.done((int(result[0]), int(result[1])))
+            elif isinstance(op, _Admit):
                 if isinstance(result, list):
                     self._note_others(op, result[1:])
                     result = result[0]
@@ -523,6 +549,21 @@ class FleetLedger:
                 others[key] = int(n)
         while len(others) > MAX_OTHERS:
             del others[next(iter(others))]
+
+    def take_tokens(self, keys: tuple[str, str], args: tuple[float, ...],
+                    done: Callable[[tuple[int, int] | None], None]) -> bool:
+        """Ask the store for shaping tokens (:data:`~.scripts.TAKE`), in order with everything
+        else this process sends; ``done`` gets the tokens taken, or None if the store did not
+        answer.
+
+        Returns:
+            False (nothing asked) while the store is not deciding.
+        """
+        if self.mode != STORE or self._wake is None:
+            return False
+        self._queue.append(_Take(keys, args, done))
+        self._wake.set()
+        return True
 
     def charge_rates(self, vhost: str, user: str, host: str,
                      rates: tuple[int, int, int, int]) -> None:
@@ -608,7 +649,7 @@ class FleetLedger:
                 name: await client.script_load(text)
                 for name, text in (("admit", scripts.ADMIT), ("release", scripts.RELEASE),
                                    ("rewrite", scripts.REWRITE), ("alive", scripts.ALIVE),
-                                   ("charge", scripts.CHARGE))}
+                                   ("charge", scripts.CHARGE), ("take", scripts.TAKE))}
             me = self.settings.proxy_id
             stored = {v.decode() if isinstance(v, bytes) else str(v)
                       for v in await client.smembers(scripts.vhosts_key(me))}

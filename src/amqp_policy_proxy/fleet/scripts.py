@@ -12,6 +12,8 @@ key of one vhost is in one slot and one script may touch them all):
 ``P:{V}:rate:vhost``          string: V's connection-rate bucket (GCRA tat, ms, expiring)
 ``P:{V}:rate:user:<user>``    string: <user>'s connection-rate bucket in V
 ``P:{V}:rate:host:<ip>``      string: <ip>'s connection-rate bucket in V
+``P:{V}:shape:msg:<user>``    string: <user>'s message bucket in V (credit shaping)
+``P:{V}:shape:bytes:<user>``  string: <user>'s byte bucket in V (credit shaping)
 ``P:{proxies}:alive``         sorted set: proxy id -> lease expiry (counts live proxies)
 ``P:{proxies}:vhosts:<id>``   set: the vhosts where proxy <id> may have fields
 ============================  ===========================================================
@@ -49,6 +51,12 @@ def rate_keys(vhost: str, user: str, host: str) -> tuple[str, str, str]:
     a token from (GCRA: each holds its theoretical arrival time, and expires when full)."""
     tag = vhost_tag(vhost)
     return f"{tag}:rate:vhost", f"{tag}:rate:user:{user}", f"{tag}:rate:host:{host}"
+
+
+def shaping_keys(vhost: str, user: str) -> tuple[str, str]:
+    """The message and byte buckets of ``user`` in ``vhost`` that credit shaping draws on."""
+    tag = vhost_tag(vhost)
+    return f"{tag}:shape:msg:{user}", f"{tag}:shape:bytes:{user}"
 
 
 def leases_key(vhost: str) -> str:
@@ -172,6 +180,37 @@ return 0
 """
 """Charge a connection-rate bucket with the tokens this proxy's fallback took (debt allowed),
 before the store decides again."""
+
+TAKE = _NOW + """
+-- KEYS: a user's message bucket, its byte bucket
+-- ARGV: per bucket (messages, then bytes): rate per second (0: none), burst, debt (used
+-- beyond what was taken: charged, the bucket may go into debt), want (taken only as far as
+-- the bucket holds)
+local out = {}
+for b = 1, 2 do
+  local rate = tonumber(ARGV[4 * b - 3])
+  local taken = 0
+  if rate > 0 then
+    local burst, debt, want = tonumber(ARGV[4 * b - 2]), tonumber(ARGV[4 * b - 1]),
+                              tonumber(ARGV[4 * b])
+    local tat = tonumber(redis.call('GET', KEYS[b]) or '0')
+    if tat < now then tat = now end
+    tat = tat + debt * 1000 / rate
+    local held = math.floor(burst - (tat - now) * rate / 1000 + 0.000001)
+    if held > 0 then
+      taken = math.min(want, held)
+      tat = tat + taken * 1000 / rate
+    end
+    redis.call('SET', KEYS[b], string.format('%.6f', tat), 'PX',
+               math.max(1, math.ceil(tat - now)))
+  end
+  out[b] = taken
+end
+return out
+"""
+"""Credit shaping for a fleet: charge what a proxy's connections used beyond their
+allotment and take up to ``want`` whole tokens from a user's message and byte buckets (GCRA on
+the store's clock, shared by every proxy). Returns the tokens taken ``{messages, bytes}``."""
 
 RELEASE = """
 -- KEYS: vhost hash, user hash, host hash; ARGV: proxy id

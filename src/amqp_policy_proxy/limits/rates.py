@@ -20,6 +20,7 @@ argument); rates are per second, bursts in connections, messages or bytes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from amqp_policy_proxy.policy.reasons import ConnectionDenyReason
@@ -131,7 +132,7 @@ class RateLimits:
     """
 
     __slots__ = ("max_connection_rate", "max_buckets", "_global_tat", "_vhosts", "users",
-                 "hosts", "_shaping", "_idle", "_totals", "global_denied")
+                 "hosts", "_shaping", "_idle", "_totals", "global_denied", "bucket_factory")
 
     def __init__(self, max_connection_rate: int = 0, *, max_buckets: int = MAX_BUCKETS) -> None:
         """No connection seen yet: every bucket full."""
@@ -149,6 +150,9 @@ class RateLimits:
         """The idle ones (no connection uses them), oldest release first."""
         self._totals: dict[tuple[str, str], list[float]] = {}
         self.global_denied = 0
+        self.bucket_factory: Callable[[RateLimits, str, str, str], UserRate] = UserRate
+        """Makes a user's shaping buckets ``(owner, vhost, group, user)``: :class:`UserRate`,
+        or with a fleet ledger buckets that draw their tokens from the store."""
 
     # ------------------------------------------------------------------ connections
 
@@ -220,7 +224,7 @@ class RateLimits:
         key = (vhost, user)
         bucket = self._shaping.get(key)
         if bucket is None:
-            bucket = self._shaping[key] = UserRate(self, vhost, group, user)
+            bucket = self._shaping[key] = self.bucket_factory(self, vhost, group, user)
         self._idle.pop(key, None)
         bucket.group = group
         bucket.set_rates(message_rate, byte_rate)
