@@ -304,6 +304,7 @@ class ClientSide(Leg):
             if ctx.sasl_user is not None or ctx.sasl_init_seen:
                 raise IllegalStateError("second sasl-init")
             ctx.sasl_init_seen = True
+            ctx.sasl_mechanism = init[0]
             identity = identity_from_sasl_init(*init, tls_identity=ctx.tls_subject)
             if identity.impersonates:
                 self._refuse_impersonation(identity.user, identity.authzid, now)

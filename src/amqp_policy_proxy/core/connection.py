@@ -28,6 +28,7 @@ in a handler) becomes a Close of this one connection.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Container
 from typing import Any, Protocol
 
@@ -73,6 +74,11 @@ __all__ = ["HANDSHAKE_SECONDS", "LINGER_SECONDS", "ProxyConnection"]
 UNAVAILABLE_LINGER_SECONDS = 10.0
 UPSTREAM_UNAVAILABLE = "no upstream available"
 UPSTREAM_LOST = "upstream connection lost"
+#: Close descriptions of the connection's end (:meth:`ProxyConnection.set_expiry`).
+CREDENTIAL_EXPIRED = "credential expired"
+LIFETIME_REACHED = "maximum connection lifetime reached"
+#: Up to this fraction of ``maxConnectionLifetimeSeconds`` earlier, spread by connection id.
+LIFETIME_SPREAD = 0.1
 
 
 class RateLimits(AdmissionRates, ShapingBuckets, Protocol):
@@ -167,6 +173,7 @@ class ProxyConnection(Context):
             return
         if approved:
             self._shape(now)
+            self._arm_expiry(now)
             self.router.release_held(now)
             client.release_held(now)
         else:
@@ -186,6 +193,32 @@ class ProxyConnection(Context):
                                user=self.user or "", message_rate=group.max_message_rate_per_user,
                                byte_rate=group.max_byte_rate_per_user, now=now)
         self.sessions.shaping = Shaping(self, rates, bucket)
+
+    def _arm_expiry(self, now: float) -> None:
+        """An admitted connection's end: when the client certificate it authenticated with
+        (SASL EXTERNAL) expires, and when its group's ``maxConnectionLifetimeSeconds`` is
+        reached (up to a tenth earlier, spread by connection id so that connections opened
+        together do not all close and reconnect together)."""
+        not_after = self.tls_not_after
+        if not_after is not None and (self.sasl_mechanism or "").upper() == "EXTERNAL":
+            self.set_expiry(not_after - self.wall_offset, Condition.UNAUTHORIZED_ACCESS,
+                            CREDENTIAL_EXPIRED, "credential_expired")
+        group = self.group
+        lifetime = None if group is None else group.max_connection_lifetime_seconds
+        if lifetime:
+            spread = (zlib.crc32(self.conn_id.encode()) % 1000) / 1000 * LIFETIME_SPREAD
+            self.set_expiry(now + lifetime * (1 - spread), Condition.CONNECTION_FORCED,
+                            LIFETIME_REACHED, "lifetime")
+
+    def set_expiry(self, deadline: float, condition: str, description: str,
+                   reason: str) -> None:
+        """End this connection at ``deadline`` (loop clock) with Close(``condition``,
+        ``description``), close reason ``reason``, unless an earlier end is set already. The
+        one per-connection deadline of expiring credentials and lifetimes (token expiry uses
+        it too). A deadline already past ends the connection at the next timer."""
+        if self.expiry_deadline is None or deadline < self.expiry_deadline:
+            self.expiry_deadline = deadline
+            self.expiry = (str(condition), description, reason)
 
     # ------------------------------------------------------------------ public inputs
 
@@ -366,6 +399,13 @@ class ProxyConnection(Context):
             self.linger_deadline = None
             wire.close_transport(CLIENT)
             wire.close_transport(ROUTER)
+        if self.expiry_deadline is not None and now >= self.expiry_deadline:
+            self.expiry_deadline = None
+            condition, description, reason = self.expiry or (
+                str(Condition.CONNECTION_FORCED), LIFETIME_REACHED, "lifetime")
+            logger.info("[%s] closing the connection of user '%s', rhost '%s', vhost '%s': %s",
+                        self.conn_id, self.user, self.remote_host, self.vhost_name, description)
+            self._close_forced(description, reason, now, None, condition)
         if self.rate_deadline is not None:
             shaping = self.sessions.shaping
             if shaping is None or self.sides.client is not C_OPENED:
@@ -377,9 +417,10 @@ class ProxyConnection(Context):
     def get_timer(self) -> float | None:
         """The earliest deadline (loop-clock seconds), or None."""
         handshake, linger, rate = self.handshake_deadline, self.linger_deadline, self.rate_deadline
-        if handshake is None and rate is None:
+        expiry = self.expiry_deadline
+        if handshake is None and rate is None and expiry is None:
             return linger  # the steady state: all None, asked after every read
-        return min(d for d in (handshake, linger, rate) if d is not None)
+        return min(d for d in (handshake, linger, rate, expiry) if d is not None)
 
     def begin_shutdown(self, now: float, grace: float | None = None) -> list[Command]:
         """Start a graceful drain: Close(``amqp:connection:forced``, ``proxy shutting down``).
@@ -411,24 +452,30 @@ class ProxyConnection(Context):
         return self._forced_close(description, "admin_close", now, grace)
 
     def _forced_close(
-        self, description: str, reason: str, now: float, grace: float | None
+        self, description: str, reason: str, now: float, grace: float | None,
+        condition: str = Condition.CONNECTION_FORCED,
     ) -> list[Command]:
-        """Close(``amqp:connection:forced``, ``description``) to an admitted client, then wait
-        for its answer (see :meth:`begin_shutdown`); close at once what is not admitted."""
+        """Close(``condition``, default ``amqp:connection:forced``, ``description``) to an
+        admitted client, then wait for its answer (see :meth:`begin_shutdown`); close at once
+        what is not admitted."""
         out = self._begin()
-        if self.finished:
-            return out
+        if not self.finished:
+            self._close_forced(description, reason, now, grace, condition)
+        return out
+
+    def _close_forced(self, description: str, reason: str, now: float, grace: float | None,
+                      condition: str) -> None:
+        """:meth:`_forced_close` within an input already begun."""
         sides = self.sides
         self.close_reason = self.close_reason or reason
         if sides.client is C_OPENED and self.wire.open_sent:
             if not sides.client_close_sent():
-                self.wire.send_close(CLIENT, error(Condition.CONNECTION_FORCED, description))
+                self.wire.send_close(CLIENT, error(condition, description))
             sides.to_client(C_CLOSING)
             self.linger(now, LINGER_SECONDS if grace is None else grace)
         elif sides.client is not C_CLOSING:
             self.wire.close_transport(ROUTER)
             self.wire.close_transport(CLIENT)
-        return out
 
     def internal_error(self, now: float) -> None:
         """The shell contained a bug while handling this connection (it aborts both

@@ -65,6 +65,10 @@ class Context:
         "router_frame_limit",
         "naming",
         "denial_lines",
+        "tls_not_after",
+        "sasl_mechanism",
+        "expiry_deadline",
+        "expiry",
     )
 
     def __init__(
@@ -81,6 +85,7 @@ class Context:
         wall_offset: float = 0.0,
         balancer_host: str | None = None,
         naming: Naming | None = None,
+        tls_not_after: float | None = None,
     ) -> None:
         """The facts of a freshly accepted client transport.
 
@@ -102,6 +107,8 @@ class Context:
             naming: how the upstream resolves addresses and identities (``[[upstream]]
                 kind``, :mod:`amqp_policy_proxy.policy.naming`); None: an upstream whose
                 resolution the proxy does not know (only canonical names pass).
+            tls_not_after: POSIX seconds of the verified client certificate's notAfter, else
+                None: a connection authenticated by it (SASL EXTERNAL) ends when it passes.
         """
         self.conn_id = conn_id
         self.remote_host = remote_host if type(remote_host) is str else remote_host.text
@@ -149,6 +156,15 @@ class Context:
         """Largest frame accepted from the router (the client's max-frame-size, capped)."""
         self.naming: Naming = naming if naming is not None else DEFAULT_NAMING
         """How the upstream resolves names: every address and identity decision uses it."""
+        self.tls_not_after = tls_not_after
+        """POSIX seconds of the verified client certificate's notAfter, else None."""
+        self.sasl_mechanism: str | None = None
+        """The mechanism of the client's sasl-init (``PLAIN``, ``EXTERNAL``...), else None."""
+        self.expiry_deadline: float | None = None
+        """When an admitted connection must end (loop clock): its credential expires or its
+        group's ``maxConnectionLifetimeSeconds`` is reached; None: never."""
+        self.expiry: tuple[str, str, str] | None = None
+        """What ends it then: ``(AMQP condition, description, close reason)``."""
 
     @property
     def vhost_name(self) -> str | None:

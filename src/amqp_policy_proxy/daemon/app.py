@@ -213,14 +213,16 @@ class Daemon:
                        self.rates.max_connection_rate, denied, denied - before)
 
     def open_connection(self, proto: ClientProtocol, remote_host: ClientAddress,
-                        tls_subject: str | None) -> ProxyConnection:
+                        tls_subject: str | None,
+                        tls_not_after: float | None = None) -> ProxyConnection:
         """The core of an accepted transport, under the current policy; registered."""
         conn = ProxyConnection(
             proto.conn_id, remote_host=remote_host, listener=proto.listener,
             policy=self.policy, ledger=self.admission_ledger, now=self.loop.time(),
             handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
             wall_offset=self._wall_offset, balancer_host=_balancer(proto),
-            paused_vhosts=self.paused_vhosts, rates=self.connection_rates, naming=self.naming)
+            paused_vhosts=self.paused_vhosts, rates=self.connection_rates, naming=self.naming,
+            tls_not_after=tls_not_after)
         self.connections[proto.conn_id] = proto
         return conn
 

@@ -27,7 +27,7 @@ from ..core.view import ConnectionView
 from ..ingress.peer import ClientAddress
 from ..policy.reasons import ConnectionDenyReason
 from .proxy_listener import Proxied
-from .tls import peer_subject
+from .tls import peer_not_after, peer_subject
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ class RelayHost(Protocol):
         """Count a new client transport (global limit, drain, memory budget), or refuse it."""
 
     def open_connection(self, proto: ClientProtocol, remote_host: ClientAddress,
-                        tls_subject: str | None) -> ProxyConnection:
+                        tls_subject: str | None,
+                        tls_not_after: float | None = None) -> ProxyConnection:
         """Build the core of an accepted transport (current policy, ledger, settings)."""
 
     def connection_finished(self, proto: ClientProtocol) -> None:
@@ -164,7 +165,8 @@ class ClientProtocol(asyncio.Protocol):
             return
         self.counted = True
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
-        self.conn = host.open_connection(self, remote_host, peer_subject(transport))
+        self.conn = host.open_connection(self, remote_host, peer_subject(transport),
+                                         peer_not_after(transport))
         self.view = self.conn.view
         self._arm_timer()
 

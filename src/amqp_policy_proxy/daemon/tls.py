@@ -38,3 +38,20 @@ def peer_subject(transport: Any) -> str | None:
     except (ValueError, OSError) as exc:  # an unparsable certificate: no subject, logged
         logger.warning("cannot read the client certificate's subject: %s", exc)
         return None
+
+
+def peer_not_after(transport: Any) -> float | None:
+    """POSIX seconds of the notAfter of the client certificate the TLS handshake verified
+    (a connection authenticated by it, SASL EXTERNAL, ends then), or None as for
+    :func:`peer_subject`."""
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None or ssl_object.context.verify_mode == ssl.CERT_NONE:
+        return None
+    try:
+        der = ssl_object.getpeercert(binary_form=True)
+        if not der:
+            return None
+        return x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
+    except (ValueError, OSError) as exc:
+        logger.warning("cannot read the client certificate's notAfter: %s", exc)
+        return None

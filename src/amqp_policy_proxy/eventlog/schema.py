@@ -135,6 +135,9 @@ CLOSE_REASONS: tuple[str, ...] = (
     "upstream_unavailable",  # no upstream accepted the connection
     "internal_error",  # a proxy bug contained to this connection
     "admin_close",  # an operator closed it (connections close; since version 2)
+    "credential_expired",  # the client certificate it authenticated with expired
+    "lifetime",  # its group's maxConnectionLifetimeSeconds was reached
+    "revoked",  # a reload's new policy no longer admits it ([policy] reevaluate_open)
 )
 
 

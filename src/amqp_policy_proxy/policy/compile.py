@@ -577,6 +577,7 @@ def _compile_group(
         max_connection_rate_per_host=values.get("max_connection_rate_per_host"),
         max_message_rate_per_user=limit("max_message_rate_per_user"),
         max_byte_rate_per_user=limit("max_byte_rate_per_user"),
+        max_connection_lifetime_seconds=limit("max_connection_lifetime_seconds"),
         max_frame_size=limit("max_frame_size"),
         max_sessions=limit("max_sessions"),
         max_session_window=limit("max_session_window"),

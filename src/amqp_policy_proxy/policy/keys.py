@@ -198,6 +198,11 @@ _GROUP_SPECS: Final = (
           minimum=0, maximum=UINT64_MAX, zero_means_unlimited=True,
           doc="message payload bytes per second the user may send (credit shaping); "
               "0 = unlimited; extension"),
+    _spec("maxConnectionLifetimeSeconds", _G, Kind.INT, default=0, minimum=0,
+          maximum=UINT32_MAX, zero_means_unlimited=True,
+          doc="seconds a member's connection may stay open, then it is closed with "
+              "amqp:connection:forced (up to a tenth earlier, spread per connection); "
+              "0 = unlimited; extension"),
     _spec("maxFrameSize", _G, Kind.INT, default=0, minimum=0,
           maximum=UINT32_MAX, zero_means_unlimited=True,
           doc="bytes; replaces max-frame-size in the Open sent to the client; 0 = unchanged"),

@@ -80,6 +80,9 @@ class GroupSettings:
     max_byte_rate_per_user: int | None = None
     """Message payload bytes per second the user may send, shaped like
     ``max_message_rate_per_user``; None = unlimited."""
+    max_connection_lifetime_seconds: int | None = None
+    """Seconds a member's connection may stay open (``maxConnectionLifetimeSeconds``), then
+    it is closed with ``amqp:connection:forced``; None = unlimited. An extension over QDR."""
     max_frame_size: int | None = None
     """Bytes; replaces max-frame-size in the Open sent to the client; None = do not rewrite."""
     max_sessions: int | None = None

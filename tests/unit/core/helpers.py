@@ -78,12 +78,13 @@ class Script:
 
     def __init__(self, policy: Any, *, remote_host: str = "127.0.0.1", now: float = 0.0,
                  ledger: ConnectionLedger | None = None, conn_id: str = "c1",
-                 paused: Any = frozenset(), rates: RateLimits | None = None) -> None:
+                 paused: Any = frozenset(), rates: RateLimits | None = None,
+                 **facts: Any) -> None:
         self.ledger = ledger or ConnectionLedger(100)
         self.rates = rates
         self.conn = ProxyConnection(conn_id, remote_host=remote_host, listener="l",
                                     policy=policy, ledger=self.ledger, now=now,
-                                    paused_vhosts=paused, rates=rates)
+                                    paused_vhosts=paused, rates=rates, **facts)
         self.now = now
         self.sent: dict[Side, bytearray] = {Side.CLIENT: bytearray(), Side.ROUTER: bytearray()}
         self.closed: set[Side] = set()
@@ -134,15 +135,19 @@ class Script:
         self.sent[side].clear()
         return parse_frames(data)
 
-    def sasl_plain(self, user: str, password: str = "secret", *, ok: bool = True) -> None:
-        """Run a SASL PLAIN exchange through the proxy."""
+    def sasl_plain(self, user: str, password: str = "secret", *, ok: bool = True,
+                   mechanism: str = "PLAIN") -> None:
+        """Run a SASL PLAIN exchange through the proxy (``mechanism`` EXTERNAL: an empty
+        initial response, the identity is the TLS subject)."""
         self.client(C.SASL_HEADER)
         assert self.connect_requested
         self._run(self.conn.router_connected(self.now))
         mechs = SaslMechanisms(sasl_server_mechanisms=symbol_array(["PLAIN", "ANONYMOUS"]))
         self.router(C.SASL_HEADER + frame(0, mechs, ftype=1))
         resp = b"\0" + user.encode() + b"\0" + password.encode()
-        self.client(frame(0, SaslInit(mechanism="PLAIN", initial_response=resp), ftype=1))
+        if mechanism == "EXTERNAL":
+            resp = b""
+        self.client(frame(0, SaslInit(mechanism=mechanism, initial_response=resp), ftype=1))
         self.router(frame(0, SaslOutcome(code=0 if ok else 1), ftype=1))
 
     def open(self, hostname: str | None = "test", *, channel_max: int = 32767,

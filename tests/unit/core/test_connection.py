@@ -662,3 +662,55 @@ def test_a_consumed_frame_inside_a_run_is_not_forwarded(consumed):
         middle = frame(0, Transfer(handle=1, delivery_id=0, delivery_tag=b"t"), b"x")
     s.client(HEARTBEAT + middle + HEARTBEAT)
     assert bytes(s.sent[Side.ROUTER]) == HEARTBEAT + HEARTBEAT
+
+
+class TestExpiry:
+    """One per-connection deadline: a group's maxConnectionLifetimeSeconds and the notAfter
+    of the client certificate a connection authenticated with (SASL EXTERNAL)."""
+
+    LIFETIME = make_policy({"all": {"users": "*", "remoteHosts": "*", "sources": "*",
+                                    "targets": "*", "maxConnectionLifetimeSeconds": 100}})
+
+    def test_a_connection_ends_at_its_groups_lifetime_spread_up_to_a_tenth_earlier(self):
+        s = Script(self.LIFETIME)
+        s.open(user="alice")
+        s.take(Side.CLIENT), s.take(Side.ROUTER)
+        deadline = s.conn.get_timer()
+        assert deadline is not None and 90.0 <= deadline <= 100.0
+        assert s.timer(deadline - 0.01) == []
+        s.timer(deadline)
+        assert conditions(s.take(Side.CLIENT)) == [
+            ("Close", "amqp:connection:forced", "maximum connection lifetime reached")]
+        s.client(frame(0, Close()))
+        s._run(s.conn.connection_lost(Side.CLIENT, deadline + 0.1))
+        closed = [e for e in s.events if isinstance(e, ConnectionClosed)]
+        assert [e.close_reason for e in closed] == ["lifetime"]
+
+    def test_lifetimes_of_connections_opened_together_are_spread(self):
+        deadlines = set()
+        for n in range(20):
+            s = Script(self.LIFETIME, conn_id=f"c{n}")
+            s.open(user="alice")
+            deadlines.add(round(s.conn.get_timer(), 3))
+        assert len(deadlines) >= 15
+
+    def test_a_certificate_that_expires_ends_an_external_connection(self):
+        s = Script(POLICY, tls_subject="alice", tls_not_after=1_000_050.0,
+                   wall_offset=1_000_000.0)
+        s.sasl_plain("alice", mechanism="EXTERNAL")
+        s.client(C.AMQP_HEADER)
+        s.router(C.AMQP_HEADER)
+        s.client(frame(0, Open(container_id="client", hostname="test")))
+        s.router(frame(0, Open(container_id="router")))
+        s.take(Side.CLIENT)
+        assert s.conn.user == "alice"
+        assert s.conn.get_timer() == 50.0  # notAfter on the loop clock
+        s.timer(50.0)
+        assert conditions(s.take(Side.CLIENT)) == [
+            ("Close", "amqp:unauthorized-access", "credential expired")]
+
+    def test_a_plain_connection_is_not_ended_by_a_certificate_it_did_not_use(self):
+        s = Script(POLICY, tls_subject="CN=alice", tls_not_after=1_000_050.0,
+                   wall_offset=1_000_000.0)
+        s.open(user="alice")
+        assert s.conn.get_timer() is None
