@@ -178,6 +178,7 @@ class Admission(Room):
         deadline, ctx.handshake_deadline = ctx.handshake_deadline, None
         policy = ctx.policy
         hostname = None if open_.hostname is None else str(open_.hostname)
+        ctx.open_hostname = hostname
         if not policy.settings.enable_vhost_policy:
             self._decided("allow", None, "enableVhostPolicy is false", hostname, now)
             self._approve(open_, body, None, now)

@@ -484,7 +484,7 @@ class ClientSide(Leg):
                     return False
                 raise NotAllowedError(f"flow on channel {channel} that was never begun")
             if (not session.denied_handles and not session.dropped_transfers
-                    and session.shaping is None):
+                    and session.shaping is None and not session.revoked_handles):
                 return True
         if code == CLOSE_CODE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
             perf: Any = EMPTY_CLOSE

@@ -42,6 +42,7 @@ from .commands import CLIENT, ROUTER, Command, Side
 from .context import HANDSHAKE_SECONDS, LINGER_SECONDS, Context
 from .deliveries import Deliveries
 from .events import ConnectionClosed, ConnectionDenied, ProtocolViolation
+from .revocation import ENFORCE, OFF, Revocation
 from .router_side import RouterSide
 from .rules import MessageRules
 from .sessions import Sessions
@@ -431,6 +432,37 @@ class ProxyConnection(Context):
         (default :data:`LINGER_SECONDS`) is closed. Connections not admitted yet close at once.
         """
         return self._forced_close(C.PROXY_SHUTTING_DOWN, "shutdown", now, grace)
+
+    def reevaluate(self, policy: Any, now: float, mode: str = ENFORCE) -> list[Command]:
+        """Check this connection and its links against a reloaded ``policy``
+        (``[policy] reevaluate_open``, :mod:`.revocation`).
+
+        A connection the policy no longer admits (its user, group or client address) gets
+        QDR's Close for a denied connection (``amqp:resource-limit-exceeded``, "connection
+        disallowed by local policy") and closes as for an operator's close, close reason
+        ``revoked``; a link the new group no longer allows is detached with
+        ``amqp:unauthorized-access`` while its session goes on; a kept connection comes under
+        the new group for new deliveries. ``shadow``: reported only, nothing changes on the
+        wire; ``off``: nothing (QDR's behaviour). Connections not admitted yet keep the
+        policy they were accepted under.
+
+        Args:
+            policy: the new :class:`~amqp_policy_proxy.policy.model.Policy`.
+            now: loop-clock seconds.
+            mode: ``enforce``, ``shadow`` or ``off``.
+        """
+        out = self._begin()
+        if (self.finished or mode == OFF or self.opened_at is None
+                or self.sides.client is not C_OPENED):
+            return out
+        revocation = Revocation(self, self.sessions, self.rules)
+        verdict = revocation.connection(policy, now, mode)
+        if verdict is None:
+            revocation.links(policy, now, mode)
+        elif verdict[0] == ENFORCE:
+            self._close_forced(C.CONNECTION_DISALLOWED, "revoked", now, None,
+                               Condition.RESOURCE_LIMIT_EXCEEDED)
+        return out
 
     def close_by_operator(
         self, description: str, now: float, grace: float | None = None

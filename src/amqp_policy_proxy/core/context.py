@@ -69,6 +69,7 @@ class Context:
         "sasl_mechanism",
         "expiry_deadline",
         "expiry",
+        "open_hostname",
     )
 
     def __init__(
@@ -163,6 +164,8 @@ class Context:
         self.expiry_deadline: float | None = None
         """When an admitted connection must end (loop clock): its credential expires or its
         group's ``maxConnectionLifetimeSeconds`` is reached; None: never."""
+        self.open_hostname: str | None = None
+        """The hostname of the client's Open (a reload decides the vhost from it again)."""
         self.expiry: tuple[str, str, str] | None = None
         """What ends it then: ``(AMQP condition, description, close reason)``."""
 

@@ -107,8 +107,23 @@ class Deliveries(Room):
         if not link.is_sender:
             raise NotAllowedError("transfer on a link where the client is the receiver")
         if link.client_detached:
+            if link.revoked and not link.client_answered:
+                return self._revoked_transfer(session, link, fields)
             raise IllegalStateError("transfer after detach")
         return self.sender_transfer(session, link, buf, body, fend, now, fields)
+
+    def _revoked_transfer(self, session: SessionRecord, link: LinkRecord,
+                          fields: tuple[Any, ...]) -> bool:
+        """A client Transfer on a link the proxy revoked that the client has not seen the
+        Detach of yet: dropped (the router has the link detached); a delivery it starts is
+        withheld (the session's later delivery-ids are renumbered), the rest of a delivery
+        under way when the link was revoked just dropped (the router's Detach ended it)."""
+        _, delivery_id, _, more, aborted, _, _ = fields
+        session.dropped_transfers += 1
+        if not link.in_delivery:
+            self._withhold_id(session, delivery_id)
+        link.in_delivery = bool(more) and not aborted
+        return False
 
     def sender_transfer(self, session: SessionRecord, link: LinkRecord, buf: Any, body: int,
                         fend: int, now: float, fields: tuple[Any, ...]) -> bool:

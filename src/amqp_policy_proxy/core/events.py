@@ -19,7 +19,7 @@ __all__ = [
     "AdminAction", "ConnectionApproved", "ConnectionClosed", "ConnectionDenied",
     "ConnectionDenyReason", "LinkDenied", "LinkDenyReason", "MessageDenied",
     "MessageDenyReason", "OpenDecided", "PolicyReloaded", "ProtocolViolation", "ProxyEvent",
-    "SessionDenied", "ShadowDenied", "UpstreamConnectFailed",
+    "Revoked", "SessionDenied", "ShadowDenied", "UpstreamConnectFailed",
 ]
 
 
@@ -159,6 +159,26 @@ class ShadowDenied(ProxyEvent):
     """For a link: the client's side, ``sender`` or ``receiver``."""
     address: str | None = None
     """For a link or a message: the address, when it has one."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Revoked(ProxyEvent):
+    """A reload's policy no longer admits an open connection or allows an attached link
+    (``[policy] reevaluate_open``): closed or detached (``mode`` ``enforce``), or only
+    reported (``shadow``)."""
+
+    kind: str
+    """``connection`` or ``link``."""
+    reason: str
+    """Why: a connection denial reason (``unknown_user``, ``remote_host``, ``no_vhost``), or a
+    link denial reason (``target``, ``source``, ``anonymous_sender``, ``dynamic_source``,
+    ``topic``)."""
+    mode: str
+    """``enforce`` (closed or detached) or ``shadow`` (reported only)."""
+    role: str | None = None
+    """For a link: the client's side, ``sender`` or ``receiver``."""
+    address: str | None = None
+    """For a link: its address, when it has one."""
 
 
 @dataclass(slots=True, kw_only=True)

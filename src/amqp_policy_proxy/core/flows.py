@@ -51,6 +51,13 @@ class SessionFlows(Room):
             handle = int(perf.handle)
             if handle in session.denied_handles:
                 return
+            if handle in session.revoked_handles:
+                # the router has this link detached: only the session's part goes on
+                perf = dataclasses.replace(perf, handle=None, delivery_count=None,
+                                           link_credit=None, available=None, drain=None,
+                                           echo=None)
+                raw = frame(channel, perf)
+                handle = -1
             link = session.links.get(handle)
             if link is not None and link.withheld and link.is_sender and link.shaper is None:
                 changes = flow_to_router(perf, link.withheld)  # (shaping keeps its own offset)

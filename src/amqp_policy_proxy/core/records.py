@@ -54,7 +54,8 @@ class LinkRecord:
         "router_detached", "anonymous", "inspect", "delivery_bytes", "delivery_id",
         "delivery_tag", "delivery_settled", "in_delivery", "discarding", "discard_reason",
         "qos", "topic_filter", "strip_durable", "rewrite_durable", "shaper", "withheld",
-        "initial_count", "router_flow", "node", "by_subject",
+        "initial_count", "router_flow", "node", "by_subject", "revoked", "client_answered",
+        "dynamic",
     )
 
     def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
@@ -68,6 +69,13 @@ class LinkRecord:
         self.router_handle: int | None = None
         self.client_detached = False
         self.router_detached = False
+        self.dynamic = False
+        """A receiver whose source the router creates (``dynamic``: allowDynamicSource)."""
+        self.revoked = False
+        """The proxy detached it on the client's behalf (a reload's policy no longer allows
+        it): the router got a Detach, the client gets one when the router answers."""
+        self.client_answered = False
+        """A revoked link's client sent its Detach (its own, or the answer to the proxy's)."""
         self.anonymous = is_sender and not address
         self.node: Any = None
         """The terminus address as the upstream resolves it (a
@@ -129,7 +137,7 @@ class SessionRecord:
         "reserved_handles", "pending_replies", "dropped_transfers", "client_ended",
         "router_ended", "senders", "receivers", "transfers_in", "transfers_out",
         "client_next_out", "client_window_end", "router_next_out", "router_window_end",
-        "router_out_window", "shaping", "numbering", "tracks_router",
+        "router_out_window", "shaping", "numbering", "tracks_router", "revoked_handles",
     )
 
     def __init__(self, channel: int, reserved_handles: ReservedPool,
@@ -141,6 +149,9 @@ class SessionRecord:
         self.links: dict[int, LinkRecord] = {}
         self.router_links: dict[int, LinkRecord] = {}
         self.denied_handles: dict[int, int] = {}
+        self.revoked_handles: set[int] = set()
+        """Client handles of revoked links not forgotten yet (their Flows lose the handle,
+        their Transfers are dropped)."""
         self.reserved_handles = reserved_handles
         self.pending_replies: list[bytes] = []
         self.dropped_transfers = 0

@@ -60,12 +60,16 @@ class MessageRules:
         """``allowRouterAnnotations``: relay messages may carry ``x-opt-qd.*`` annotations."""
 
     def govern(self, group: Any, user: str, tls_subject: str | None) -> None:
-        """Apply ``group``'s message rules to this connection (at admission)."""
+        """Apply ``group``'s message rules to this connection (at admission, and again when a
+        reload's policy keeps the connection under a changed group: then they apply to new
+        deliveries)."""
         self.max_message_size = group.max_message_size
         self.check_user_id = not group.allow_user_id_proxy
         self.allow_router_annotations = group.allow_router_annotations
         self.user_id_bytes = user.encode("utf-8")
         topics = getattr(group, "topics", None)
+        self.topics = self.principal = None  # (a reload may govern again: rules.py's caller)
+        self.scan_user_id = None
         if topics is not None:
             from ..policy.topics import Principal, qos_of  # only vhosts with topic models
 

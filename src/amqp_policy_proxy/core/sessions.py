@@ -307,6 +307,7 @@ class Sessions(SessionFlows):
             link.node = conn.naming.resolve(address)
             link.by_subject = link.node is not None and link.node.by_subject
         link.initial_count = _int_or_none(perf.initial_delivery_count) or 0
+        link.dynamic = dynamic
         link.qos = qos
         link.inspect = is_sender and group is not None and rules.inspects(link)
         if link.inspect:
@@ -421,6 +422,13 @@ class Sessions(SessionFlows):
         link = session.links.get(handle)
         if link is None:
             raise UnattachedHandleError(f"detach of handle {handle} that is not attached")
+        if link.revoked and not link.client_answered:
+            # the router got the proxy's Detach already: consumed (the client's own, or its
+            # answer to the Detach the proxy passed on from the router)
+            link.client_answered = True
+            if link.router_detached:
+                self._forget_revoked(session, link)
+            return
         if link.client_detached:
             raise IllegalStateError(f"second detach of handle {handle}")
         link.client_detached = True
@@ -472,6 +480,26 @@ class Sessions(SessionFlows):
         else:
             session.receivers -= 1
             figures.active_receivers -= 1
+
+    def revoke_link(self, session: SessionRecord, link: LinkRecord) -> None:
+        """Take back a link a reload's policy no longer allows, on the client's behalf: the
+        router gets Detach(closed) now, as if the client had sent it, and the link is counted
+        down; the client gets the router's answer as Detach(closed) with
+        ``amqp:unauthorized-access`` (QDR's condition for a link policy denies), and its own
+        answer is consumed. Meanwhile its Transfers on the link are dropped and its Flows
+        lose the handle. The session and connection go on."""
+        if link.client_detached or link.revoked:
+            return
+        link.revoked = True
+        link.client_detached = True
+        session.revoked_handles.add(link.handle)
+        self._detached(session, link)
+        self.wire.send(ROUTER, frame(session.channel, Detach(handle=link.handle, closed=True)))
+
+    def _forget_revoked(self, session: SessionRecord, link: LinkRecord) -> None:
+        """Both legs are done with a revoked link: forget it (its handles may be reused)."""
+        session.revoked_handles.discard(link.handle)
+        self._drop_link(session, link)
 
     def _drop_link(self, session: SessionRecord, link: LinkRecord) -> None:
         """Forget the link under both legs' handles (the handles may be reused afterwards)."""
@@ -543,10 +571,19 @@ class Sessions(SessionFlows):
         return raw
 
     def on_router_detach(self, perf: Detach, raw: bytes, channel: int, now: float) -> bytes:
-        """The router's Detach: the link is counted down (once)."""
+        """The router's Detach: the link is counted down (once). On a revoked link it answers
+        the proxy's Detach: the client gets it with ``amqp:unauthorized-access`` (or as the
+        answer to the client's own Detach, when it sent one meanwhile)."""
         session = self.router_sessions.get(channel)
         if session is not None and perf.handle is not None:
             link = session.router_links.get(int(perf.handle))
+            if link is not None and link.revoked and not link.router_detached:
+                link.router_detached = True
+                if link.client_answered:
+                    self._forget_revoked(session, link)
+                    return frame(channel, Detach(handle=perf.handle, closed=True))
+                return frame(channel, Detach(handle=perf.handle, closed=True, error=error(
+                    Condition.UNAUTHORIZED_ACCESS, C.LINK_DISALLOWED)))
             if link is not None and not link.router_detached:
                 link.router_detached = True
                 self._detached(session, link)

@@ -40,6 +40,7 @@ from . import systemd
 from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .preauth import PreauthBudget
 from .proxy_listener import Proxied, ProxyProtocolServer
+from .reevaluation import reevaluate_open
 from .relay import ClientProtocol
 from .upstreams import UpstreamHealth
 
@@ -761,6 +762,12 @@ class Daemon:
                                  issues=tuple(str(i) for i in new.warnings)))
         self._publish_snapshot()
         logger.info("policy reloaded: digest %s", new.digest)
+        mode = self.config.reevaluate_open
+        if mode != "off" and self.connections:
+            done = await reevaluate_open(self.connections, new, mode)
+            logger.info("open connections re-checked against the new policy (%s): %d in %.0f "
+                        "ms, the loop held at most %.1f ms at a time", mode, done.connections,
+                        done.seconds * 1000, done.longest_slice * 1000)
         return True
 
     async def _reload_tls(self) -> bool:

@@ -188,6 +188,8 @@ class DaemonConfig:
     """The config file this came from, if any."""
     allow_empty_policy: bool = False
     """``[policy] allow_empty``: a policy without any vhost is accepted (everyone is denied)."""
+    reevaluate_open: str = "enforce"
+    """``[policy] reevaluate_open``: ``enforce``, ``shadow`` or ``off``."""
     log_level: str = "info"
     """``[logging] level``: one of :data:`LOG_LEVELS`."""
     log_format: str = "text"
@@ -502,6 +504,12 @@ class PolicyTable(_Table):
     allow_empty: bool = False
     """Accept a policy that defines no vhost (every connection is then denied); without it such
     a policy is an error at start, reload and check."""
+    reevaluate_open: Literal["enforce", "shadow", "off"] = "enforce"
+    """After a reload, check every open connection and attached link against the new policy:
+    enforce (close the connections it no longer admits with QDR's denial Close, detach the
+    links it no longer allows with amqp:unauthorized-access), shadow (log, count and audit
+    what enforce would do; nothing changes) or off (QDR's behaviour: a connection keeps the
+    decision of its Open). Lowered counts never close what is open."""
 
 
 class MetricsTable(_Table):
@@ -742,6 +750,7 @@ class ConfigFile(_Table):
             policy_path=pol.path,
             policy=_carry(pol, PolicySettings),
             allow_empty_policy=pol.allow_empty,
+            reevaluate_open=pol.reevaluate_open,
             metrics_address=self.metrics.address,
             event_log_dir=self.event_log.directory,
             event_log_queue=self.event_log.queue_size,

@@ -78,6 +78,7 @@ _EVENT_NAMES: dict[type, str] = {
     events.OpenDecided: schema.AUTH_DECISION,
     events.ShadowDenied: schema.SHADOW_DENIED,
     events.AdminAction: schema.ADMIN_ACTION,
+    events.Revoked: schema.REVOKED,
 }
 
 #: How a value of each schema type becomes JSON, as an expression of the value ``{0}``. A

@@ -32,6 +32,7 @@ from amqp_policy_proxy.core.events import (
     OpenDecided,
     PolicyReloaded,
     ProtocolViolation,
+    Revoked,
     SessionDenied,
     ShadowDenied,
     UpstreamConnectFailed,
@@ -57,6 +58,7 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_links_denied_total",
         "amqp_proxy_messages_denied_total",
         "amqp_proxy_shadow_denials_total",
+        "amqp_proxy_revocations_total",
         "amqp_proxy_protocol_errors_total",
         "amqp_proxy_bytes_total",
         "amqp_proxy_transfers_total",
@@ -169,6 +171,12 @@ _EVENT_COUNTERS: dict[type, tuple[str, str, tuple[str, ...]]] = {
         "amqp_proxy_messages_denied_total",
         "Deliveries rejected by policy.",
         ("vhost", "reason"),
+    ),
+    Revoked: (
+        "amqp_proxy_revocations_total",
+        "Open connections closed (kind connection) and links detached (kind link) because a "
+        "reloaded policy no longer allows them; mode shadow: reported only.",
+        ("vhost", "kind", "reason", "mode"),
     ),
     ShadowDenied: (
         "amqp_proxy_shadow_denials_total",
