@@ -551,7 +551,9 @@ def render_status(status: dict[str, Any]) -> str:
                           for x in status["listeners"]) or "none"
     upstreams = "; ".join(
         f"{u['address']}{' (tls)' if u['tls'] else ''} "
-        + ("up" if u["healthy"] else f"BACKED OFF ({u['consecutive_failures']} failures)")
+        + ("not probed yet" if u.get("state") == "unknown"
+           else "up" if u["healthy"]
+           else f"DOWN ({u['consecutive_failures']} failed probes or connects)")
         for u in status["upstreams"])
     counts = status["connections"]
     per_vhost = ", ".join(f"{v} {n}" for v, n in sorted(counts["per_vhost"].items())) or "none"

@@ -317,6 +317,7 @@ def test_a_client_that_provokes_denials_without_reading_them_stops_being_read(up
             proxy.port, rcvbuf=16 * 1024) as c:
         c.open(user="alice")
         c.send(begin(0))
+        c.read_until(lambda i: i.name == "Begin")  # the denials go out on the router's channel
         pair = attach_sender(0, 0, "secret") + frame(0, Detach(handle=0, closed=True))
         burst = pair * 64
         c.sock.settimeout(0.2)

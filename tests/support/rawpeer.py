@@ -393,18 +393,24 @@ class _UpstreamConn(asyncio.Protocol):
         self.last_rx = 0.0
         self.idle_task: asyncio.Task[None] | None = None
         self.closed = False
+        self.counted = False
+        """Counted in ``connections_made``/``active``: from its first byte past a protocol
+        header. The proxy's readiness probes (a protocol header, then close) never are."""
 
     # -- asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.server._made(self)
         self.last_rx = time.monotonic()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.idle_task is not None:
             self.idle_task.cancel()
-        self.server._lost(self)
+        self.server._seen.pop(id(self), None)
+        if self.counted:
+            self.server._lost(self)
+        else:
+            self.server.probes += 1
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -417,6 +423,9 @@ class _UpstreamConn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_rx = time.monotonic()
         self.server.bytes_received += len(data)
+        if not self.counted and self.server.bytes_received_by(self, len(data)) > 8:
+            self.counted = True
+            self.server._made(self)
         if self.server.silent:
             return
         try:
@@ -705,7 +714,11 @@ class RawUpstream:
         self.message_count = 0
         """Complete deliveries received (counted even when not recorded)."""
         self.connections_made = 0
+        """Connections that sent more than a protocol header (client legs, not probes)."""
         self.active = 0
+        self.probes = 0
+        """Connections that closed after a protocol header only (readiness probes)."""
+        self._seen: dict[int, int] = {}
         self.bytes_received = 0
         self.pauses = 0
         self.flood_sent = 0
@@ -722,6 +735,12 @@ class RawUpstream:
         self._error: BaseException | None = None
 
     # -- bookkeeping (loop thread)
+    def bytes_received_by(self, conn: _UpstreamConn, n: int) -> int:
+        """Bytes received so far on ``conn``, these ``n`` included."""
+        total = self._seen.get(id(conn), 0) + n
+        self._seen[id(conn)] = total
+        return total
+
     def _made(self, conn: _UpstreamConn) -> None:
         with self._lock:
             self.connections_made += 1

@@ -144,7 +144,7 @@ def test_the_status_summary() -> None:
         "policy abc123: 2 vhost(s), loaded 2026-11-21T12:00:00.000Z",
         "shadow mode: vhost 'lab' (shadow), groups in shadow: g",
         "listeners: 0.0.0.0:5672, [::]:5671 (amqps)",
-        "upstreams: 10.0.0.1:5672 up; 10.0.0.2:5672 (tls) BACKED OFF (3 failures)",
+        "upstreams: 10.0.0.1:5672 up; 10.0.0.2:5672 (tls) DOWN (3 failed probes or connects)",
         "ledger: in-process; 4 admitted, 5 transports of max 65535",
         "connections per vhost: lab 1, shop 3",
         "paused vhosts: lab",

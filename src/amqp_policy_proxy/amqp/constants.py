@@ -141,6 +141,11 @@ class SaslCode(IntEnum):
     SYS_TEMP = 4
 
 
+#: sasl-outcome code -> its name in the spec (``auth``, ``sys``, ``sys-perm``, ``sys-temp``):
+#: the ``reason`` of a failed authentication (``amqp_proxy_sasl_failures_total``).
+SASL_OUTCOMES: dict[int, str] = {1: "auth", 2: "sys", 3: "sys-perm", 4: "sys-temp"}
+
+
 class Condition(StrEnum):
     """Error condition symbols (Part 2 §2.8.15 amqp-error, §2.8.16-18) and the ones QDR uses."""
 

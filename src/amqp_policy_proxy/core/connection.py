@@ -374,6 +374,9 @@ class ProxyConnection(Context):
                     wire.close_transport(CLIENT)
             return out
         # the client's transport is gone
+        if (self.sasl_used and not self.sasl_ok and self.close_reason is None
+                and sides.client is not C_UNAVAILABLE):
+            self.sasl_failed("dropped", None, now)  # it left in the middle of SASL
         if sides.client is not C_CLOSED:
             sides.to_client(C_CLOSED)
         if self.close_reason is None:

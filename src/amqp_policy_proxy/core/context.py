@@ -9,12 +9,13 @@ no room imports the facade and the imports run one way.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..amqp.performatives import Error
 from ..ingress.peer import ClientAddress
 from ..policy.naming import DEFAULT_NAMING, Naming
-from .events import ConnectionDenied, ConnectionDenyReason
+from .events import ConnectionDenied, ConnectionDenyReason, SaslFailed
 from .logbudget import LogBudget
 from .records import Figures
 from .state import Sides
@@ -25,6 +26,8 @@ from .wire import Wire
 PRE_OPEN_FRAME_LIMIT = 64 * 1024
 #: Cap on the frame size buffered from the router (it honours the client's max-frame-size).
 ROUTER_FRAME_LIMIT = 64 * 1024 * 1024
+logger = logging.getLogger(__name__)
+
 #: Seconds to wait for the other side's Close after a denial or shutdown Close.
 LINGER_SECONDS = 2.0
 #: Default seconds from accept to the Open decision.
@@ -70,6 +73,7 @@ class Context:
         "expiry_deadline",
         "expiry",
         "open_hostname",
+        "sasl_recorded",
     )
 
     def __init__(
@@ -164,6 +168,8 @@ class Context:
         self.expiry_deadline: float | None = None
         """When an admitted connection must end (loop clock): its credential expires or its
         group's ``maxConnectionLifetimeSeconds`` is reached; None: never."""
+        self.sasl_recorded = False
+        """A failed authentication of this connection is on record already."""
         self.open_hostname: str | None = None
         """The hostname of the client's Open (a reload decides the vhost from it again)."""
         self.expiry: tuple[str, str, str] | None = None
@@ -183,6 +189,23 @@ class Context:
         return (self.conn_id, now, None if vhost is None else vhost.hostname,
                 None if group is None else group.name, self.user, self.remote_host,
                 self.listener, self.balancer_host)
+
+    def sasl_failed(self, reason: str, code: int | None, now: float) -> None:
+        """Put a failed authentication on record once (:class:`~.events.SaslFailed` and one
+        log line): the router's outcome ``reason`` (``auth``, ``sys``...) with its ``code``,
+        or ``dropped`` (the client left in the middle of SASL). Never the password."""
+        if self.sasl_recorded:
+            return
+        self.sasl_recorded = True
+        mechanism = self.sasl_mechanism or ""
+        user = self.sasl_user
+        logger.warning("[%s] SASL authentication failed for user '%s', rhost '%s', mechanism "
+                       "%s: %s%s", self.conn_id, "(none)" if user is None else user,
+                       self.remote_host, mechanism or "(none)", reason,
+                       "" if code is None else f" ({code})")
+        who = list(self.who(now))
+        who[4] = user  # the name the sasl-init claimed: nobody authenticated it
+        self.wire.emit(SaslFailed(*who, mechanism=mechanism, reason=reason, code=code))
 
     def linger(self, now: float, seconds: float = LINGER_SECONDS) -> None:
         """Give the other side ``seconds`` to answer a Close before the transports close."""

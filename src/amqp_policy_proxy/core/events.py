@@ -19,7 +19,7 @@ __all__ = [
     "AdminAction", "ConnectionApproved", "ConnectionClosed", "ConnectionDenied",
     "ConnectionDenyReason", "LinkDenied", "LinkDenyReason", "MessageDenied",
     "MessageDenyReason", "OpenDecided", "PolicyReloaded", "ProtocolViolation", "ProxyEvent",
-    "Revoked", "SessionDenied", "ShadowDenied", "UpstreamConnectFailed",
+    "Revoked", "SaslFailed", "SessionDenied", "ShadowDenied", "UpstreamConnectFailed",
 ]
 
 
@@ -159,6 +159,22 @@ class ShadowDenied(ProxyEvent):
     """For a link: the client's side, ``sender`` or ``receiver``."""
     address: str | None = None
     """For a link or a message: the address, when it has one."""
+
+
+@dataclass(slots=True, kw_only=True)
+class SaslFailed(ProxyEvent):
+    """An authentication attempt that failed: the router's sasl-outcome was not ``ok``, or
+    the client left in the middle of the SASL exchange. ``user`` is the canonical name the
+    sasl-init claimed (None when there was none or it could not be read); never the password
+    or token."""
+
+    mechanism: str
+    """The sasl-init's mechanism (``PLAIN``, ``SCRAM-SHA-256``...), ``""`` before one."""
+    reason: str
+    """``auth``, ``sys``, ``sys-perm``, ``sys-temp`` (the outcome code's name, Part 5
+    §5.3.3.6), or ``dropped`` (the client left before the outcome)."""
+    code: int | None = None
+    """The sasl-outcome code (None for ``dropped``)."""
 
 
 @dataclass(slots=True, kw_only=True)

@@ -154,7 +154,7 @@ class RouterSide(Leg):
             if end - pos < size:
                 break
             fend = pos + size
-            self._sasl_frame(buf, pos, doff, ftype, fend)
+            self._sasl_frame(buf, pos, doff, ftype, fend, now)
             pos = fend
         return pos
 
@@ -175,9 +175,10 @@ class RouterSide(Leg):
             raise FramingError(f"unexpected protocol header from upstream {header!r}")
         self.wire.send(CLIENT, header)
 
-    def _sasl_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int) -> None:
+    def _sasl_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int,
+                    now: float) -> None:
         """A router SASL frame (Part 5 §5.3.3), relayed; its sasl-outcome ``ok`` makes the
-        client's claimed identity trusted.
+        client's claimed identity trusted, any other is on record (:class:`SaslFailed`).
 
         Raises:
             FramingError: an AMQP frame during SASL.
@@ -202,6 +203,8 @@ class RouterSide(Leg):
                     self.ctx.sasl_ok = True
                     if self.sides.client is C_SASL:
                         self.sides.to_client(C_AWAIT_AMQP_HEADER)
+                else:
+                    self.ctx.sasl_failed(C.SASL_OUTCOMES.get(code, "sys"), code, now)
                 self.sides.to_router(R_AWAIT_AMQP_HEADER)
         self.wire.send(CLIENT, bytes(buf[pos:fend]))
 

@@ -24,12 +24,13 @@ from typing import Any
 
 from ..core.admission import AdmissionLedger
 from ..core.connection import ProxyConnection
-from ..core.events import ConnectionDenied, PolicyReloaded, ProxyEvent
+from ..core.events import ConnectionDenied, PolicyReloaded, ProxyEvent, SaslFailed
 from ..fleet.ledger import IN_PROCESS, FleetLedger
 from ..fleet.rates import FleetRates
 from ..ingress.peer import ClientAddress, client_address
 from ..limits.connections import ConnectionLedger
 from ..limits.rates import RateLimits
+from ..metrics.recent import RecentFailures
 from ..policy.errors import ConfigIssue, PolicyError
 from ..policy.load import load_policy
 from ..policy.model import Policy
@@ -39,6 +40,7 @@ from ..resolver import system_resolver
 from . import systemd
 from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .preauth import PreauthBudget
+from .probe import UpstreamProber
 from .proxy_listener import Proxied, ProxyProtocolServer
 from .reevaluation import reevaluate_open
 from .relay import ClientProtocol
@@ -88,6 +90,10 @@ class Daemon:
         self._heartbeat = time.monotonic()
         self._readiness: tuple[bool, str] = (False, "starting: no policy loaded yet")
         self.upstream_health: UpstreamHealth[UpstreamConfig] = UpstreamHealth()
+        self.sasl_failures = RecentFailures()
+        """Failed authentications per client host in the last minute (the per-host gauge)."""
+        self.prober: UpstreamProber | None = None
+        """Probes every upstream on an interval (``daemon/probe.py``) once started."""
         """Failed upstreams are tried last for a back-off period (exponential, capped)."""
         self.preauth = PreauthBudget(config.preauth_buffer_bytes)
         """Bytes held by connections not yet admitted, under a process-wide budget."""
@@ -143,6 +149,8 @@ class Daemon:
     def emit(self, event: ProxyEvent | PolicyReloaded) -> None:
         """Fan an event out to metrics, the event log and the optional sink. Never raises."""
         try:
+            if type(event) is SaslFailed:
+                self.sasl_failures.add(event.remote_host, event.at)
             if self.observer is not None:
                 self.observer.handle(event)
             if self.writer is not None:
@@ -276,8 +284,12 @@ class Daemon:
             return False, "not listening"
         now = self.loop.time()
         upstreams = self.config.upstreams
-        if upstreams and not any(self.upstream_health.is_up(u, now) for u in upstreams):
-            return False, "no upstream reachable (every one failed its last connect)"
+        health = self.upstream_health
+        if upstreams and not any(health.known(u) is True and health.is_up(u, now)
+                                 for u in upstreams):
+            if all(health.known(u) is None for u in upstreams):
+                return False, "no upstream probed yet"
+            return False, "no upstream reachable (every one failed its last probe or connect)"
         if self.ledger_mode == "closed":
             return False, "ledger unreachable and failure_mode = closed"
         return True, f"ready: ledger {self.ledger_mode}"
@@ -315,8 +327,15 @@ class Daemon:
             self.observer.internal_error()
 
     def upstreams(self) -> list[UpstreamConfig]:
-        """The upstreams to try for a new connection: healthy ones first."""
-        return self.upstream_health.order(self.config.upstreams, self.loop.time())
+        """The upstreams to try for a new connection: healthy ones first; none while every
+        one is known down (its last probe or connect failed and its back-off runs): the client
+        is answered at once, and the probes are told to look again now."""
+        now = self.loop.time()
+        if self.upstream_health.all_down(self.config.upstreams, now):
+            if self.prober is not None:
+                self.prober.soon()
+            return []
+        return self.upstream_health.order(self.config.upstreams, now)
 
     def upstream_connected(self, upstream: UpstreamConfig) -> None:
         """A connect to ``upstream`` succeeded: it is healthy."""
@@ -504,6 +523,10 @@ class Daemon:
                 addr = sock.getsockname()
                 self.listen_addresses.append((addr[0], addr[1]))
         await self._start_fleet()
+        self.prober = UpstreamProber(self.config.upstreams, self.upstream_health,
+                                     self.upstream_ssl_context, self.connect_timeout)
+        # readiness is known when the start is announced (a black hole: at most 2 s late)
+        await self.prober.first_round(timeout=min(self.connect_timeout, 2.0))
         for server in self.servers:
             await server.start_serving()
         if self.config.admin is not None:
@@ -682,8 +705,12 @@ class Daemon:
                              if proto.conn is not None) if view.admitted]
         bytes_total, transfers_total = (self.observer.traffic(live)
                                         if self.observer is not None else ({}, {}))
-        active = dict(self.ledger.snapshot().active)
         policy = self.policy
+        # every (vhost, group) of the policy has a sample, 0 while nobody is connected
+        active = {(v, g): 0 for v, vh in (getattr(policy, "vhosts", None) or {}).items()
+                  for g in vh.groups}
+        active.update(self.ledger.snapshot().active)
+        health, now = self.upstream_health, self.loop.time()
         self._snapshot = MetricsSnapshot(
             connections_active=active,
             bytes_total=bytes_total,
@@ -693,6 +720,10 @@ class Daemon:
             policy_digest=getattr(policy, "digest", ""),
             ledger_mode=self.ledger_mode,
             ledger_proxies=None if self.fleet is None else self.fleet.proxies_alive,
+            sasl_failure_hosts=self.sasl_failures.top(now),
+            upstreams_up=tuple((str(u.address),
+                                int(health.known(u) is True and health.is_up(u, now)))
+                               for u in self.config.upstreams),
         )
 
     async def _snapshot_loop(self) -> None:
@@ -866,6 +897,8 @@ class Daemon:
         await asyncio.sleep(0)
         if self.fleet is not None:  # every count is released: the fields go
             await self.fleet.stop()
+        if self.prober is not None:
+            await self.prober.stop()
         for task in (self._snapshot_task, self._watchdog_task):
             if task is not None:
                 task.cancel()

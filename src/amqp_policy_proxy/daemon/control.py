@@ -213,7 +213,9 @@ class Control:
             },
             "listeners": _listeners(host),
             "upstreams": [
-                {"address": str(u.address), "tls": u.tls, "healthy": health.is_up(u, now),
+                {"address": str(u.address), "tls": u.tls,
+                 "healthy": health.known(u) is not False and health.is_up(u, now),
+                 "state": {True: "up", False: "down", None: "unknown"}[health.known(u)],
                  "consecutive_failures": health.failures(u)}
                 for u in config.upstreams
             ],

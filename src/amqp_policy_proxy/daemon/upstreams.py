@@ -25,12 +25,13 @@ U = TypeVar("U")
 class UpstreamHealth(Generic[U]):
     """Consecutive failures and back-off deadlines per upstream (any hashable key)."""
 
-    __slots__ = ("_failures", "_until")
+    __slots__ = ("_failures", "_until", "_known")
 
     def __init__(self) -> None:
         """No upstream has failed yet."""
         self._failures: dict[U, int] = {}
         self._until: dict[U, float] = {}
+        self._known: dict[U, bool] = {}
 
     def order(self, upstreams: Sequence[U], now: float) -> list[U]:
         """The upstreams to try, in order: healthy ones first (configured order), then the
@@ -49,12 +50,25 @@ class UpstreamHealth(Generic[U]):
         # the exponent is capped: past ~1,000 failures in a row 2**n no longer fits a float
         backoff = min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** min(n - 1, 32))
         self._until[upstream] = now + backoff
+        self._known[upstream] = False
         return backoff
 
     def succeeded(self, upstream: U) -> None:
-        """Record a successful connect: the upstream is healthy again."""
+        """Record a successful connect or probe: the upstream is healthy again."""
         self._failures.pop(upstream, None)
         self._until.pop(upstream, None)
+        self._known[upstream] = True
+
+    def known(self, upstream: U) -> bool | None:
+        """True when the last connect or probe of ``upstream`` succeeded, False when it
+        failed, None before any (``status``: up, down, unknown)."""
+        return self._known.get(upstream)
+
+    def all_down(self, upstreams: Sequence[U], now: float) -> bool:
+        """Every upstream's last connect or probe failed and its back-off runs: a new client
+        is answered at once (nobody can authenticate it)."""
+        return bool(upstreams) and all(
+            self._known.get(u) is False and self._until.get(u, 0.0) > now for u in upstreams)
 
     def is_up(self, upstream: U, now: float) -> bool:
         """False while ``upstream`` is in its back-off period."""

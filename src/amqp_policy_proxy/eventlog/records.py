@@ -79,6 +79,7 @@ _EVENT_NAMES: dict[type, str] = {
     events.ShadowDenied: schema.SHADOW_DENIED,
     events.AdminAction: schema.ADMIN_ACTION,
     events.Revoked: schema.REVOKED,
+    events.SaslFailed: schema.SASL_FAILED,
 }
 
 #: How a value of each schema type becomes JSON, as an expression of the value ``{0}``. A

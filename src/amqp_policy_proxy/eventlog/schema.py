@@ -18,7 +18,7 @@ it; a field is never removed or retyped, only added):
 * 2: adds the optional common field ``balancer_host`` (:data:`OPTIONAL_FIELDS`) and the audit
   trail: ``admin_action``, ``auth_decision`` and ``shadow_denied`` records and the
   ``close_reason`` ``admin_close``. Every version-1 record is a valid version-2 record.
-* 3: adds the ``revoked`` record (a reload's policy took a connection or link back) and the
+* 3: adds the ``sasl_failed`` record (a failed authentication), the ``revoked`` record (a reload's policy took a connection or link back) and the
   ``close_reason`` values ``credential_expired``, ``lifetime`` and ``revoked``. Every
   version-2 record is a valid version-3 record.
 """
@@ -38,6 +38,8 @@ SHADOW_DENIED = "shadow_denied"
 """A denial shadow mode let through (since version 2)."""
 ADMIN_ACTION = "admin_action"
 """An operator's change through the admin interface (since version 2)."""
+SASL_FAILED = "sasl_failed"
+"""A failed authentication attempt (since version 3)."""
 REVOKED = "revoked"
 """A reload's policy no longer admits an open connection or allows a link (since version 3)."""
 
@@ -54,12 +56,13 @@ EVENT_NAMES: tuple[str, ...] = (
     SHADOW_DENIED,
     ADMIN_ACTION,
     REVOKED,
+    SASL_FAILED,
 )
 
 #: The schema version that introduced each event (readers of older logs expect none of the
 #: newer ones).
 EVENT_SINCE: dict[str, int] = {name: 1 for name in EVENT_NAMES} | {
-    AUTH_DECISION: 2, SHADOW_DENIED: 2, ADMIN_ACTION: 2, REVOKED: 3,
+    AUTH_DECISION: 2, SHADOW_DENIED: 2, ADMIN_ACTION: 2, REVOKED: 3, SASL_FAILED: 3,
 }
 
 #: Fields present in every record, with their JSON type. ``vhost``, ``group``, ``user`` may be
@@ -107,6 +110,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     AUTH_DECISION: {"decision": "string", "reason": "string", "enforcement": "string",
                     "rule": "string", "hostname": "string"},
     SHADOW_DENIED: {"kind": "string", "reason": "string", "role": "string", "address": "string"},
+    SASL_FAILED: {"mechanism": "string", "reason": "string", "code": "int"},
     REVOKED: {"kind": "string", "reason": "string", "mode": "string", "role": "string",
               "address": "string"},
     ADMIN_ACTION: {"action": "string", "uid": "long", "pid": "long", "peer": "string",

@@ -69,6 +69,12 @@ class MetricsSnapshot:
     fleet ledger, docs/fleet.md) or ``in-process`` (no ``[ledger]``)."""
     ledger_proxies: int | None = None
     """Live proxies last seen in the fleet ledger; None without one (no sample)."""
+    sasl_failure_hosts: tuple[tuple[str, int], ...] = ()
+    """``(client host, failed authentications in the last 60 s)`` of the hosts with the most
+    (:class:`~.recent.RecentFailures`)."""
+    upstreams_up: tuple[tuple[str, int], ...] = ()
+    """``(upstream address, 1 up / 0 down or not probed yet)`` per configured upstream, from
+    the active probes and the client connects (``daemon/probe.py``)."""
 
 
 class LiveCollector:
@@ -167,6 +173,21 @@ class LiveCollector:
             "local-share, closed or open (its failure mode), in-process (no [ledger]).",
             ("mode",),
             (((mode,), 1 if mode == snap.ledger_mode else 0) for mode in LEDGER_MODES),
+        )
+        yield _family(
+            GaugeMetricFamily,
+            "amqp_proxy_sasl_failure_hosts",
+            "Failed authentications in the last 60 s of the 10 client hosts with the most.",
+            ("remote_host",),
+            (((host,), n) for host, n in snap.sasl_failure_hosts),
+        )
+        yield _family(
+            GaugeMetricFamily,
+            "amqp_proxy_upstream_up",
+            "1 while the upstream's last probe or connect succeeded, 0 while it is down or "
+            "not probed yet (a TCP connect and the AMQP SASL header, every 5 s).",
+            ("upstream",),
+            (((address,), up) for address, up in snap.upstreams_up),
         )
         yield _family(
             GaugeMetricFamily,

@@ -33,6 +33,7 @@ from amqp_policy_proxy.core.events import (
     PolicyReloaded,
     ProtocolViolation,
     Revoked,
+    SaslFailed,
     SessionDenied,
     ShadowDenied,
     UpstreamConnectFailed,
@@ -59,6 +60,9 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_messages_denied_total",
         "amqp_proxy_shadow_denials_total",
         "amqp_proxy_revocations_total",
+        "amqp_proxy_upstream_up",
+        "amqp_proxy_sasl_failures_total",
+        "amqp_proxy_sasl_failure_hosts",
         "amqp_proxy_protocol_errors_total",
         "amqp_proxy_bytes_total",
         "amqp_proxy_transfers_total",
@@ -171,6 +175,12 @@ _EVENT_COUNTERS: dict[type, tuple[str, str, tuple[str, ...]]] = {
         "amqp_proxy_messages_denied_total",
         "Deliveries rejected by policy.",
         ("vhost", "reason"),
+    ),
+    SaslFailed: (
+        "amqp_proxy_sasl_failures_total",
+        "Failed authentication attempts: the router's sasl-outcome by name (auth, sys, "
+        "sys-perm, sys-temp), or dropped (the client left in the middle of SASL).",
+        ("reason",),
     ),
     Revoked: (
         "amqp_proxy_revocations_total",

@@ -29,6 +29,7 @@ from amqp_policy_proxy.core.events import (
     PolicyReloaded,
     ProtocolViolation,
     Revoked,
+    SaslFailed,
     SessionDenied,
     ShadowDenied,
     UpstreamConnectFailed,
@@ -85,6 +86,9 @@ EVENTS = {
     schema.SHADOW_DENIED: ShadowDenied(
         conn_id="c1", at=1000.0, **WHO, kind="link", reason="target", role="sender",
         address="orders",
+    ),
+    schema.SASL_FAILED: SaslFailed(
+        conn_id="c1", at=1000.0, **WHO, mechanism="PLAIN", reason="auth", code=1,
     ),
     schema.REVOKED: Revoked(
         conn_id="c1", at=1000.0, **WHO, kind="link", reason="target", mode="enforce",

@@ -119,11 +119,13 @@ def test_empty_snapshot_yields_empty_families():
         "amqp_proxy_shaped_messages",
         "amqp_proxy_shaped_bytes",
         "amqp_proxy_ledger_mode",
+        "amqp_proxy_sasl_failure_hosts",
+        "amqp_proxy_upstream_up",
         "amqp_proxy_ledger_proxies",
     ]
     assert all(not f.samples for f in families if f.name != "amqp_proxy_ledger_mode")
     # the ledger's mode is always exported: in-process without [ledger]
-    assert {s.labels["mode"]: s.value for s in families[-2].samples} == {
+    assert {s.labels["mode"]: s.value for s in families[-4].samples} == {
         "redis": 0, "local-share": 0, "closed": 0, "open": 0, "in-process": 1}
 
 

@@ -1,0 +1,108 @@
+"""What an operator meets first, end to end through a real proxy:
+
+- readiness tells the truth while the router is down: before any client, ``/readyz`` is 503,
+  ``status`` says the upstream is down, ``amqp_proxy_upstream_up`` is 0, and a SASL client gets
+  ``sys-temp`` at once; once the router is there, the probes find it and all three say so;
+- every failed authentication is on record: a wrong password and a client that leaves in the
+  middle of SASL give a log line, a ``sasl_failed`` event and
+  ``amqp_proxy_sasl_failures_total{reason}`` (never the password);
+- gauges of counts have a sample at 0 with no connection open.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from amqp_policy_proxy.amqp import constants as C
+from amqp_policy_proxy.core.events import SaslFailed
+from amqp_policy_proxy.policy.compile import compile_policy
+from amqp_policy_proxy.policy.model import PolicySettings
+from tests.support.ports import free_port
+from tests.support.proxy import ProxyThread
+from tests.support.rawpeer import RawClient, RawUpstream
+
+from .test_observability_e2e import scrape, value
+
+pytestmark = pytest.mark.integration
+
+POLICY = compile_policy([(None, [["vhost", {
+    "hostname": "test",
+    "groups": {"all": {"users": "*", "remoteHosts": "*", "sources": "*", "targets": "*"}},
+}]])], PolicySettings())
+
+
+def readyz(proxy: ProxyThread) -> tuple[int, str]:
+    proxy.call(proxy.daemon.publish_now)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/readyz",
+                                    timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_readiness_tells_the_truth_while_the_router_is_down():
+    port = free_port()
+    with ProxyThread([("127.0.0.1", port)], policy=POLICY, metrics=True) as proxy:
+        status, body = readyz(proxy)
+        assert status == 503 and "no upstream reachable" in body, body
+        from amqp_policy_proxy.daemon.control import Control
+
+        state = proxy.call(lambda: Control(proxy.daemon).status()["upstreams"][0])
+        assert state["state"] == "down" and not state["healthy"]
+        samples, _ = scrape(proxy)
+        assert value(samples, "amqp_proxy_upstream_up", upstream=f"127.0.0.1:{port}") == 0
+        assert ("amqp_proxy_upstream_up", (("upstream", f"127.0.0.1:{port}"),)) in samples
+        with RawClient(proxy.port) as c:
+            start = time.monotonic()
+            assert c.sasl_plain("alice") == int(C.SaslCode.SYS_TEMP)
+            assert time.monotonic() - start < 0.5  # at once, no connect attempt to wait for
+        with RawUpstream(port=port):
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and readyz(proxy)[0] != 200:
+                time.sleep(0.2)
+            assert readyz(proxy)[0] == 200
+            samples, _ = scrape(proxy)
+            assert value(samples, "amqp_proxy_upstream_up", upstream=f"127.0.0.1:{port}") == 1
+            with RawClient(proxy.port) as c:
+                assert c.sasl_plain("alice") == 0
+
+
+def test_failed_logins_are_on_record(caplog):
+    caplog.set_level(logging.INFO)
+    with RawUpstream(sasl_reject=["mallory"]) as up, ProxyThread(
+            [("127.0.0.1", up.port)], policy=POLICY, metrics=True) as proxy:
+        with RawClient(proxy.port) as c:
+            assert c.sasl_plain("mallory", "wrong-password") == int(C.SaslCode.AUTH)
+        with RawClient(proxy.port) as c:  # leaves in the middle of SASL
+            c.send(C.SASL_HEADER)
+            c.read_for(0.2)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(proxy.events_of(SaslFailed)) < 2:
+            time.sleep(0.05)
+        failed = proxy.events_of(SaslFailed)
+        assert [(e.user, e.mechanism, e.reason, e.code, e.remote_host) for e in failed] == [
+            ("mallory", "PLAIN", "auth", 1, "127.0.0.1"),
+            (None, "", "dropped", None, "127.0.0.1")]
+        samples, text = scrape(proxy)
+        assert value(samples, "amqp_proxy_sasl_failures_total", reason="auth") == 1
+        assert value(samples, "amqp_proxy_sasl_failures_total", reason="dropped") == 1
+        assert value(samples, "amqp_proxy_sasl_failure_hosts", remote_host="127.0.0.1") == 2
+        lines = [r.getMessage() for r in caplog.records if "SASL authentication failed" in
+                 r.getMessage()]
+        assert any("user 'mallory', rhost '127.0.0.1', mechanism PLAIN: auth (1)" in line
+                   for line in lines), lines
+        assert "wrong-password" not in caplog.text and "wrong-password" not in text
+
+
+def test_connection_gauges_have_a_sample_at_zero():
+    with RawUpstream() as up, ProxyThread([("127.0.0.1", up.port)], policy=POLICY,
+                                          metrics=True) as proxy:
+        samples, _ = scrape(proxy)
+        assert samples[("amqp_proxy_connections_active",
+                        (("group", "all"), ("vhost", "test")))] == 0
