@@ -635,6 +635,9 @@ class Daemon:
 
     async def _undo_start(self) -> None:
         """Close what :meth:`start` opened before a listener failed to bind."""
+        if self.prober is not None:
+            await self.prober.stop()
+            self.prober = None
         for server in self.servers:
             server.close()
         self.servers.clear()
