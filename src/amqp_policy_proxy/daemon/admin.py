@@ -205,15 +205,35 @@ def _application(token: str, handlers: tuple[Any, Any, Any, Any, Any]) -> web.Ap
     return app
 
 
+#: Mode of an admin-socket directory the daemon creates (the unit's RuntimeDirectoryMode).
+RUNTIME_DIR_MODE = 0o750
+
+
 def bind_unix_socket(path: str, group: str | None) -> socket.socket:
     """Create the admin socket at ``path``: bound, mode 0660, group ``group``, listening.
 
     A stale socket file (nobody accepts on it) is replaced; a live one means another daemon
     is running, and a path that is not a socket is never removed.
 
+    A missing directory is created as the unit's ``RuntimeDirectory=`` would (mode 0750, owned
+    by the user the daemon runs as) when the daemon may: run in the foreground as root, or
+    under a directory it can write; else the error says how to create it.
+
     Raises:
-        OSError: it cannot be made (the message says why), e.g. the directory is missing.
+        OSError: it cannot be made (the message says why), e.g. the directory is missing and
+            cannot be created.
     """
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        try:
+            os.mkdir(parent, RUNTIME_DIR_MODE)
+        except FileNotFoundError:
+            raise OSError(f"{parent} does not exist (nor its parent)") from None
+        except PermissionError:
+            raise OSError(
+                f"{parent} does not exist and this user may not create it: under systemd the "
+                f"unit's RuntimeDirectory= makes it; in the foreground run `install -d -m 0750 "
+                f"-o USER -g USER {parent}` as root first") from None
     try:
         st = os.lstat(path)
     except FileNotFoundError:

@@ -435,7 +435,7 @@ class UpstreamTable(_Table):
     """``[[upstream]]``: one router or broker (at least one); tried in order when one refuses."""
 
     address: AddressKey
-    """The router's AMQP address, e.g. "127.0.0.1:25672"."""
+    """The router's AMQP address, e.g. "127.0.0.1:5673"."""
     tls: bool = False
     """Connect to the router with TLS (1.2 or later)."""
     tls_ca: ReadableFile | None = None

@@ -196,14 +196,26 @@ def test_a_stale_socket_is_replaced_a_live_one_or_a_file_is_not(tmp_path: Path) 
 
 
 async def test_a_socket_that_cannot_be_made_stops_the_start(tmp_path: Path) -> None:
-    config = DaemonConfig(admin=AdminConfig(socket=str(tmp_path / "missing" / "a.sock")),
-                          source="/etc/x.toml")
+    path = tmp_path / "missing" / "deeper" / "a.sock"
+    config = DaemonConfig(admin=AdminConfig(socket=str(path)), source="/etc/x.toml")
     daemon = Daemon(config, policy=POLICY)
     with pytest.raises(BindError) as info:
         await daemon.start(announce=False)
     assert info.value.issues == [
-        f"/etc/x.toml: admin.socket: cannot use {tmp_path / 'missing' / 'a.sock'}: "
-        "No such file or directory"]
+        f"/etc/x.toml: admin.socket: cannot use {path}: "
+        f"{path.parent} does not exist (nor its parent)"]
+
+
+async def test_a_missing_runtime_directory_is_made_as_the_unit_would(tmp_path: Path) -> None:
+    # the guide's foreground run as root: no systemd RuntimeDirectory= made it
+    path = tmp_path / "run" / "admin.sock"
+    daemon = Daemon(DaemonConfig(admin=AdminConfig(socket=str(path))), policy=POLICY)
+    await daemon.start(announce=False)
+    try:
+        assert path.is_socket()
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o750
+    finally:
+        await daemon.shutdown()
 
 
 async def test_an_empty_token_file_stops_the_start(tmp_path: Path) -> None:
