@@ -121,7 +121,7 @@ def test_metrics_and_event_log_after_real_traffic(broker_address, policy_path, t
                        ("deny", "unknown_user")]
     for r in records:
         allowed = set(schema.COMMON_FIELDS) | set(schema.EVENT_FIELDS[r["event"]])
-        assert set(r) <= allowed and r["schema_version"] == schema.SCHEMA_VERSION == 2
+        assert set(r) <= allowed and r["schema_version"] == schema.SCHEMA_VERSION == 3
         assert not {"password", "initial_response", "response"} & set(r)
         assert "secret" not in [v for v in r.values() if isinstance(v, str)]
     closed = [r for r in records if r["event"] == schema.CONNECTION_CLOSED and r["user"] == "alice"]

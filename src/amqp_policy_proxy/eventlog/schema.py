@@ -1,4 +1,4 @@
-"""Event log schema, version 2 (docs/observability.md, "Event log"). Dependency-free.
+"""Event log schema, version 3 (docs/observability.md, "Event log"). Dependency-free.
 
 This module is the single source of truth for event names and field names. It is imported by
 the daemon's writer and by ``spark_reports`` (which builds its explicit Spark schemas from it),
@@ -10,7 +10,7 @@ line. ``ts`` is UTC RFC 3339 with milliseconds, e.g. ``2026-11-21T11:42:00.123Z`
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The ``schema_version`` of every record written. History (each version reads the ones before
 it; a field is never removed or retyped, only added):
 
@@ -18,6 +18,9 @@ it; a field is never removed or retyped, only added):
 * 2: adds the optional common field ``balancer_host`` (:data:`OPTIONAL_FIELDS`) and the audit
   trail: ``admin_action``, ``auth_decision`` and ``shadow_denied`` records and the
   ``close_reason`` ``admin_close``. Every version-1 record is a valid version-2 record.
+* 3: adds the ``admin_action`` actions ``ban``, ``unban``, ``ban_expired`` and ``quarantine``,
+  the ``close_reason`` ``banned`` and the ``connection_denied`` / ``auth_decision`` reason
+  ``banned`` (no field changes: every version-2 record is a valid version-3 record).
 """
 
 # Event names (the ``event`` field).
@@ -109,7 +112,8 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
 #: ``decision`` values of ``auth_decision``.
 DECISIONS: tuple[str, ...] = ("allow", "deny")
 #: ``action`` values of ``admin_action``.
-ADMIN_ACTIONS: tuple[str, ...] = ("connections_close", "vhost_pause", "vhost_resume")
+ADMIN_ACTIONS: tuple[str, ...] = ("connections_close", "vhost_pause", "vhost_resume", "ban",
+                                  "unban", "ban_expired", "quarantine")
 
 #: Every field that may appear in a record, in a stable order (common fields first, then the
 #: optional ones).
@@ -135,6 +139,7 @@ CLOSE_REASONS: tuple[str, ...] = (
     "upstream_unavailable",  # no upstream accepted the connection
     "internal_error",  # a proxy bug contained to this connection
     "admin_close",  # an operator closed it (connections close; since version 2)
+    "banned",  # a ban (an operator's or a quarantine's) ended it (since version 3)
 )
 
 

@@ -149,7 +149,7 @@ def test_every_core_event_type_is_covered():
 
 def test_connection_opened_exact():
     assert to_record(EVENTS[schema.CONNECTION_OPENED], wall_offset=OFFSET) == {
-        "schema_version": 2,
+        "schema_version": 3,
         "event": "connection_opened",
         "ts": "2026-11-21T11:42:00.000Z",
         "conn_id": "c1",
@@ -207,16 +207,16 @@ def test_policy_reloaded_has_no_connection_fields():
 def test_audit_records_exact():
     common = {"ts": "2026-11-21T11:42:00.000Z", "conn_id": "c1", **WHO}
     assert to_record(EVENTS[schema.AUTH_DECISION], wall_offset=OFFSET) == {
-        "schema_version": 2, "event": "auth_decision", **common, "decision": "allow",
+        "schema_version": 3, "event": "auth_decision", **common, "decision": "allow",
         "reason": "user_limit", "enforcement": "shadow",
         "rule": "maxConnectionsPerUser 2 (group 'g1') reached", "hostname": "vh1.example",
     }
     assert to_record(EVENTS[schema.SHADOW_DENIED], wall_offset=OFFSET) == {
-        "schema_version": 2, "event": "shadow_denied", **common, "kind": "link",
+        "schema_version": 3, "event": "shadow_denied", **common, "kind": "link",
         "reason": "target", "role": "sender", "address": "orders",
     }
     assert to_record(EVENTS[schema.ADMIN_ACTION], wall_offset=OFFSET) == {
-        "schema_version": 2, "event": "admin_action", "ts": "2026-11-21T11:42:00.000Z",
+        "schema_version": 3, "event": "admin_action", "ts": "2026-11-21T11:42:00.000Z",
         "conn_id": "", "vhost": None, "group": None, "user": None, "remote_host": None,
         "listener": None, "action": "connections_close", "uid": 0, "pid": 4242,
         "peer": "unix", "selector": "user=alice", "targets": ["c1", "c7"], "result": "ok",
@@ -274,9 +274,12 @@ def test_a_proxied_connection_records_the_balancer_after_the_common_fields(name)
     assert list(record)[len(schema.COMMON_FIELDS)] == "balancer_host"
 
 
-def test_schema_version_2_only_adds_an_optional_field():
-    """A version-1 reader that ignores unknown fields reads version 2; Spark reads both."""
-    assert schema.SCHEMA_VERSION == 2
+def test_schema_versions_2_and_3_only_add():
+    """A version-1 reader that ignores unknown fields reads version 2; version 3 adds values
+    only (the ban actions and the close reason banned); Spark reads every one."""
+    assert schema.SCHEMA_VERSION == 3
+    assert {"ban", "unban", "ban_expired", "quarantine"} <= set(schema.ADMIN_ACTIONS)
+    assert "banned" in schema.CLOSE_REASONS
     assert "balancer_host" not in schema.COMMON_FIELDS
     assert schema.ALL_FIELDS["balancer_host"] == "string"
     assert list(schema.ALL_FIELDS)[:len(schema.COMMON_FIELDS)] == list(schema.COMMON_FIELDS)
