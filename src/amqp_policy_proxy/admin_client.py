@@ -1,5 +1,5 @@
 """The top of the house: the client side of the admin interface, for the ``connections``,
-``vhost`` and ``status`` commands.
+``vhost``, ``ban``, ``unban``, ``bans`` and ``status`` commands.
 
 HTTP/1.1 with JSON bodies over the daemon's unix socket (``[admin] socket``), with the
 standard library's :mod:`http.client` (only its ``connect`` is replaced, to dial the socket
@@ -15,7 +15,7 @@ import json
 import os
 import socket
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from .daemon.config import DEFAULT_ADMIN_SOCKET, ConfigError, admin_socket_from_file
 
@@ -137,13 +137,40 @@ class AdminClient:
         answer = self.request("GET", "/v1/connections" + (f"?{query}" if query else ""))
         return answer["connections"]  # type: ignore[no-any-return]
 
-    def close(self, reason: str | None = None, **selector: str | None) -> dict[str, Any]:
+    def close(self, reason: str | None = None, rate: float | None = None,
+              **selector: str | None) -> dict[str, Any]:
         """``POST /v1/connections/close`` with one selector (``id``, ``user``, ``vhost``,
-        ``host``) and the reason."""
+        ``host``), the reason and, for a paced close, the rate (closes per second: the
+        answer names a ``job`` to follow with :meth:`close_progress`)."""
         body: dict[str, Any] = {k: v for k, v in selector.items() if v is not None}
         if reason is not None:
             body["reason"] = reason
+        if rate is not None:
+            body["rate"] = rate
         return self.request("POST", "/v1/connections/close", body)  # type: ignore[no-any-return]
+
+    def close_progress(self, job: str) -> dict[str, Any]:
+        """``GET /v1/connections/close/JOB``: how far a paced close is."""
+        return self.request("GET", f"/v1/connections/close/{quote(job, safe='')}")  # type: ignore[no-any-return]
+
+    def ban(self, kind: str, value: str, seconds: float | None = None,
+            reason: str | None = None) -> dict[str, Any]:
+        """``POST /v1/bans/add``: ban a ``user`` or a ``host`` (address or CIDR network) for
+        ``seconds`` (None: until lifted)."""
+        body: dict[str, Any] = {kind: value}
+        if seconds is not None:
+            body["seconds"] = seconds
+        if reason is not None:
+            body["reason"] = reason
+        return self.request("POST", "/v1/bans/add", body)  # type: ignore[no-any-return]
+
+    def unban(self, kind: str, value: str) -> dict[str, Any]:
+        """``POST /v1/bans/remove``: lift the ban of a ``user`` or a ``host``."""
+        return self.request("POST", "/v1/bans/remove", {kind: value})  # type: ignore[no-any-return]
+
+    def bans(self) -> list[dict[str, Any]]:
+        """``GET /v1/bans``: the bans in force."""
+        return self.request("GET", "/v1/bans")["bans"]  # type: ignore[no-any-return]
 
     def pause(self, vhost: str) -> dict[str, Any]:
         """``POST /v1/vhosts/pause``."""

@@ -72,6 +72,22 @@ def _ip_arg(text: str) -> str:
     return text
 
 
+def _rate_arg(text: str) -> float:
+    """argparse type: closes per second, a positive number."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = float("nan")
+    if not rate > 0 or rate == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of closes per "
+                                         "second")
+    return rate
+
+
+#: Seconds between two progress reads of a paced close.
+PROGRESS_INTERVAL = 0.25
+
+
 def _logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """``--log-level``/``--log-format``, accepted before and after the subcommand."""
     default = None if top else argparse.SUPPRESS
@@ -207,7 +223,46 @@ def build_parser() -> argparse.ArgumentParser:
     cclose.add_argument("--reason", metavar="TEXT",
                         help="the Close description the clients get (default: closed by an "
                              "operator)")
+    cclose.add_argument("--rate", metavar="N", type=_rate_arg,
+                        help="close N connections per second, each at a random moment of its "
+                             "1/N slot, instead of all at once (a mass disconnect must not "
+                             "become a reconnect storm); progress on the terminal")
     admin_options(cclose)
+
+    ban = add("ban", help="refuse a user or a client address at the Open and close its "
+                          "connections",
+              description="Ban a user (by the name the upstream authenticates; padding is "
+                          "trimmed) or a client address or CIDR network: new connections "
+                          "are refused at the Open with QDR's connection denial (reason "
+                          "banned) and the open ones are closed at once (Close "
+                          "amqp:connection:forced with the reason). With a [ledger] the ban "
+                          "is the whole fleet's and outlives a restart. Without --for it "
+                          "lasts until unban.")
+    ban_sub = ban.add_subparsers(dest="kind", required=True)
+    for kind, metavar, text in (("user", "NAME", "the user name"),
+                                ("host", "ADDRESS|CIDR", "an IP address or a CIDR network")):
+        bp = ban_sub.add_parser(kind, help=f"ban {text}")
+        bp.add_argument("value", metavar=metavar, help=text)
+        bp.add_argument("--for", dest="duration", metavar="DURATION",
+                        help="how long: seconds, or e.g. 90s, 15m, 1h30m, 7d (default: until "
+                             "unban)")
+        bp.add_argument("--reason", metavar="TEXT",
+                        help="why (in bans list, the audit trail and the Close the clients "
+                             "get)")
+        admin_options(bp)
+    unban = add("unban", help="lift a ban (an operator's or a quarantine's)")
+    unban_sub = unban.add_subparsers(dest="kind", required=True)
+    for kind, metavar in (("user", "NAME"), ("host", "ADDRESS|CIDR")):
+        up = unban_sub.add_parser(kind, help=f"lift the ban of a {kind}")
+        up.add_argument("value", metavar=metavar)
+        admin_options(up)
+    bans = add("bans", help="the bans in force")
+    bans_sub = bans.add_subparsers(dest="action", required=True)
+    blist = bans_sub.add_parser("list", help="the bans in force: kind, value, source, expiry, "
+                                             "reason",
+                                description="List the bans in force (an operator's or a "
+                                            "quarantine's), users first.")
+    admin_options(blist)
 
     vhost = add("vhost", help="pause or resume new connections to a vhost")
     vhost_sub = vhost.add_subparsers(dest="action", required=True)
@@ -457,6 +512,8 @@ def _admin_call(args: argparse.Namespace, call: Any) -> tuple[int, Any]:
 
 def cmd_connections(args: argparse.Namespace) -> int:
     """``connections list|close``: through the running daemon's admin socket."""
+    if args.action == "close" and args.rate is not None:
+        return _close_paced(args)
     if args.action == "list":
         code, rows = _admin_call(args, lambda c: c.connections(
             vhost=args.vhost, user=args.user, host=args.host, group=args.group))
@@ -473,6 +530,104 @@ def cmd_connections(args: argparse.Namespace) -> int:
             ids = ", ".join(result["ids"])
             print(f"closed {n} connection{'' if n == 1 else 's'}" + (f": {ids}" if ids else ""))
     return code
+
+
+def _close_paced(args: argparse.Namespace) -> int:
+    """``connections close ... --rate N``: start the paced close, then follow its progress
+    (a line rewritten in place on a terminal, else one line a second) until it is done."""
+    code, result = _admin_call(args, lambda c: c.close(
+        reason=args.reason, rate=args.rate, id=args.id, user=args.user, vhost=args.vhost,
+        host=args.host))
+    if result is None:
+        return code
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return code
+    n, job = result["closing"], result["job"]
+    print(f"closing {n} connection{'' if n == 1 else 's'} at {args.rate:g}/s (about "
+          f"{result['eta_seconds']:.1f} s), job {job}", file=sys.stderr)
+    tty = sys.stderr.isatty()
+    last_line = -1.0
+    began = time.monotonic()
+    while True:
+        code, progress = _admin_call(args, lambda c: c.close_progress(job))
+        if progress is None:
+            return code
+        line = (f"{progress['closed']}/{progress['total']} closed"
+                + (f", {progress['skipped']} gone meanwhile" if progress["skipped"] else "")
+                + f", {progress['eta_seconds']:.1f} s left")
+        now = time.monotonic()
+        if tty:
+            print(f"\r{line}\x1b[K", end="", file=sys.stderr, flush=True)
+        elif now - last_line >= 1.0 or progress["done"]:
+            print(line, file=sys.stderr)
+            last_line = now
+        if progress["done"]:
+            break
+        time.sleep(PROGRESS_INTERVAL)
+    if tty:
+        print(file=sys.stderr)
+    print(f"closed {progress['closed']} connection{'' if progress['closed'] == 1 else 's'} in "
+          f"{progress['elapsed_seconds']:.1f} s at {args.rate:g}/s"
+          + (f" ({progress['skipped']} had gone meanwhile)" if progress["skipped"] else "")
+          + f" (the command waited {time.monotonic() - began:.1f} s)")
+    return EXIT_OK
+
+
+def cmd_ban(args: argparse.Namespace) -> int:
+    """``ban user|host V [--for D] [--reason T]``: through the daemon's admin socket."""
+    code, result = _admin_call(args, lambda c: c.ban(args.kind, args.value,
+                                                     args.duration, args.reason))
+    if result is not None:
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            closed = result["closed"]
+            until = (f"until {result['expires_at']}" if result["expires_at"]
+                     else "until unban")
+            fleet = {True: "; shared with the fleet", False: "; NOT yet shared with the fleet "
+                     "(the store is unreachable: it will be when it is back)",
+                     None: ""}[result["stored"]]
+            print(f"{result['kind']} {result['value']} banned {until}"
+                  + (" (replacing the ban in force)" if result["replaced"] else "")
+                  + f"; {len(closed)} connection{'' if len(closed) == 1 else 's'} closed"
+                  + (f": {', '.join(closed)}" if closed else "") + fleet)
+    return code
+
+
+def cmd_unban(args: argparse.Namespace) -> int:
+    """``unban user|host V``: through the daemon's admin socket."""
+    code, result = _admin_call(args, lambda c: c.unban(args.kind, args.value))
+    if result is not None:
+        if args.json:
+            print(json.dumps(result, indent=2))
+        elif result["lifted"]:
+            print(f"{result['kind']} {result['value']} unbanned")
+        else:
+            print(f"{result['kind']} {result['value']} was not banned")
+    return code
+
+
+def cmd_bans(args: argparse.Namespace) -> int:
+    """``bans list``: through the daemon's admin socket."""
+    code, rows = _admin_call(args, lambda c: c.bans())
+    if rows is not None:
+        print(json.dumps(rows, indent=2) if args.json else render_bans(rows))
+    return code
+
+
+def render_bans(rows: list[dict[str, Any]]) -> str:
+    """``bans list`` as a table (one line per ban, then a count)."""
+    table = [["KIND", "VALUE", "SOURCE", "EXPIRES", "LEFT", "REASON"]]
+    for row in rows:
+        left = row.get("expires_in_seconds")
+        table.append([row["kind"], row["value"], row["source"], row["expires_at"] or "never",
+                      "-" if left is None else _duration(float(left)), row["reason"]])
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in table]
+    lines.append(f"{len(rows)} ban{'' if len(rows) == 1 else 's'}")
+    return "\n".join(lines)
 
 
 def cmd_vhost(args: argparse.Namespace) -> int:
@@ -602,6 +757,9 @@ def main(argv: list[str] | None = None) -> int:
         "demo": cmd_demo,
         "connections": cmd_connections,
         "vhost": cmd_vhost,
+        "ban": cmd_ban,
+        "unban": cmd_unban,
+        "bans": cmd_bans,
         "status": cmd_status,
     }
     try:

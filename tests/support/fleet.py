@@ -30,17 +30,20 @@ class ProxyProcess:
         ledger: the ``[ledger]`` keys as TOML text, or None.
         flags: more command-line flags.
         kind: the upstream's ``kind`` (e.g. ``qdrouterd``), or None for the default.
+        admin: the ``[admin] socket`` path, or None (no admin interface).
     """
 
     def __init__(self, workdir: Path, upstream: tuple[str, int], policy: Path, *, name: str,
                  ledger: str | None = None, flags: list[str] | None = None,
-                 kind: str | None = None) -> None:
+                 kind: str | None = None, admin: str | None = None) -> None:
         text = ('[[listener]]\naddress = "127.0.0.1:0"\n'
                 f'[[upstream]]\naddress = "{upstream[0]}:{upstream[1]}"\n'
                 + (f'kind = "{kind}"\n' if kind else "") +
                 f'[policy]\npath = "{policy}"\n'
                 '[metrics]\naddress = "127.0.0.1:0"\n'
                 '[timeouts]\nshutdown_grace_seconds = 2\n')
+        if admin is not None:
+            text += f'[admin]\nsocket = "{admin}"\n'
         if ledger is not None:
             text += "[ledger]\n" + ledger
         self.config = workdir / f"{name}.toml"

@@ -11,8 +11,10 @@ nothing of its Open. An admitted client's Open goes to the router (its channel-m
 the channels kept back for session denials, decision 0003), followed by what the client
 pipelined behind it, and the router's frames held meanwhile (the facade replays both).
 
-Two things beyond QDR: a vhost an operator paused (the daemon's set, read through a plain
-``Container[str]``) is denied first, reason ``vhost_paused``; and in shadow mode
+Three things beyond QDR: a banned user or client address (the daemon's ban list, read
+through :class:`AdmissionBans` at the decision) is denied before anything else, reason
+``banned``, whatever the policy says; a vhost an operator paused (the daemon's set, read
+through a plain ``Container[str]``) is denied next, reason ``vhost_paused``; and in shadow mode
 (:mod:`.shadow`) the first would-be denial is logged ``SHADOW DENY`` and the connection is
 admitted and counted. Each decision is emitted with the rule that decided
 (:class:`~.events.OpenDecided`, the event log's ``auth_decision``).
@@ -112,6 +114,15 @@ class AdmissionRates(Protocol):
         """Take a token from each limited bucket if all have one; else the first without."""
 
 
+class AdmissionBans(Protocol):
+    """What admission needs from the ban list (the daemon's live one, so a ban applies to
+    Opens already on their way). :class:`~amqp_policy_proxy.limits.bans.BanList` is it."""
+
+    def banned(self, user: str | None, remote_host: str, now: float) -> str | None:
+        """The rule text of the ban that refuses ``user`` (None: not known) connecting from
+        ``remote_host`` at ``now`` (loop-clock seconds), or None."""
+
+
 class _Waiting(NamedTuple):
     """A decision between the policy's rules and the ledger's answer."""
 
@@ -130,7 +141,7 @@ class Admission(Room):
     """The Open decision of one connection."""
 
     __slots__ = ("sessions", "rules", "ledger", "rates", "in_ledger",
-                 "paused", "waiting")
+                 "paused", "bans", "waiting")
 
     def __init__(
         self,
@@ -140,12 +151,15 @@ class Admission(Room):
         ledger: AdmissionLedger,
         rates: AdmissionRates | None = None,
         paused: Container[str] = frozenset(),
+        bans: AdmissionBans | None = None,
     ) -> None:
         """Nothing decided yet. Without ``rates`` no connection rate is enforced. ``paused``:
         the vhost names an operator paused, read at the decision (the daemon's live set: a
-        pause applies to Opens already on their way)."""
+        pause applies to Opens already on their way). ``bans``: the daemon's ban list, read
+        at the decision; None: nobody is banned."""
         Room.__init__(self, ctx)
         self.paused = paused
+        self.bans = bans
         self.sessions = sessions
         self.rules = rules
         self.ledger = ledger
@@ -179,6 +193,15 @@ class Admission(Room):
         policy = ctx.policy
         hostname = None if open_.hostname is None else str(open_.hostname)
         ctx.open_hostname = hostname
+        bans = self.bans
+        if bans is not None:
+            ban = bans.banned(user, ctx.remote_host, now)
+            if ban is not None:
+                ctx.vhost = lookup_vhost(policy, hostname)  # the denial's vhost label
+                logger.info("[%s] DENY AMQP Open for user '%s', rhost '%s': %s", ctx.conn_id,
+                            user, ctx.remote_host, ban)
+                self._deny(ConnectionDenyReason.BANNED, ban, hostname, now)
+                return False
         if not policy.settings.enable_vhost_policy:
             self._decided("allow", None, "enableVhostPolicy is false", hostname, now)
             self._approve(open_, body, None, now)

@@ -36,7 +36,7 @@ from ..amqp import constants as C
 from ..amqp.constants import Condition
 from ..amqp.errors import AmqpError
 from ..policy.reasons import ConnectionDenyReason
-from .admission import Admission, AdmissionLedger, AdmissionRates
+from .admission import Admission, AdmissionBans, AdmissionLedger, AdmissionRates
 from .client_side import ClientSide
 from .commands import CLIENT, ROUTER, Command, Side
 from .context import HANDSHAKE_SECONDS, LINGER_SECONDS, Context
@@ -107,6 +107,7 @@ class ProxyConnection(Context):
         ledger: AdmissionLedger,
         paused_vhosts: Container[str] = frozenset(),
         rates: RateLimits | None = None,
+        bans: AdmissionBans | None = None,
         **facts: Any,
     ) -> None:
         """Create the state machine for a freshly accepted client transport.
@@ -120,6 +121,8 @@ class ProxyConnection(Context):
                 set.
             rates: the connection-rate and shaping buckets shared by the daemon's
                 connections; None: no rate limit (connection, message or byte) applies.
+            bans: the daemon's ban list: a banned user or client address is denied at the
+                Open (``banned``). Read at the decision; None: nobody is banned.
             facts: the connection's facts, the keyword arguments of
                 :class:`~.context.Context` (``remote_host``, ``listener``, ``policy``, ``now``
                 and the optional ``handshake_timeout``, ``container_id``, ``tls_subject``,
@@ -132,7 +135,7 @@ class ProxyConnection(Context):
         self.client = ClientSide(self, self.sessions, self.deliveries, self._decide_when_ready)
         self.router = RouterSide(self, self.sessions, self.deliveries)
         self.admission = Admission(self, self.sessions, self.rules, ledger, rates,
-                                   paused_vhosts)
+                                   paused_vhosts, bans)
         self.rates = rates
 
     @property
@@ -468,7 +471,8 @@ class ProxyConnection(Context):
         return out
 
     def close_by_operator(
-        self, description: str, now: float, grace: float | None = None
+        self, description: str, now: float, grace: float | None = None, *,
+        reason: str = "admin_close",
     ) -> list[Command]:
         """Close this connection for an operator (``amqp-policy-proxy connections close``).
 
@@ -477,14 +481,16 @@ class ProxyConnection(Context):
         Close is relayed, then the router gets a Close (no error) and both transports close,
         so the router sees an orderly end; the ledger's counts are released when the client's
         transport is gone (at most ``grace`` seconds, default :data:`LINGER_SECONDS`). The
-        close reason is ``admin_close``. A connection not admitted yet closes at once.
+        close reason is ``reason``: ``admin_close``, or ``banned`` for the connections a ban
+        ends. A connection not admitted yet closes at once.
 
         Args:
             description: the Close's description (the operator's reason).
             now: loop-clock seconds.
             grace: seconds the client has to answer.
+            reason: the close reason (one of the event log's ``CLOSE_REASONS``).
         """
-        return self._forced_close(description, "admin_close", now, grace)
+        return self._forced_close(description, reason, now, grace)
 
     def _forced_close(
         self, description: str, reason: str, now: float, grace: float | None,

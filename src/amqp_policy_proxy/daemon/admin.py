@@ -14,9 +14,14 @@ The API (docs/operations.md, "Admin API"), version 1:
 GET       ``/v1/status``               the daemon at a glance
 GET       ``/v1/connections``          admitted connections; query ``vhost``, ``user``,
                                        ``host``, ``group`` filter them
-POST      ``/v1/connections/close``    body ``{"id"|"user"|"vhost"|"host": ..., "reason": ...}``
+POST      ``/v1/connections/close``    body ``{"id"|"user"|"vhost"|"host": ..., "reason": ...}``,
+                                       optionally ``"rate": N`` (paced: answers a ``job``)
+GET       ``/v1/connections/close/J``  the progress of the paced close ``J``
 POST      ``/v1/vhosts/pause``         body ``{"vhost": ...}``
 POST      ``/v1/vhosts/resume``        body ``{"vhost": ...}``
+GET       ``/v1/bans``                 the bans in force
+POST      ``/v1/bans/add``             body ``{"user"|"host": ..., "seconds": S, "reason": T}``
+POST      ``/v1/bans/remove``          body ``{"user"|"host": ...}``
 ========  ===========================  ==================================================
 
 Errors are ``{"error": "..."}`` with 400 (bad request), 401 (TCP without the token), 404
@@ -35,6 +40,7 @@ import asyncio
 import contextlib
 import grp
 import hmac
+import itertools
 import json
 import logging
 import os
@@ -44,6 +50,7 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
@@ -69,6 +76,7 @@ _CONTROL_KEY = web.AppKey("control", Control)
 _TOKEN_KEY = web.AppKey("token", str)
 _FORWARDED_KEY = web.AppKey("forwarded_peer", bool)
 _WORKERS_KEY = web.AppKey("workers", Callable)
+_PARENT_JOBS = itertools.count(1)
 
 
 def peer_of(request: web.Request) -> Peer:
@@ -153,6 +161,25 @@ async def _close(request: web.Request) -> web.Response:
     return web.json_response(result)
 
 
+async def _progress(request: web.Request) -> web.Response:
+    control = request.app[_CONTROL_KEY]
+    return web.json_response(control.close_progress(request.match_info["job"]))
+
+
+async def _bans(request: web.Request) -> web.Response:
+    return web.json_response({"bans": request.app[_CONTROL_KEY].bans()})
+
+
+async def _ban(request: web.Request) -> web.Response:
+    body = await _body(request)
+    return web.json_response(await request.app[_CONTROL_KEY].ban(body, peer_of(request)))
+
+
+async def _unban(request: web.Request) -> web.Response:
+    body = await _body(request)
+    return web.json_response(await request.app[_CONTROL_KEY].unban(body, peer_of(request)))
+
+
 async def _pause(request: web.Request) -> web.Response:
     body = await _body(request)
     _only(body, "vhost")
@@ -185,23 +212,42 @@ def build_app(control: Control, token: str = "", forwarded_peer: bool = False
         forwarded_peer: trust ``X-Admin-Peer`` (a worker's private socket, which only the
             service's own user can reach).
     """
-    app = _application(token, (_status, _connections, _close, _pause, _resume))
+    app = _application(token, _Handlers(_status, _connections, _close, _progress, _pause,
+                                        _resume, _bans, _ban, _unban))
     app[_CONTROL_KEY] = control
     app[_FORWARDED_KEY] = forwarded_peer
     return app
 
 
-def _application(token: str, handlers: tuple[Any, Any, Any, Any, Any]) -> web.Application:
-    """The API's routes (status, connections, close, pause, resume: the module docstring's
-    table, in that order) served by ``handlers``, behind the token guard."""
-    status, connections, close, pause, resume = handlers
+@dataclass(frozen=True, slots=True)
+class _Handlers:
+    """The handler of each route of the module docstring's table."""
+
+    status: Any
+    connections: Any
+    close: Any
+    progress: Any
+    pause: Any
+    resume: Any
+    bans: Any
+    ban: Any
+    unban: Any
+
+
+def _application(token: str, h: _Handlers) -> web.Application:
+    """The API's routes (the module docstring's table) served by ``h``, behind the token
+    guard."""
     app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
     app[_TOKEN_KEY] = token
-    app.router.add_get(f"{API_PREFIX}/status", status)
-    app.router.add_get(f"{API_PREFIX}/connections", connections)
-    app.router.add_post(f"{API_PREFIX}/connections/close", close)
-    app.router.add_post(f"{API_PREFIX}/vhosts/pause", pause)
-    app.router.add_post(f"{API_PREFIX}/vhosts/resume", resume)
+    app.router.add_get(f"{API_PREFIX}/status", h.status)
+    app.router.add_get(f"{API_PREFIX}/connections", h.connections)
+    app.router.add_post(f"{API_PREFIX}/connections/close", h.close)
+    app.router.add_get(f"{API_PREFIX}/connections/close/{{job}}", h.progress)
+    app.router.add_post(f"{API_PREFIX}/vhosts/pause", h.pause)
+    app.router.add_post(f"{API_PREFIX}/vhosts/resume", h.resume)
+    app.router.add_get(f"{API_PREFIX}/bans", h.bans)
+    app.router.add_post(f"{API_PREFIX}/bans/add", h.ban)
+    app.router.add_post(f"{API_PREFIX}/bans/remove", h.unban)
     return app
 
 
@@ -465,12 +511,102 @@ async def _workers_close(request: web.Request) -> web.Response:
         # id of nobody's goes to the first worker, which refuses it (and records that)
         owner = [w for w in workers if conn_id.startswith(f"{w.pid:x}-")]
         workers = owner or workers[:1]
+    rate = body.get("rate")
+    if rate is not None:
+        return await _workers_paced_close(request, workers, body)
     answers = await _fan_out(request, workers, body)
     error = _first_error(answers)
     if error is not None:
         return error
     ids = [i for a in answers if a.status == 200 for i in a.body.get("ids", [])]
     return web.json_response({"closed": len(ids), "ids": ids})
+
+
+async def _workers_paced_close(request: web.Request, workers: list[WorkerAdmin],
+                               body: dict[str, Any]) -> web.Response:
+    """A paced close over several workers: each closes its own share of the selected
+    connections at its share of the rate (its count over the total), so that all of them
+    together close at the rate and finish together; one job id for all."""
+    rate = body.get("rate")
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or rate <= 0:
+        raise ControlError("rate must be a number of closes per second, more than 0")
+    filters = {k: v for k, v in body.items() if k in ("user", "vhost", "host")
+               and isinstance(v, str)}
+    peer = peer_of(request)
+    if workers and len(workers) > 1 and filters:
+        counted = await asyncio.gather(*(
+            _ask(w, "GET", f"{API_PREFIX}/connections", urlencode(filters), None, peer)
+            for w in workers))
+        shares = {a.worker.index: sum(1 for row in a.body.get("connections", [])
+                                      if row.get("state") == "opened")
+                  for a in counted if a.status == 200}
+        total = sum(shares.values())
+        chosen = [w for w in workers if shares.get(w.index, 0) > 0] or workers[:1]
+    else:
+        shares, total, chosen = {}, 0, workers
+    job = body.get("job") or f"{os.getpid():x}-j{next(_PARENT_JOBS)}"
+    answers = []
+    for w in chosen:
+        part = rate * shares[w.index] / total if total else rate
+        answers.append(_ask(w, "POST", request.path, "", {**body, "rate": part, "job": job},
+                            peer))
+    got = list(await asyncio.gather(*answers))
+    error = _first_error(got)
+    if error is not None:
+        return error
+    ok = [a for a in got if a.status == 200]
+    ids = [i for a in ok for i in a.body.get("ids", [])]
+    return web.json_response({"job": job, "closing": len(ids), "ids": ids, "rate": rate,
+                              "closed": 0, "eta_seconds": max(
+                                  (a.body.get("eta_seconds", 0) for a in ok), default=0)})
+
+
+async def _workers_progress(request: web.Request) -> web.Response:
+    answers = await _fan_out(request, _workers(request))
+    unanswered = [a for a in answers if a.status not in (200, 404)]
+    if unanswered:
+        return web.json_response(unanswered[0].body, status=unanswered[0].status)
+    found = [a.body for a in answers if a.status == 200]
+    if not found:
+        return web.json_response(answers[0].body, status=404)
+    merged: dict[str, Any] = {"job": request.match_info["job"]}
+    for key in ("total", "closed", "skipped", "remaining", "rate"):
+        merged[key] = sum(p.get(key, 0) for p in found)
+    for key in ("elapsed_seconds", "eta_seconds"):
+        merged[key] = max(p.get(key, 0) for p in found)
+    merged["done"] = all(p.get("done") for p in found)
+    merged["cancelled"] = any(p.get("cancelled") for p in found)
+    return web.json_response(merged)
+
+
+async def _workers_bans(request: web.Request) -> web.Response:
+    answers = await _fan_out(request, _workers(request))
+    error = _first_error(answers)
+    if error is not None:
+        return error
+    seen: dict[tuple[str, str], Any] = {}
+    for a in answers:  # one list in the fleet's store: each worker shows the same bans
+        for ban in a.body.get("bans", []) if a.status == 200 else []:
+            seen.setdefault((ban.get("kind"), ban.get("value")), ban)
+    bans = sorted(seen.values(), key=lambda b: (b.get("kind") != "user", b.get("value")))
+    return web.json_response({"bans": bans})
+
+
+async def _workers_ban(request: web.Request) -> web.Response:
+    body = await _body(request)
+    answers = await _fan_out(request, _workers(request), body)
+    failed = [a for a in answers if a.status != 200]
+    if failed:  # the same request in every worker: a refusal is everyone's
+        return web.json_response(failed[0].body, status=failed[0].status)
+    merged = dict(answers[0].body)
+    if "closed" in merged:
+        merged["closed"] = sorted(i for a in answers for i in a.body.get("closed", []))
+        merged["replaced"] = any(a.body.get("replaced") for a in answers)
+    if "lifted" in merged:
+        merged["lifted"] = any(a.body.get("lifted") for a in answers)
+    stored = [a.body.get("stored") for a in answers]
+    merged["stored"] = any(stored) if any(v is not None for v in stored) else None
+    return web.json_response(merged)
 
 
 async def _workers_vhost(request: web.Request) -> web.Response:
@@ -491,14 +627,18 @@ def build_workers_app(workers: Callable[[], list[WorkerAdmin]], token: str = ""
     worker (``workers()``) and merged: ``status`` sums the counts (``per_worker`` lists each
     worker), ``connections`` lists every worker's (with its ``worker``), ``close`` by id asks
     the worker the id belongs to, by user, vhost or host every worker, and ``pause`` and
-    ``resume`` apply in every worker. A worker that does not answer makes the request fail
-    with 503 naming it.
+    ``resume`` apply in every worker, a paced ``close`` gives each worker its share of the
+    rate (its selected connections over all) under one job id whose progress is summed, and
+    ``bans`` add and remove apply in every worker (each writes the fleet's store; the list is
+    the same in all). A worker that does not answer makes the request fail with 503 naming
+    it.
 
     Args:
         workers: the running workers' private admin sockets, asked at each request.
         token: the bearer token TCP requests must carry.
     """
-    app = _application(token, (_workers_status, _workers_connections, _workers_close,
-                               _workers_vhost, _workers_vhost))
+    app = _application(token, _Handlers(
+        _workers_status, _workers_connections, _workers_close, _workers_progress,
+        _workers_vhost, _workers_vhost, _workers_bans, _workers_ban, _workers_ban))
     app[_WORKERS_KEY] = workers
     return app

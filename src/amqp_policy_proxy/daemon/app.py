@@ -38,6 +38,7 @@ from ..policy.naming import Naming
 from ..policy.reasons import ConnectionDenyReason
 from ..resolver import system_resolver
 from . import systemd
+from .bans import BanService
 from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 from .preauth import PreauthBudget
 from .probe import UpstreamProber
@@ -128,6 +129,9 @@ class Daemon:
         self.paused_vhosts: set[str] = set()
         """Vhosts an operator paused (``vhost pause``): read by every Open decision; kept
         across reloads, not restarts."""
+        self.bans = BanService(self, self.naming)
+        """Bans and quarantine: the ban list every Open decision reads; with ``[ledger]``
+        shared with the fleet (its store is set at start)."""
         self.started_at = 0.0
         self.policy_loaded_at = 0.0
         """Loop-clock seconds of the start and of the last successful policy load."""
@@ -151,6 +155,7 @@ class Daemon:
         try:
             if type(event) is SaslFailed:
                 self.sasl_failures.add(event.remote_host, event.at)
+            self.bans.observe(event)  # quarantine: counts denials, acts on the next tick
             if self.observer is not None:
                 self.observer.handle(event)
             if self.writer is not None:
@@ -231,7 +236,7 @@ class Daemon:
             handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
             wall_offset=self._wall_offset, balancer_host=_balancer(proto),
             paused_vhosts=self.paused_vhosts, rates=self.connection_rates, naming=self.naming,
-            tls_not_after=tls_not_after)
+            tls_not_after=tls_not_after, bans=self.bans.table)
         self.connections[proto.conn_id] = proto
         return conn
 
@@ -264,6 +269,15 @@ class Daemon:
         logger.info("ledger %s: proxy id %s, mode %s, lease %g s, timeout %g ms, failure mode "
                     "%s", settings.url.rpartition("@")[2], settings.proxy_id, self.fleet.mode,
                     settings.lease_seconds, settings.timeout_ms, settings.failure_mode)
+
+    async def _start_bans(self) -> None:
+        """Follow the fleet's ban list (``[ledger]``) before the listeners accept anything,
+        so that a restarted proxy refuses what the fleet bans from its first Open."""
+        if self.config.ledger is not None:
+            from ..fleet.bans import BanStore
+
+            self.bans.store = BanStore(self.config.ledger.url)
+        await self.bans.start()
 
     @property
     def ledger_mode(self) -> str:
@@ -523,6 +537,7 @@ class Daemon:
                 addr = sock.getsockname()
                 self.listen_addresses.append((addr[0], addr[1]))
         await self._start_fleet()
+        await self._start_bans()
         self.prober = UpstreamProber(self.config.upstreams, self.upstream_health,
                                      self.upstream_ssl_context, self.connect_timeout)
         # readiness is known when the start is announced (a black hole: at most 2 s late)
@@ -727,6 +742,7 @@ class Daemon:
             upstreams_up=tuple((str(u.address),
                                 int(health.known(u) is True and health.is_up(u, now)))
                                for u in self.config.upstreams),
+            bans_active=self.bans.counts(),
         )
 
     async def _snapshot_loop(self) -> None:
@@ -898,6 +914,7 @@ class Daemon:
         for proto in list(self.connections.values()):
             proto.abort()
         await asyncio.sleep(0)
+        await self.bans.stop()
         if self.fleet is not None:  # every count is released: the fields go
             await self.fleet.stop()
         if self.prober is not None:

@@ -1,5 +1,7 @@
-"""Daemon layer. Operator control: list and close live connections, pause and resume vhosts,
-the daemon's status; every change recorded as an :class:`~..core.events.AdminAction`.
+"""Daemon layer. Operator control: list and close live connections (at once, or paced at N
+per second: :mod:`.pacing`), pause and resume vhosts, ban and unban users and client addresses
+(:mod:`.bans`), the daemon's status; every change recorded as an
+:class:`~..core.events.AdminAction`.
 
 This is what the admin interface (:mod:`.admin`, HTTP on a unix socket) calls; it reads the
 daemon through :class:`ControlHost` and each connection through its
@@ -15,8 +17,12 @@ a restart.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
+import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +31,9 @@ from typing import Any, Protocol
 from ..core.events import AdminAction
 from ..core.state import ClientState
 from ..ingress.peer import normalise_peer
+from .bans import MAX_REASON_LENGTH as MAX_BAN_REASON_LENGTH
+from .bans import BanError, parse_duration
+from .pacing import MAX_RATE, PacedCloser
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +44,12 @@ LIST_FILTERS = ("vhost", "user", "host", "group")
 DEFAULT_CLOSE_REASON = "closed by an operator"
 #: Longest reason accepted (it goes into the client's Close and the event log).
 MAX_REASON_LENGTH = 1024
+#: The Close description and ban reason when the operator gives none.
+DEFAULT_BAN_REASON = "no reason given"
+#: Paced-close jobs remembered for their progress (the oldest finished ones go first).
+MAX_JOBS = 64
+#: What a job id given by a workers' parent may look like.
+_JOB_ID = re.compile(r"[0-9a-z][0-9a-z-]{0,63}")
 
 
 class ControlError(Exception):
@@ -69,6 +84,8 @@ class ControlHost(Protocol):
     connections: Mapping[str, Any]
     """conn_id -> the relay's ``ClientProtocol`` of every client transport."""
     paused_vhosts: set[str]
+    bans: Any
+    """The :class:`~.bans.BanService`."""
     policy: Any
     ledger: Any
     ledger_mode: str
@@ -104,6 +121,9 @@ class Control:
     def __init__(self, host: ControlHost) -> None:
         """Control ``host``."""
         self.host = host
+        self.jobs: dict[str, PacedCloser[Any]] = {}
+        """Paced closes by job id (``connections close --rate``), newest last."""
+        self._job_ids = itertools.count(1)
 
     # ------------------------------------------------------------------ reading
 
@@ -224,6 +244,7 @@ class Control:
             "connections": {"transports": len(host.connections),
                             "admitted": host.ledger.active(), "per_vhost": per_vhost},
             "paused_vhosts": sorted(host.paused_vhosts),
+            "bans": host.bans.counts() if host.bans is not None else {"user": 0, "host": 0},
         }
 
     # ------------------------------------------------------------------ changing
@@ -234,21 +255,30 @@ class Control:
         Args:
             selector: exactly one of ``id``, ``user``, ``vhost``, ``host`` (a string), and
                 optionally ``reason`` (the Close description the clients get; default
-                :data:`DEFAULT_CLOSE_REASON`).
+                :data:`DEFAULT_CLOSE_REASON`), ``rate`` (closes per second: paced, see
+                below) and ``job`` (the paced close's id, given by a workers' parent).
             peer: who asked.
 
         Returns:
             ``{"closed": n, "ids": [...]}``; each client got Close ``amqp:connection:forced``
             with the reason, and its counts are released once it answers (or after the
             linger time). Connections whose Close exchange is under way already (``state``
-            ``closing`` in the list) are left to finish it and not counted.
+            ``closing`` in the list) are left to finish it and not counted. With ``rate``
+            the selected connections are closed at that many per second with jitter
+            (:mod:`.pacing`) and the answer comes at once: ``{"job": J, "closing": n,
+            "ids": [...], "rate": r, "eta_seconds": s, "closed": 0}``; :meth:`close_progress`
+            follows it.
 
         Raises:
             ControlError: not exactly one selector, a selector or reason that is not a string,
-                or (404) an ``id`` that is not an admitted connection.
+                a rate that is not a positive number, or (404) an ``id`` that is not an
+                admitted connection.
         """
         reason = selector.get("reason")
-        given = {k: v for k, v in selector.items() if k != "reason" and v is not None}
+        rate = selector.get("rate")
+        job = selector.get("job")
+        given = {k: v for k, v in selector.items()
+                 if k not in ("reason", "rate", "job") and v is not None}
         unknown = set(given) - set(CLOSE_SELECTORS)
         if unknown:
             raise ControlError(f"unknown selector {sorted(unknown)[0]!r}; give exactly one of "
@@ -264,12 +294,21 @@ class Control:
             raise ControlError("reason must be a non-empty string")
         if len(reason) > MAX_REASON_LENGTH:
             raise ControlError(f"reason is longer than {MAX_REASON_LENGTH} characters")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
+                                 or not math.isfinite(rate) or not 0 < rate <= MAX_RATE):
+            raise ControlError(f"rate must be a number of closes per second, more than 0 and "
+                               f"at most {MAX_RATE:g}")
+        if job is not None and (not isinstance(job, str) or not _JOB_ID.fullmatch(job)):
+            raise ControlError("job must be a short id of lower-case letters, digits and -")
         targets = self._select({key: value})
         described = f"{key}={value}"
         if key == "id" and not targets:
             self._record("connections_close", peer, described, (), "error", 0,
                          f"no admitted connection with id {value}")
             raise ControlError(f"no admitted connection with id {value!r}", status=404)
+        if rate is not None:
+            return self._paced_close(targets, float(rate), reason, described, job, peer,
+                                     vhost=value if key == "vhost" else None)
         ids = []
         for proto in targets:
             if proto.conn.view.client_state is not ClientState.OPENED:
@@ -283,6 +322,146 @@ class Control:
         self._record("connections_close", peer, described, tuple(ids), "ok", len(ids), reason,
                      vhost=value if key == "vhost" else None)
         return {"closed": len(ids), "ids": ids}
+
+    def _paced_close(self, targets: list[Any], rate: float, reason: str, described: str,
+                     job: str | None, peer: Peer, vhost: str | None) -> dict[str, Any]:
+        """Start closing ``targets`` at ``rate`` per second (see :meth:`close`)."""
+        protos = [p for p in targets if p.conn.view.client_state is ClientState.OPENED]
+
+        def close_one(proto: Any) -> bool:
+            conn = proto.conn
+            if conn is None or proto.closed or conn.view.client_state is not ClientState.OPENED:
+                return False  # gone, or closing already
+            proto.run(conn.close_by_operator, reason)
+            return True
+
+        job_id = job or f"{os.getpid():x}-j{next(self._job_ids)}"
+        pacer = PacedCloser(self.host.loop, protos, close_one, rate).start()
+        self._remember(job_id, pacer)
+        ids = [p.conn_id for p in protos]
+        n = len(ids)
+        logger.info("admin: closing %d connection%s (%s) at %g/s for %s: %s (job %s)", n,
+                    "" if n == 1 else "s", described, rate, peer, reason, job_id,
+                    extra={"event": "admin_action", "action": "connections_close",
+                           "selector": described, "targets": ids, "peer": str(peer),
+                           "rate": rate, "job": job_id})
+        self._record("connections_close", peer, described, tuple(ids), "ok", n,
+                     f"{reason} (paced at {rate:g}/s, job {job_id})", vhost=vhost)
+        pacer.done.add_done_callback(functools.partial(self._paced_done, job_id, described))
+        return {"job": job_id, "closing": n, "ids": ids, "rate": rate, "closed": 0,
+                "eta_seconds": round(n / rate, 3)}
+
+    def _paced_done(self, job_id: str, described: str, _future: Any) -> None:
+        pacer = self.jobs.get(job_id)
+        if pacer is None:
+            return
+        p = pacer.progress()
+        logger.info("admin: paced close %s (%s) done: %d closed, %d gone meanwhile, in %.1f s",
+                    job_id, described, p["closed"], p["skipped"], p["elapsed_seconds"])
+
+    def _remember(self, job_id: str, pacer: PacedCloser[Any]) -> None:
+        old = self.jobs.pop(job_id, None)
+        if old is not None:
+            old.cancel()
+        self.jobs[job_id] = pacer
+        while len(self.jobs) > MAX_JOBS:
+            finished = [j for j, p in self.jobs.items() if p.done.done()]
+            if not finished:
+                break
+            del self.jobs[finished[0]]
+
+    def close_progress(self, job: str) -> dict[str, Any]:
+        """The progress of a paced close: ``job``, ``total``, ``closed``, ``skipped`` (gone
+        meanwhile), ``remaining``, ``rate``, ``elapsed_seconds``, ``eta_seconds``, ``done``.
+
+        Raises:
+            ControlError: (404) no such job here.
+        """
+        pacer = self.jobs.get(job)
+        if pacer is None:
+            raise ControlError(f"no paced close with job id {job!r}", status=404)
+        return {"job": job, **pacer.progress()}
+
+    # ------------------------------------------------------------------ bans
+
+    async def ban(self, body: Mapping[str, Any], peer: Peer) -> dict[str, Any]:
+        """Ban a user or a client address (``{"user"|"host": V, "seconds": S, "reason": T}``;
+        no ``seconds``: until lifted): new connections are refused at the Open (reason
+        ``banned``) and the open ones it covers are closed at once.
+
+        Returns:
+            The ban (:meth:`~.bans.BanService.describe`) with ``closed`` (the connection ids),
+            ``replaced`` and ``stored`` (written to the fleet's store; null without one).
+
+        Raises:
+            ControlError: not exactly one of user and host, a bad name, address, duration or
+                reason.
+        """
+        kind, value = self._ban_target(body, ("seconds", "reason"))
+        reason = body.get("reason")
+        if reason is None:
+            reason = DEFAULT_BAN_REASON
+        if not isinstance(reason, str) or not reason.strip():
+            raise ControlError("reason must be a non-empty string")
+        if len(reason) > MAX_BAN_REASON_LENGTH:
+            raise ControlError(f"reason is longer than {MAX_BAN_REASON_LENGTH} characters")
+        seconds = body.get("seconds")
+        try:
+            duration = None if seconds is None else parse_duration(seconds)
+            result = await self.host.bans.ban(kind, value, duration, reason, str(peer))
+        except BanError as exc:
+            self._record("ban", peer, f"{kind}={value}", (), "error", 0, str(exc))
+            raise ControlError(str(exc)) from None
+        closed = result["closed"]
+        until = result["expires_at"] or "it is lifted"
+        logger.warning("admin: %s %s banned until %s for %s: %s; %d connection%s closed",
+                       result["kind"], result["value"], until, peer, reason, len(closed),
+                       "" if len(closed) == 1 else "s",
+                       extra={"event": "admin_action", "action": "ban",
+                              "selector": f"{result['kind']}={result['value']}",
+                              "targets": closed, "peer": str(peer)})
+        self._record("ban", peer, f"{result['kind']}={result['value']}", tuple(closed), "ok",
+                     len(closed), f"{reason} (until {until})")
+        return result
+
+    async def unban(self, body: Mapping[str, Any], peer: Peer) -> dict[str, Any]:
+        """Lift a ban (``{"user"|"host": V}``), an operator's or a quarantine's.
+
+        Returns:
+            ``{"kind", "value", "lifted": bool, "stored": bool | None}``.
+
+        Raises:
+            ControlError: not exactly one of user and host, or a bad name or address.
+        """
+        kind, value = self._ban_target(body, ())
+        try:
+            result = await self.host.bans.unban(kind, value)
+        except BanError as exc:
+            self._record("unban", peer, f"{kind}={value}", (), "error", 0, str(exc))
+            raise ControlError(str(exc)) from None
+        selector = f"{result['kind']}={result['value']}"
+        logger.warning("admin: %s %s unbanned for %s%s", result["kind"], result["value"], peer,
+                       "" if result["lifted"] else " (it was not banned)",
+                       extra={"event": "admin_action", "action": "unban",
+                              "selector": selector, "peer": str(peer)})
+        self._record("unban", peer, selector, (), "ok", 0,
+                     "" if result["lifted"] else "it was not banned")
+        return result
+
+    def bans(self) -> list[dict[str, Any]]:
+        """The bans in force (users first, then hosts)."""
+        return self.host.bans.bans() if self.host.bans is not None else []
+
+    @staticmethod
+    def _ban_target(body: Mapping[str, Any], extra: tuple[str, ...]) -> tuple[str, Any]:
+        unknown = set(body) - {"user", "host", *extra}
+        if unknown:
+            raise ControlError(f"unknown field {sorted(unknown)[0]!r}; expected user or host"
+                               + "".join(f", {e}" for e in extra))
+        given = [k for k in ("user", "host") if body.get(k) is not None]
+        if len(given) != 1:
+            raise ControlError("give exactly one of user, host")
+        return given[0], body[given[0]]
 
     def pause(self, vhost: Any, peer: Peer) -> dict[str, Any]:
         """Pause ``vhost``: new connections to it get QDR's connection denial (reason

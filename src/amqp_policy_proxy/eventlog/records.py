@@ -122,7 +122,7 @@ def _builder(event_type: type, name: str) -> Callable[[Any, float], dict[str, An
     costs what one hand-written dict display would: for a ``link_denied``::
 
         def build(event, wall_offset):
-            record = {"schema_version": 2, "event": "link_denied",
+            record = {"schema_version": 3, "event": "link_denied",
                       "ts": format_ts(event.at + wall_offset), "conn_id": str(event.conn_id),
                       "vhost": None if event.vhost is None else str(event.vhost), ...}
             if event.balancer_host is not None:

@@ -1,4 +1,4 @@
-"""Event log schema, version 2 (docs/observability.md, "Event log"). Dependency-free.
+"""Event log schema, version 3 (docs/observability.md, "Event log"). Dependency-free.
 
 This module is the single source of truth for event names and field names. It is imported by
 the daemon's writer and by ``spark_reports`` (which builds its explicit Spark schemas from it),
@@ -18,9 +18,12 @@ it; a field is never removed or retyped, only added):
 * 2: adds the optional common field ``balancer_host`` (:data:`OPTIONAL_FIELDS`) and the audit
   trail: ``admin_action``, ``auth_decision`` and ``shadow_denied`` records and the
   ``close_reason`` ``admin_close``. Every version-1 record is a valid version-2 record.
-* 3: adds the ``sasl_failed`` record (a failed authentication), the ``revoked`` record (a reload's policy took a connection or link back) and the
-  ``close_reason`` values ``credential_expired``, ``lifetime`` and ``revoked``. Every
-  version-2 record is a valid version-3 record.
+* 3: adds the ``sasl_failed`` record (a failed authentication), the ``revoked`` record
+  (a reload's policy took a connection or link back), the ``admin_action`` actions
+  ``ban``, ``unban``, ``ban_expired`` and ``quarantine``, the ``close_reason`` values
+  ``credential_expired``, ``lifetime``, ``revoked`` and ``banned``, and the
+  ``connection_denied`` / ``auth_decision`` reason ``banned``. Every version-2 record is
+  a valid version-3 record.
 """
 
 # Event names (the ``event`` field).
@@ -121,7 +124,8 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
 #: ``decision`` values of ``auth_decision``.
 DECISIONS: tuple[str, ...] = ("allow", "deny")
 #: ``action`` values of ``admin_action``.
-ADMIN_ACTIONS: tuple[str, ...] = ("connections_close", "vhost_pause", "vhost_resume")
+ADMIN_ACTIONS: tuple[str, ...] = ("connections_close", "vhost_pause", "vhost_resume", "ban",
+                                  "unban", "ban_expired", "quarantine")
 
 #: Every field that may appear in a record, in a stable order (common fields first, then the
 #: optional ones).
@@ -150,6 +154,7 @@ CLOSE_REASONS: tuple[str, ...] = (
     "credential_expired",  # the client certificate it authenticated with expired
     "lifetime",  # its group's maxConnectionLifetimeSeconds was reached
     "revoked",  # a reload's new policy no longer admits it ([policy] reevaluate_open)
+    "banned",  # a ban (an operator's or a quarantine's) ended it (since version 3)
 )
 
 

@@ -32,6 +32,7 @@ DIRECTIONS: tuple[str, str] = ("client_to_broker", "broker_to_client")
 
 _EMPTY: Mapping[tuple[str, str], int] = MappingProxyType({})
 _SHAPING_EMPTY: Mapping[tuple[str, str], tuple[float, int, int]] = MappingProxyType({})
+_BANS_NONE: Mapping[str, int] = MappingProxyType({"user": 0, "host": 0})
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,8 @@ class MetricsSnapshot:
     upstreams_up: tuple[tuple[str, int], ...] = ()
     """``(upstream address, 1 up / 0 down or not probed yet)`` per configured upstream, from
     the active probes and the client connects (``daemon/probe.py``)."""
+    bans_active: Mapping[str, int] = field(default_factory=lambda: _BANS_NONE)
+    """Bans in force per kind (``user``, ``host``): an operator's or a quarantine's."""
 
 
 class LiveCollector:
@@ -87,7 +90,8 @@ class LiveCollector:
     ``maxMessageSize``, ``maxSessionWindow``), ``amqp_proxy_policy_info{digest}`` (gauge,
     always 1) and, for credit shaping, ``amqp_proxy_throttled_seconds_total{vhost,group}``,
     ``amqp_proxy_shaped_messages_total{vhost,group}`` and
-    ``amqp_proxy_shaped_bytes_total{vhost,group}`` (counters). Families are yielded even
+    ``amqp_proxy_shaped_bytes_total{vhost,group}`` (counters), and
+    ``amqp_proxy_bans_active{kind}`` (gauge, bans in force). Families are yielded even
     when empty; an unlimited setting has no sample.
 
     Args:
@@ -195,6 +199,14 @@ class LiveCollector:
             "Live proxies last seen in the fleet ledger (the local-share divisor).",
             (),
             [((), snap.ledger_proxies)] if snap.ledger_proxies is not None else (),
+        )
+        yield _family(
+            GaugeMetricFamily,
+            "amqp_proxy_bans_active",
+            "Bans in force by kind (user or host), an operator's or a quarantine's; with a "
+            "[ledger] the fleet's list (every process reports it alike).",
+            ("kind",),
+            (((kind,), n) for kind, n in snap.bans_active.items()),
         )
 
 

@@ -10,7 +10,7 @@ the text at scrape time:
 - gauges: summed (``amqp_proxy_connections_active``; ``amqp_proxy_ledger_mode``: the number of
   workers in each mode), except those every worker reports alike, which are the maximum:
   :data:`MAX_GAUGES` (configured limits, the policy digest, the live proxies, whether an
-  upstream is up);
+  upstream is up, the bans in force: one list in the fleet's store);
 - ``process_*`` (each worker's CPU, memory, file descriptors): per worker, with a ``worker``
   label.
 """
@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["MAX_GAUGES", "merge_families", "scrape_workers"]
 
 MAX_GAUGES = frozenset({"amqp_proxy_limit", "amqp_proxy_limit_bytes", "amqp_proxy_policy_info",
-                        "amqp_proxy_ledger_proxies", "amqp_proxy_upstream_up"})
+                        "amqp_proxy_ledger_proxies", "amqp_proxy_upstream_up",
+                        "amqp_proxy_bans_active"})
 """Gauges every worker reports alike: merged as the maximum, not the sum."""
 
 

@@ -84,6 +84,9 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_ledger_proxies",
         "amqp_proxy_ledger_errors_total",
         "amqp_proxy_ledger_latency_seconds",
+        "amqp_proxy_connections_closed_total",
+        "amqp_proxy_bans_active",
+        "amqp_proxy_quarantines_total",
     }
 )
 
@@ -322,6 +325,18 @@ class MetricsObserver:
             buckets=LEDGER_LATENCY_BUCKETS,
             registry=None,
         )
+        self.connections_closed = counter(
+            "amqp_proxy_connections_closed_total",
+            "Approved connections that ended, by reason: the event log's close_reason "
+            "(client_close, broker_close, admin_close, banned, shutdown, timeout, ...).",
+            ("vhost", "reason"),
+        )
+        self.quarantines = counter(
+            "amqp_proxy_quarantines_total",
+            "Users (kind=user) and client addresses (kind=host) banned by a vhost's "
+            "quarantine for collecting its number of denials within its window.",
+            ("vhost", "kind"),
+        )
         self.open_decision = Histogram(
             "amqp_proxy_open_decision_seconds",
             "Time to decide on a client's Open (vhost, group, remoteHosts, limits), seconds.",
@@ -344,6 +359,8 @@ class MetricsObserver:
                     self.internal_errors_total,
                     self.tls_reload_failures_total,
                     self.ledger_errors,
+                    self.connections_closed,
+                    self.quarantines,
                     self.ledger_latency,
                     self.open_decision,
                     self.connection_duration,
@@ -370,10 +387,11 @@ class MetricsObserver:
             event_type: _counting(metric, _EVENT_COUNTERS[event_type][2])
             for event_type, metric in self._event_counters.items()
         }
+        self._closes: dict[tuple[str | None, str], Any] = {}
         self._handlers[ConnectionClosed] = self._on_connection_closed
         # event log only: the decisions are counted from ConnectionApproved/Denied
         self._handlers[OpenDecided] = _no_metric
-        self._handlers[AdminAction] = _no_metric
+        self._handlers[AdminAction] = self._on_admin_action
 
     def handle(self, event: object) -> None:
         """Update the metrics for one core event.
@@ -467,6 +485,13 @@ class MetricsObserver:
                 transfers_total[key] = transfers_total.get(key, 0) + n
         return bytes_total, transfers_total
 
+    def _on_admin_action(self, event: AdminAction) -> None:
+        """Count a quarantine (``amqp_proxy_quarantines_total``); other actions are in the
+        event log only."""
+        if event.action == "quarantine" and event.result == "ok":
+            kind = event.selector.partition("=")[0]
+            self.quarantines.labels(event.vhost or "", kind).inc()
+
     def _on_connection_closed(self, event: ConnectionClosed) -> None:
         inbound, outbound = DIRECTIONS
         vhost = event.vhost or ""
@@ -476,3 +501,8 @@ class MetricsObserver:
             totals[(vhost, inbound)] = totals.get((vhost, inbound), 0) + n_in
             totals[(vhost, outbound)] = totals.get((vhost, outbound), 0) + n_out
         self._durations[event.vhost].observe(max(0.0, event.duration_seconds))
+        key = (event.vhost, event.close_reason)
+        child = self._closes.get(key)
+        if child is None:
+            child = self._closes[key] = self.connections_closed.labels(vhost, event.close_reason)
+        child.inc()

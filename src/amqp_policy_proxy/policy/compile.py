@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,9 @@ from amqp_policy_proxy.policy.keys import (
     GROUP_KEYS,
     LIST_SEPARATOR,
     MIN_MAX_FRAME_SIZE,
+    QUARANTINE_DENIALS_MAX,
+    QUARANTINE_KEYS,
+    QUARANTINE_SECONDS_MAX,
     VHOST_KEYS,
     Enforcement,
     KeySpec,
@@ -43,7 +47,13 @@ from amqp_policy_proxy.policy.keys import (
     hyphen_to_camel,
     suggest,
 )
-from amqp_policy_proxy.policy.model import GroupSettings, Policy, PolicySettings, VhostPolicy
+from amqp_policy_proxy.policy.model import (
+    GroupSettings,
+    Policy,
+    PolicySettings,
+    Quarantine,
+    VhostPolicy,
+)
 from amqp_policy_proxy.policy.naming import is_management
 from amqp_policy_proxy.policy.topics.authorizer import TopicAuthorizer
 from amqp_policy_proxy.policy.topics.config import (
@@ -316,6 +326,8 @@ def _compile_vhost(
         elif spec.kind is Kind.CHOICE:
             values[spec.snake] = _choice_option(value, spec, f"Policy vhost '{v}' option "
                                                 f"'{key}'", file, path, issues)
+        elif spec.kind is Kind.QUARANTINE:
+            values[spec.snake] = _quarantine_option(value, v, file, path, issues)
         elif spec.kind is Kind.GROUPS and not isinstance(value, Mapping):
             issues.error(file, path, f"Policy vhost '{v}' option '{key}' must be of type 'dict' "
                                      f"but is '{_type_name(value)}'")
@@ -372,6 +384,7 @@ def _compile_vhost(
         user_groups=MappingProxyType(user_groups),
         source_file=file,
         enforcement=enforcement,
+        quarantine=values.get("quarantine"),
         raw=_freeze(attrs),
     )
 
@@ -797,6 +810,57 @@ def _int_option(
         issues.error(file, path, f"{option} has error '{error}'.")
         return None
     return number
+
+
+def _quarantine_option(
+    value: Any, v: str, file: str | None, path: str, issues: _Issues
+) -> Quarantine | None:
+    """A vhost's ``quarantine`` object; None (every problem reported at its key path)."""
+    option = f"Policy vhost '{v}' option 'quarantine'"
+    if not isinstance(value, Mapping):
+        issues.error(file, path, f"{option} must be an object "
+                                 '{"denials": N, "withinSeconds": S, "banSeconds": B}, not '
+                                 f"{_type_name(value)}")
+        return None
+    ok = True
+    for key in value:
+        if key not in QUARANTINE_KEYS:
+            guess = suggest(str(key), dict.fromkeys(QUARANTINE_KEYS))
+            issues.error(file, f"{path}.{key}", f"{option} has no key '{key}'"
+                         + (f"; did you mean '{guess}'?" if guess else
+                            f" (keys: {', '.join(QUARANTINE_KEYS)})"))
+            ok = False
+    numbers: dict[str, float] = {}
+    for key in QUARANTINE_KEYS:
+        if key not in value:
+            issues.error(file, path, f"{option} is missing '{key}' (keys: "
+                                     f"{', '.join(QUARANTINE_KEYS)}, all required)")
+            ok = False
+            continue
+        item = value[key]
+        whole = key == "denials"
+        top = QUARANTINE_DENIALS_MAX if whole else QUARANTINE_SECONDS_MAX
+        kind_ok = (isinstance(item, int) if whole else isinstance(item, int | float)) \
+            and not isinstance(item, bool)
+        if not kind_ok:
+            what = "an integer" if whole else "a number of seconds"
+            issues.error(file, f"{path}.{key}", f"{option} '{key}' must be {what}, not "
+                                                f"{_type_name(item)} '{_show(item)}'")
+            ok = False
+        elif whole and not 1 <= item <= top:
+            issues.error(file, f"{path}.{key}", f"{option} 'denials' must be from 1 to {top}, "
+                                                f"not {item}")
+            ok = False
+        elif not whole and not (0 < item <= top and math.isfinite(item)):
+            issues.error(file, f"{path}.{key}", f"{option} '{key}' must be more than 0 and at "
+                                                f"most {top} seconds, not {_show(item)}")
+            ok = False
+        else:
+            numbers[key] = item
+    if not ok:
+        return None
+    return Quarantine(int(numbers["denials"]), float(numbers["withinSeconds"]),
+                      float(numbers["banSeconds"]))
 
 
 def _choice_option(

@@ -38,6 +38,12 @@ UINT32_MAX: Final = 4294967295
 UINT64_MAX: Final = 18446744073709551615
 SESSIONS_MAX: Final = 65536
 """``maxSessions`` becomes ``channel-max = maxSessions - 1``, a ushort (QDR wraps above it)."""
+QUARANTINE_KEYS: Final = ("denials", "withinSeconds", "banSeconds")
+"""The keys of a ``quarantine`` object, all required."""
+QUARANTINE_DENIALS_MAX: Final = 1_000_000
+"""Upper bound of ``quarantine.denials``."""
+QUARANTINE_SECONDS_MAX: Final = 31_536_000
+"""Upper bound of ``quarantine.withinSeconds`` and ``quarantine.banSeconds`` (365 days)."""
 CONNECTION_RATE_MAX: Final = 1_000_000
 """Upper bound of the connection-rate keys and ``connectionRateBurst`` (connections per
 second, connections)."""
@@ -71,6 +77,9 @@ class Kind(StrEnum):
     into ``GroupSettings.topics`` by :mod:`amqp_policy_proxy.policy.topics.config`."""
     CHOICE = "choice"
     """One string of a fixed set (``KeySpec.choices``), e.g. ``enforcement``."""
+    QUARANTINE = "quarantine"
+    """``quarantine``: an object ``{"denials": N, "withinSeconds": S, "banSeconds": B}``
+    (an extension over QDR, docs/policy.md "Quarantine")."""
 
 
 class Enforcement(StrEnum):
@@ -174,6 +183,9 @@ _VHOST_SPECS: Final = (
     _spec("enforcement", _V, Kind.CHOICE, default=Enforcement.ENFORCE,
           choices=tuple(Enforcement),
           doc="enforce, or shadow: would-be denials are allowed, logged and counted; extension"),
+    _spec("quarantine", _V, Kind.QUARANTINE, default=None,
+          doc="{denials, withinSeconds, banSeconds}: a user (or a host, for denials without "
+              "a user) denied N times within S seconds is banned for B seconds; extension"),
 )
 
 _GROUP_SPECS: Final = (

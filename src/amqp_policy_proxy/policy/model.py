@@ -136,6 +136,20 @@ class GroupSettings:
         return self.enforcement is SHADOW
 
 
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    """A vhost's ``quarantine`` (an extension over QDR, docs/policy.md "Quarantine"): who
+    collects :attr:`denials` denials of any kind within :attr:`within_seconds` is banned for
+    :attr:`ban_seconds` (a user, or the client address for denials without a user)."""
+
+    denials: int
+    """N, at least 1."""
+    within_seconds: float
+    """S, seconds (more than 0)."""
+    ban_seconds: float
+    """B, seconds (more than 0)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VhostPolicy:
     """One vhost (QDR ``vhost`` entity)."""
@@ -176,6 +190,8 @@ class VhostPolicy:
     enforcement: Enforcement = Enforcement.ENFORCE
     """The vhost's ``enforcement``: the default of its groups, and what decides a denial made
     before a group is known (an unknown user)."""
+    quarantine: Quarantine | None = None
+    """The vhost's ``quarantine``; None: nobody is quarantined for denials here."""
     raw: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
     """The attributes as loaded (camelCase keys), read-only, for explain and export."""
     rule_texts: dict[tuple[str, ...], str] = field(default_factory=dict, init=False,

@@ -44,6 +44,11 @@ class ConnectionDenyReason(StrEnum):
     """An operator paused the vhost (``amqp-policy-proxy vhost pause``): new connections get
     QDR's connection denial until it is resumed; not a policy decision, never shadowed."""
 
+    BANNED = "banned"
+    """The user or the client address is banned (``amqp-policy-proxy ban``, or an automatic
+    ``quarantine``): refused at the Open with QDR's connection denial until the ban expires or
+    is lifted; not a policy decision, never shadowed (docs/operations.md, "Bans")."""
+
     GLOBAL_RATE = "global_rate"
     """Refused at TCP accept, before any byte: over ``[policy] max_connection_rate`` (an
     extension over QDR, docs/policy.md "Rate limits")."""

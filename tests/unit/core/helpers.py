@@ -79,12 +79,12 @@ class Script:
     def __init__(self, policy: Any, *, remote_host: str = "127.0.0.1", now: float = 0.0,
                  ledger: ConnectionLedger | None = None, conn_id: str = "c1",
                  paused: Any = frozenset(), rates: RateLimits | None = None,
-                 **facts: Any) -> None:
+                 bans: Any = None, **facts: Any) -> None:
         self.ledger = ledger or ConnectionLedger(100)
         self.rates = rates
         self.conn = ProxyConnection(conn_id, remote_host=remote_host, listener="l",
                                     policy=policy, ledger=self.ledger, now=now,
-                                    paused_vhosts=paused, rates=rates, **facts)
+                                    paused_vhosts=paused, rates=rates, bans=bans, **facts)
         self.now = now
         self.sent: dict[Side, bytearray] = {Side.CLIENT: bytearray(), Side.ROUTER: bytearray()}
         self.closed: set[Side] = set()

@@ -72,7 +72,8 @@ async def test_status_says_what_runs(admin: Admin) -> None:
     assert status == 200
     assert set(body) == {"version", "pid", "started_at", "uptime_seconds", "draining", "workers",
                          "policy", "listeners", "upstreams", "ledger", "connections",
-                         "paused_vhosts"}
+                         "paused_vhosts", "bans"}
+    assert body["bans"] == {"user": 0, "host": 0}
     assert (body["pid"], body["workers"], body["draining"]) == (os.getpid(), 1, False)
     assert body["policy"]["digest"] == POLICY.digest
     assert body["policy"]["vhosts"] == ["lab", "shop"]

@@ -283,10 +283,12 @@ def test_a_proxied_connection_records_the_balancer_after_the_common_fields(name)
     assert list(record)[len(schema.COMMON_FIELDS)] == "balancer_host"
 
 
-def test_schema_version_2_only_adds_an_optional_field():
-    """A version-1 reader that ignores unknown fields reads version 2; Spark reads both
-    (version 3 adds records and close reasons, no field of the common ones)."""
+def test_schema_versions_2_and_3_only_add():
+    """A version-1 reader that ignores unknown fields reads version 2; version 3 adds values
+    only (the ban actions and the close reason banned); Spark reads every one."""
     assert schema.SCHEMA_VERSION == 3
+    assert {"ban", "unban", "ban_expired", "quarantine"} <= set(schema.ADMIN_ACTIONS)
+    assert "banned" in schema.CLOSE_REASONS
     assert "balancer_host" not in schema.COMMON_FIELDS
     assert schema.ALL_FIELDS["balancer_host"] == "string"
     assert list(schema.ALL_FIELDS)[:len(schema.COMMON_FIELDS)] == list(schema.COMMON_FIELDS)

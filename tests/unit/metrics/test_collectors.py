@@ -122,10 +122,12 @@ def test_empty_snapshot_yields_empty_families():
         "amqp_proxy_sasl_failure_hosts",
         "amqp_proxy_upstream_up",
         "amqp_proxy_ledger_proxies",
+        "amqp_proxy_bans_active",
     ]
-    assert all(not f.samples for f in families if f.name != "amqp_proxy_ledger_mode")
+    assert all(not f.samples for f in families
+               if f.name not in ("amqp_proxy_ledger_mode", "amqp_proxy_bans_active"))
     # the ledger's mode is always exported: in-process without [ledger]
-    assert {s.labels["mode"]: s.value for s in families[-4].samples} == {
+    assert {s.labels["mode"]: s.value for s in families[-5].samples} == {
         "redis": 0, "local-share": 0, "closed": 0, "open": 0, "in-process": 1}
 
 
@@ -174,3 +176,13 @@ def test_source_is_read_once_per_scrape_and_swaps_are_seen():
 def test_duplicate_registration_is_refused(registry):
     with pytest.raises(ValueError):
         LiveCollector(MetricsSnapshot, registry=registry)
+
+
+def test_bans_active_per_kind_zero_from_the_start():
+    families = {f.name: f for f in LiveCollector(MetricsSnapshot).collect()}
+    assert {s.labels["kind"]: s.value for s in families["amqp_proxy_bans_active"].samples} == {
+        "user": 0, "host": 0}
+    snap = MetricsSnapshot(bans_active={"user": 2, "host": 1})
+    families = {f.name: f for f in LiveCollector(lambda: snap).collect()}
+    assert {s.labels["kind"]: s.value for s in families["amqp_proxy_bans_active"].samples} == {
+        "user": 2, "host": 1}

@@ -477,3 +477,39 @@ def test_a_wildcard_aimed_at_router_internal_addresses_is_a_warning(key, item, w
                                                           key: item}}})
     paths = [w.path for w in policy.warnings if "router-internal" in w.message]
     assert paths == ([f"vhost[v].groups.g.{key}[0]"] if warned else [])
+
+
+# ----------------------------------------------------------------- quarantine (extension)
+
+_Q_GROUPS = {"g": {"users": "*", "remoteHosts": "*"}}
+
+
+def test_quarantine_compiles_to_the_vhosts_settings() -> None:
+    policy = _compile({"hostname": "v", "groups": _Q_GROUPS,
+                       "quarantine": {"denials": 5, "withinSeconds": 60, "banSeconds": 1.5}})
+    q = policy.vhosts["v"].quarantine
+    assert (q.denials, q.within_seconds, q.ban_seconds) == (5, 60.0, 1.5)
+    assert _compile({"hostname": "w", "groups": _Q_GROUPS}).vhosts["w"].quarantine is None
+
+
+@pytest.mark.parametrize(("value", "path", "words"), [
+    ([5], "vhost[v].quarantine", "must be an object"),
+    ({"denials": 5, "withinSeconds": 60}, "vhost[v].quarantine", "missing 'banSeconds'"),
+    ({"denials": 5, "withinSeconds": 60, "banSeconds": 9, "banSecond": 1},
+     "vhost[v].quarantine.banSecond", "did you mean 'banSeconds'"),
+    ({"denials": 0, "withinSeconds": 60, "banSeconds": 9}, "vhost[v].quarantine.denials",
+     "from 1 to"),
+    ({"denials": 2.5, "withinSeconds": 60, "banSeconds": 9}, "vhost[v].quarantine.denials",
+     "must be an integer"),
+    ({"denials": True, "withinSeconds": 60, "banSeconds": 9}, "vhost[v].quarantine.denials",
+     "must be an integer"),
+    ({"denials": 3, "withinSeconds": "60", "banSeconds": 9},
+     "vhost[v].quarantine.withinSeconds", "must be a number of seconds"),
+    ({"denials": 3, "withinSeconds": 60, "banSeconds": 0}, "vhost[v].quarantine.banSeconds",
+     "more than 0"),
+    ({"denials": 3, "withinSeconds": 60, "banSeconds": 1e12},
+     "vhost[v].quarantine.banSeconds", "at most 31536000"),
+])
+def test_a_bad_quarantine_names_its_key_path(value: Any, path: str, words: str) -> None:
+    errors = _compile_errors({"hostname": "v", "groups": _Q_GROUPS, "quarantine": value})
+    assert any(p == path and words in m for p, m in errors), errors
