@@ -298,6 +298,7 @@ def test_hand_written_heads(head, passed, plain):
         assert c == (py if plain else (0, 0, None))
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.binary(max_size=300), st.data())
 @settings(max_examples=500, deadline=None)
@@ -316,6 +317,7 @@ def test_random_bytes_never_crash_or_pass_more_than_python(raw, data):
     assert accel.scan_py(buf, pos, c_pos, *args) == (c_pos, c_n, c_delivery)
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.lists(st.one_of(plain, other, headed), min_size=1, max_size=6), st.data())
 @settings(max_examples=400, deadline=None)
@@ -335,6 +337,7 @@ def test_mutated_transfers_never_crash_or_pass_more_than_python(frames, data):
     assert accel.scan_py(buf, 0, c_pos, *args) == (c_pos, c_n, c_delivery)
 
 
+@pytest.mark.slow
 def test_env_switch_forces_the_python_loop():
     code = ("import amqp_policy_proxy.amqp.accel as a, amqp_policy_proxy.core.fastpath as c;"
             "print(a.scan is None, c._scan is None)")
@@ -419,6 +422,7 @@ def test_c_head_hand_written(head, tail, last):
     _c_head_agrees(payload, 0, len(payload), last)
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.binary(max_size=200), st.data())
 @settings(max_examples=1000, deadline=None)
@@ -494,6 +498,7 @@ def test_router_walker_same_as_python_on_router_streams(frames, data):
     assert (pos, transfers) == (expected_pos, passed)
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.binary(max_size=300), st.data())
 @settings(max_examples=500, deadline=None)
@@ -622,6 +627,7 @@ def test_c_open_hand_written(body, answers, strict):
     assert (got is not None) == (answers == "both" or (answers == "relaxed" and not strict))
 
 
+@pytest.mark.slow
 @needs_c
 @given(proton_opens, st.binary(max_size=60), st.data())
 @settings(max_examples=1000, deadline=None)
@@ -697,6 +703,7 @@ def test_c_fields_answer_every_proton_transfer(perf):
     assert _c_fields_agree(body, 0, len(body)) is not None
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.binary(max_size=120), st.data())
 @settings(max_examples=1000, deadline=None)
@@ -797,6 +804,7 @@ def test_c_sasl_mechanisms_answers_on_proton_mechanisms(perf):
     assert mechanisms is True
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.one_of(sasl_inits, sasl_mechanism_lists), st.binary(max_size=40), st.data())
 @settings(max_examples=1000, deadline=None)
