@@ -10,7 +10,7 @@ JOBS    ?= auto
 XDIST   := -n $(JOBS) --dist loadscope
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup system-deps venv qdrouterd demo test test-fast lint bench dist deb clean
+.PHONY: setup system-deps venv qdrouterd demo test test-fast sanitize lint bench dist deb clean
 
 setup: system-deps venv
 
@@ -42,6 +42,11 @@ test: setup qdrouterd
 # Unit and property tests minus `slow` (under a minute on 2 cores): no real peers, no Spark.
 test-fast: setup
 	$(BIN)/python -m pytest $(XDIST) -m "not slow" tests/unit tests/property $(PYTEST_ARGS)
+
+# The C accelerator built with ASan and UBSan (build/sanitize/), and the accelerator, amqp,
+# core and property tests against it (CI runs it after `make test`; about 2 minutes on 2 cores).
+sanitize: venv
+	@scripts/sanitize.sh $(BIN) $(XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check src tests bench

@@ -1,4 +1,10 @@
-"""Suite-wide rule of how pytest-xdist spreads the tests over its workers.
+"""Suite-wide rules: the C extension CI requires, and how pytest-xdist spreads the tests.
+
+With ``AMQP_PROXY_REQUIRE_ACCEL`` set (``.ci/run`` sets it), a run whose
+``amqp_policy_proxy.amqp._relayscan`` does not import stops before the first test
+(:func:`pytest_configure`): every "c" variant of the core and accelerator tests would
+otherwise be skipped and the suite pass on the pure-Python code alone. The hypothesis profile
+``sanitize`` is the one ``make sanitize`` runs under.
 
 ``make test`` and ``make test-fast`` run pytest with ``-n auto --dist loadscope``; with
 ``loadscope`` the work units are the scopes :func:`pytest_xdist_make_scheduler` defines here:
@@ -18,12 +24,42 @@ nothing here applies.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+#: Environment variable that makes a missing C extension an error (as in setup.py).
+REQUIRE_ACCEL_ENV = "AMQP_PROXY_REQUIRE_ACCEL"
 
 #: Tiers whose tests are independent: one scope per test.
 FREE_TIERS = ("unit", "property")
+
+
+#: ``HYPOTHESIS_PROFILE=sanitize`` (``make sanitize``): no per-example deadline, since the
+#: sanitized build with ``PYTHONMALLOC=malloc`` runs several times slower.
+settings.register_profile("sanitize", deadline=None)
+if os.environ.get("HYPOTHESIS_PROFILE") == "sanitize":
+    settings.load_profile("sanitize")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to run without the C extension when :data:`REQUIRE_ACCEL_ENV` is set.
+
+    Raises:
+        pytest.UsageError: the variable is set (not "" or "0") and the extension does not
+            import; the message carries the import error.
+    """
+    if os.environ.get(REQUIRE_ACCEL_ENV, "") in ("", "0"):
+        return
+    try:
+        import amqp_policy_proxy.amqp._relayscan  # noqa: F401
+    except ImportError as exc:
+        raise pytest.UsageError(
+            f"{REQUIRE_ACCEL_ENV} is set and the C extension amqp_policy_proxy.amqp._relayscan "
+            f"does not import ({exc}): build it (make setup, or pip install -e .) or unset "
+            f"{REQUIRE_ACCEL_ENV} to run the pure-Python code alone") from exc
 
 
 def scope_of(nodeid: str) -> str:
