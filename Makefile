@@ -1,11 +1,16 @@
 # Two entry points a newcomer needs: `make demo` and `make test`. Both set everything up first.
+# `make test-fast` is the edit-run loop: unit and property tests without those marked slow.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
+# pytest-xdist workers (auto: one per core; 0: one process, no xdist). tests/conftest.py
+# keeps each integration module, and the Spark tier, on one worker (--dist loadscope).
+JOBS    ?= auto
+XDIST   := -n $(JOBS) --dist loadscope
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup system-deps venv qdrouterd demo test lint bench dist deb clean
+.PHONY: setup system-deps venv qdrouterd demo test test-fast sanitize lint bench dist deb clean
 
 setup: system-deps venv
 
@@ -32,7 +37,16 @@ qdrouterd:
 
 test: setup qdrouterd
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# Unit and property tests minus `slow` (under a minute on 2 cores): no real peers, no Spark.
+test-fast: setup
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" tests/unit tests/property $(PYTEST_ARGS)
+
+# The C accelerator built with ASan and UBSan (build/sanitize/), and the accelerator, amqp,
+# core and property tests against it (CI runs it after `make test`; about 2 minutes on 2 cores).
+sanitize: venv
+	@scripts/sanitize.sh $(BIN) $(XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check src tests bench

@@ -16,8 +16,15 @@ if "$BIN/python" -c 'import proton' 2>/dev/null && \
     "$BIN/pip" uninstall -q -y python-qpid-proton
     "$BIN/pip" install -q --no-cache-dir --no-binary python-qpid-proton python-qpid-proton
 fi
-"$BIN/pip" install -q -e ".[test,spark]"   # also builds the optional C extension (setup.py)
+# also builds the C extension (setup.py): optional, unless AMQP_PROXY_REQUIRE_ACCEL is set
+"$BIN/pip" install -q -e ".[test,spark]"
 if ! "$BIN/python" -c 'import amqp_policy_proxy.amqp._relayscan' 2>/dev/null; then
+    if [ -n "${AMQP_PROXY_REQUIRE_ACCEL:-}" ] && [ "${AMQP_PROXY_REQUIRE_ACCEL}" != 0 ]; then
+        echo "error: AMQP_PROXY_REQUIRE_ACCEL is set and the C relay scanner" \
+             "(amqp_policy_proxy.amqp._relayscan) does not import:" >&2
+        "$BIN/python" -c 'import amqp_policy_proxy.amqp._relayscan' >&2 || true
+        exit 1
+    fi
     echo "note: the C relay scanner was not built (no C compiler or Python headers?);" \
          "the proxy runs its pure-Python relay loop" >&2
 fi

@@ -93,18 +93,21 @@ FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(mutated("connection"))
 def test_mutated_connection_scripts(data: bytes) -> None:
     run_connection(data)
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(mutated("framing"))
 def test_mutated_frame_streams(data: bytes) -> None:
     run_framing(data)
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(mutated("differential"))
 # the oracle itself once failed on these: a binary delivery-tag that is not UTF-8 (proton's
@@ -133,6 +136,7 @@ def test_what_the_router_reads_is_what_the_proxy_decided(data: bytes) -> None:
     run_differential(data)
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(mutated("proxy_header"))
 def test_mutated_proxy_headers(data: bytes) -> None:
@@ -142,6 +146,7 @@ def test_mutated_proxy_headers(data: bytes) -> None:
     run_proxy_header(data)
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(st.binary(max_size=600))
 def test_random_connection_scripts(data: bytes) -> None:

@@ -215,7 +215,7 @@ def test_fast_path_is_taken(scanner):
     try:
         with scanners(scanner):
             if scanner == "c":
-                fastpath._scan = scan_spy
+                accel.scan = scan_spy  # reset when scanners() ends
             stream = _stream([(0, b"x", None, None, 2000, True, False, "")] * 5, "")
             fast = _run(stream, [], fast=True, policy=POLICY_TRUSTED)
     finally:

@@ -11,27 +11,18 @@ import amqp_policy_proxy.core.fastpath as fastpath
 from amqp_policy_proxy.amqp import accel
 
 #: Whether the C extension is built (the "c" runs are skipped without it).
-BUILT = accel.scan_c is not None
+BUILT = accel.BUILT
 
 
 @contextmanager
 def scanners(which: str) -> Iterator[None]:
-    """``which`` "c": the C parts (as built); "python": none of them."""
-    c = which == "c"
-    saved = (fastpath._scan, accel.scan_router, accel._message_head, accel._open_head,
-             accel._transfer_fields, accel._sasl_init, accel._sasl_mechanisms)
-    fastpath._scan = accel.scan_c if c else None
-    accel.scan_router = accel.scan_router_c if c else None
-    accel._message_head = accel.message_head_c if c else None
-    accel._open_head = accel.open_head_c if c else None
-    accel._transfer_fields = accel.transfer_fields_c if c else None
-    accel._sasl_init = accel.sasl_init_c if c else None
-    accel._sasl_mechanisms = accel.sasl_mechanisms_c if c else None
+    """``which`` "c": the C parts (as built); "python": none of them (``accel.use``)."""
+    was = accel.in_use()
+    accel.use(which == "c")
     try:
         yield
     finally:
-        (fastpath._scan, accel.scan_router, accel._message_head, accel._open_head,
-         accel._transfer_fields, accel._sasl_init, accel._sasl_mechanisms) = saved
+        accel.use(was)
 
 
 @contextmanager

@@ -923,9 +923,9 @@ static PyObject *scan_router(PyObject *Py_UNUSED(self), PyObject *const *args,
 
 static PyMethodDef methods[] = {
     FASTCALL(scan, "scan(buf, pos, end, limit, channel, handle, max_size, user_id, delivery) -> "
-                   "(pos, transfers, delivery): amqp_policy_proxy.amqp.accel.scan_py in C."),
+                   "(pos, transfers, delivery): scan_py (tests/support/scan_twins.py) in C."),
     FASTCALL(scan_router, "scan_router(buf, pos, end, limit) -> (pos, transfers): "
-                          "amqp_policy_proxy.amqp.accel.scan_router_py in C."),
+                          "scan_router_py (tests/support/scan_twins.py) in C."),
     FASTCALL(transfer_fields, "transfer_fields(buf, pos, end): the plain Transfers of "
                               "amqp_policy_proxy.amqp.transfer.read_transfer_fields, else None."),
     FASTCALL(open_head, "open_head(body, strict): the plain Opens of "

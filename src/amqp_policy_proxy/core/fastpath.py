@@ -38,9 +38,6 @@ _HDR = Struct(">IBBH")
 _RUN_FRAME_LIMIT = PROTOCOL_HEADER_MIN_SIZE - 1
 #: "No maxMessageSize" for the C scanner (which takes a signed 64-bit limit).
 _NO_SIZE_LIMIT = -1
-#: The C scanner of runs of plain Transfers, or None: every frame in Python (chosen at
-#: import; the tests swap it to run both ways).
-_scan = accel.scan
 
 GeneralHandler = Callable[[Any, int, int, int, int, int, float], bool]
 """``handler(buf, pos, doff, ftype, channel, frame_end, now) -> forward its bytes?``: the
@@ -84,7 +81,7 @@ class FastPath:
         window = all_sessions.window_frames
         unpack = _HDR.unpack_from
         read_fields = accel.read_fields
-        scan = _scan
+        scan = accel.scan  # the C scanner of plain Transfer runs, or None (accel.use)
         run_start, run_end = wire.run_start, wire.run_end
         transfers = 0
         try:

@@ -38,10 +38,20 @@ from amqp_policy_proxy.amqp.performatives import (
 )
 from amqp_policy_proxy.amqp.transfer import read_transfer_fields
 from tests.support.encodings import transfer_body as _transfer
+from tests.support.scan_twins import scan_py, scan_router_py
+from tests.support.scanners import scanners
 from tests.unit.amqp.test_handshake import opens
 
 scan_c = accel.scan_c
 needs_c = pytest.mark.skipif(scan_c is None, reason="C extension not built (no compiler?)")
+
+
+@pytest.fixture(params=[pytest.param("c", marks=needs_c), "python"])
+def c_parts(request: pytest.FixtureRequest):
+    """The test runs with the C parts in use ("c", when built) and without ("python")."""
+    with scanners(request.param):
+        yield request.param
+
 
 LIMIT = 65536
 HEARTBEAT = bytes.fromhex("0000000802000000")
@@ -55,7 +65,7 @@ def _frame(channel: int, body: bytes, doff: int = 2, ftype: int = 0) -> bytes:
 def _both(buf: bytes, pos: int, end: int, limit: int = LIMIT, channel: int = 0,
           handle: int = 0, max_size: int = -1, delivery: Any = None) -> tuple[Any, Any]:
     return (scan_c(buf, pos, end, limit, channel, handle, max_size, None, delivery),
-            accel.scan_py(buf, pos, end, limit, channel, handle, max_size, None, delivery))
+            scan_py(buf, pos, end, limit, channel, handle, max_size, None, delivery))
 
 
 @needs_c
@@ -250,7 +260,7 @@ def test_user_id_check_same_decisions_as_python_on_proton_messages(items):
     for (payload, fields), user_id in items:
         buf = _frame(0, _transfer(0, 1, b"t", payload=payload)) * 2
         c = scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, user_id, None)
-        py = accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, user_id)
+        py = scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, user_id)
         if user_id is None or _plainly_read(fields):
             assert c == py
         else:
@@ -265,7 +275,7 @@ def test_user_id_check_passes_the_users_messages_and_stops_at_others():
         b"mallory", None, None, None, False, None, None, None, None, b"x")))
     buf = mine + anyone + mine + theirs + mine
     stop = len(mine + anyone + mine)
-    assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice") == (stop, 3, None)
+    assert scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice") == (stop, 3, None)
     if scan_c is not None:
         assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice", None) == (stop, 3, None)
         with pytest.raises(TypeError):
@@ -291,13 +301,14 @@ def test_hand_written_heads(head, passed, plain):
     ones it reads plainly, and stops at the others (Python then judges them)."""
     payload = bytes.fromhex(head.replace(" ", "")) + bytes.fromhex("005377a1017a")
     buf = _frame(0, _transfer(0, 1, b"t", payload=payload))
-    py = accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice")
+    py = scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice")
     assert py == ((len(buf), 1, None) if passed else (0, 0, None))
     if scan_c is not None:
         c = scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, b"alice", None)
         assert c == (py if plain else (0, 0, None))
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.binary(max_size=300), st.data())
 @settings(max_examples=500, deadline=None)
@@ -310,12 +321,13 @@ def test_random_bytes_never_crash_or_pass_more_than_python(raw, data):
             data.draw(st.sampled_from([-1, 0, 50])), data.draw(st.sampled_from([None, b"alice"])),
             data.draw(deliveries))
     c_pos, c_n, c_delivery = _never_reads_outside(scan_c, buf, pos, end, *args)
-    py_pos, py_n, _ = accel.scan_py(buf, pos, end, *args)
+    py_pos, py_n, _ = scan_py(buf, pos, end, *args)
     assert pos <= c_pos <= py_pos and c_n <= py_n
     # every frame the C scanner passed, Python passes too, to the same delivery state
-    assert accel.scan_py(buf, pos, c_pos, *args) == (c_pos, c_n, c_delivery)
+    assert scan_py(buf, pos, c_pos, *args) == (c_pos, c_n, c_delivery)
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.lists(st.one_of(plain, other, headed), min_size=1, max_size=6), st.data())
 @settings(max_examples=400, deadline=None)
@@ -330,29 +342,50 @@ def test_mutated_transfers_never_crash_or_pass_more_than_python(frames, data):
     args = (LIMIT, 0, 0, data.draw(st.sampled_from([-1, 60])),
             data.draw(st.sampled_from([None, b"alice"])), data.draw(deliveries))
     c_pos, c_n, c_delivery = _never_reads_outside(scan_c, buf, 0, len(buf), *args)
-    py_pos, py_n, _ = accel.scan_py(buf, 0, len(buf), *args)
+    py_pos, py_n, _ = scan_py(buf, 0, len(buf), *args)
     assert c_pos <= py_pos and c_n <= py_n
-    assert accel.scan_py(buf, 0, c_pos, *args) == (c_pos, c_n, c_delivery)
+    assert scan_py(buf, 0, c_pos, *args) == (c_pos, c_n, c_delivery)
 
 
-def test_env_switch_forces_the_python_loop():
-    code = ("import amqp_policy_proxy.amqp.accel as a, amqp_policy_proxy.core.fastpath as c;"
-            "print(a.scan is None, c._scan is None)")
+@pytest.mark.slow
+def test_env_switch_turns_the_c_parts_off_at_import():
+    code = "import amqp_policy_proxy.amqp.accel as a; print(a.scan is None, a.in_use())"
     env = {**os.environ, accel.DISABLE_ENV: "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
-    assert out == ["True", "True"]
+    assert out == ["True", "False"]
     env[accel.DISABLE_ENV] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
-    assert out == [str(scan_c is None)] * 2
+    assert out == [str(not accel.BUILT), str(accel.BUILT)]
+
+
+@needs_c
+def test_use_switches_every_c_part():
+    """``accel.use(False)``: no scanner, every reader the Python one; ``use(True)``: the C
+    parts."""
+    body = Open(container_id="c", hostname="h").encode()
+    with scanners("python"):
+        assert not accel.in_use() and accel.scan is None and accel.scan_router is None
+        assert accel.read_open_head(body) == read_open_head_py(body)
+        accel.use(True)
+        assert accel.in_use() and accel.scan is scan_c
+        assert accel.scan_router is accel.scan_router_c
+        assert accel.read_open_head(body) == read_open_head_py(body)
+
+
+@pytest.mark.skipif(accel.BUILT, reason="the C extension is built")
+def test_use_true_is_refused_without_the_extension():
+    with pytest.raises(RuntimeError, match="_relayscan is not built"):
+        accel.use(True)
+    assert not accel.in_use()
 
 
 def test_proton_encoded_transfer_is_passed_by_both():
     body = Transfer(handle=0, delivery_id=5, delivery_tag=b"tag", message_format=0,
                     settled=True, more=False).encode() + b"payload"
     buf = encode_frame(0, body) * 3
-    assert accel.scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 3, None)
+    assert scan_py(buf, 0, len(buf), LIMIT, 0, 0, -1) == (len(buf), 3, None)
     if scan_c is not None:
         assert scan_c(buf, 0, len(buf), LIMIT, 0, 0, -1, None, None) == (len(buf), 3, None)
 
@@ -419,6 +452,7 @@ def test_c_head_hand_written(head, tail, last):
     _c_head_agrees(payload, 0, len(payload), last)
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.binary(max_size=200), st.data())
 @settings(max_examples=1000, deadline=None)
@@ -436,7 +470,7 @@ def test_c_head_on_random_and_mutated_bytes(raw, data):
     _c_head_agrees(bytes(buf), pos, end, data.draw(st.booleans()))
 
 
-def test_read_head_is_the_python_reader_without_the_extension():
+def test_read_head_is_the_python_reader_with_or_without_the_extension(c_parts):
     """``accel.read_head`` gives the Python reader's result (with or without the C reader)
     and raises what it raises."""
     plain = bytes.fromhex("005373c0060340 40a10171 005377a1017a".replace(" ", ""))
@@ -448,7 +482,7 @@ def test_read_head_is_the_python_reader_without_the_extension():
         accel.read_head(bad, 0, len(bad), last=True)
 
 
-# --- the router-side walker (``_relayscan.scan_router`` against ``accel.scan_router_py``)
+# --- the router-side walker (``_relayscan.scan_router`` against ``scan_router_py``)
 
 scan_router_c = accel.scan_router_c
 _DISPOSITION = _frame(0, Disposition(role=False, first=0, last=3, settled=True).encode())
@@ -466,7 +500,7 @@ def _router_agrees(buf: bytes, pos: int, end: int, limit: int) -> tuple[int, int
     """The C walker's answer, which must be the Python statement's, and must not change when
     the bytes outside the window do (or when the buffer stops at ``end``)."""
     got = _never_reads_outside(scan_router_c, buf, pos, end, limit)
-    assert got == accel.scan_router_py(buf, pos, end, limit)
+    assert got == scan_router_py(buf, pos, end, limit)
     return got
 
 
@@ -494,6 +528,7 @@ def test_router_walker_same_as_python_on_router_streams(frames, data):
     assert (pos, transfers) == (expected_pos, passed)
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.binary(max_size=300), st.data())
 @settings(max_examples=500, deadline=None)
@@ -510,10 +545,10 @@ def test_router_walker_on_random_and_mutated_bytes(raw, data):
 
 def test_router_walker_stops_where_the_loop_must_look():
     t = _frame(0, _transfer(0, 1, b"t"))
-    assert accel.scan_router_py(t + HEARTBEAT + _DISPOSITION + _FLOW + t, 0, 10**6, 65536) == (
+    assert scan_router_py(t + HEARTBEAT + _DISPOSITION + _FLOW + t, 0, 10**6, 65536) == (
         len(t + HEARTBEAT + _DISPOSITION), 1)
-    assert accel.scan_router_py(t + t, 0, len(t) * 2 - 1, 65536) == (len(t), 1)  # partial
-    assert accel.scan_router_py(t, 0, len(t), len(t) - 1) == (0, 0)  # over the limit
+    assert scan_router_py(t + t, 0, len(t) * 2 - 1, 65536) == (len(t), 1)  # partial
+    assert scan_router_py(t, 0, len(t), len(t) - 1) == (0, 0)  # over the limit
     if scan_router_c is not None:
         with pytest.raises(TypeError):
             scan_router_c(t, 0, len(t))
@@ -549,7 +584,7 @@ def test_user_id_check_leaves_the_first_frame_of_a_multi_frame_delivery_to_pytho
     first = _frame(0, _transfer(0, 1, b"t", count=6, more=True, payload=b"x" * 10))
     last = _frame(0, _transfer(0, None, None, count=6, more=False, payload=b"y" * 10))
     assert scan_c(first, 0, len(first), LIMIT, 0, 0, -1, b"alice", None) == (0, 0, None)
-    assert accel.scan_py(first, 0, len(first), LIMIT, 0, 0, -1, b"alice") == (0, 0, None)
+    assert scan_py(first, 0, len(first), LIMIT, 0, 0, -1, b"alice") == (0, 0, None)
     assert scan_c(last, 0, len(last), LIMIT, 0, 0, -1, b"alice", (10, 1, True)) == (
         len(last), 1, None)
 
@@ -622,6 +657,7 @@ def test_c_open_hand_written(body, answers, strict):
     assert (got is not None) == (answers == "both" or (answers == "relaxed" and not strict))
 
 
+@pytest.mark.slow
 @needs_c
 @given(proton_opens, st.binary(max_size=60), st.data())
 @settings(max_examples=1000, deadline=None)
@@ -637,7 +673,7 @@ def test_c_open_on_random_and_mutated_bytes(open_, raw, data):
     _c_open_agrees(bytes(buf[:cut]), data.draw(st.booleans()))
 
 
-def test_read_open_head_is_the_python_reader_with_or_without_the_extension():
+def test_read_open_head_is_the_python_reader_with_or_without_the_extension(c_parts):
     """``accel.read_open_head`` gives the Python reader's answer, an :class:`OpenHead`."""
     body = Open(container_id="c", hostname="h", max_frame_size=512, channel_max=7).encode()
     got = accel.read_open_head(body)
@@ -697,6 +733,7 @@ def test_c_fields_answer_every_proton_transfer(perf):
     assert _c_fields_agree(body, 0, len(body)) is not None
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.binary(max_size=120), st.data())
 @settings(max_examples=1000, deadline=None)
@@ -736,7 +773,7 @@ def test_c_fields_hand_written(fields, answers):
         assert got[5] == len(body) - len(b"payload")
 
 
-def test_read_fields_is_the_python_reader_with_or_without_the_extension():
+def test_read_fields_is_the_python_reader_with_or_without_the_extension(c_parts):
     body = _transfer(7, 3, b"tag", count=6, settled=False, more=True) + b"x"
     assert accel.read_fields(body, 0, len(body)) == read_transfer_fields(body, 0, len(body))
     assert accel.read_fields(body, 0, len(body))[:4] == (7, 3, False, True)
@@ -797,6 +834,7 @@ def test_c_sasl_mechanisms_answers_on_proton_mechanisms(perf):
     assert mechanisms is True
 
 
+@pytest.mark.slow
 @needs_c
 @given(st.one_of(sasl_inits, sasl_mechanism_lists), st.binary(max_size=40), st.data())
 @settings(max_examples=1000, deadline=None)

@@ -220,6 +220,7 @@ def test_check_reports_every_problem(name: str, text: str, expected: list[str], 
     assert "Traceback" not in out.out + out.err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "text", "expected"), [c for c in CASES if c[0] in SUBPROCESS],
                          ids=sorted(SUBPROCESS, key=[c[0] for c in CASES].index))
 @pytest.mark.parametrize("command", ["check", "run"])
@@ -375,6 +376,7 @@ def busy_port() -> tuple[socket.socket, int]:
     return sock, sock.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["listener", "metrics"])
 def test_a_port_in_use_names_the_address_and_exits_2(what: str, confdir: Path) -> None:
     sock, port = busy_port()

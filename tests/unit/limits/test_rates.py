@@ -95,6 +95,7 @@ def test_per_host_buckets_expire_when_full_a_storm_of_distinct_hosts() -> None:
     assert rates.hosts.expired >= 100_000 - 25 and rates.hosts.evicted == 0
 
 
+@pytest.mark.slow
 def test_per_host_buckets_are_capped_in_memory_a_storm_at_one_instant() -> None:
     """100,000 distinct hosts at the same instant (no bucket refills): at most ``max_buckets``
     are kept, the least recently used dropped first; measured with tracemalloc."""
