@@ -12,6 +12,7 @@ Run: ``.venv/bin/python bench/bench_reevaluate.py [CONNECTIONS] [LINKS_PER_CONNE
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -53,8 +54,12 @@ def build(n: int, links: int) -> list[Script]:
 
 
 def main(argv: list[str]) -> None:
-    n = int(argv[0]) if argv else 10_000
-    links = int(argv[1]) if len(argv) > 1 else 10
+    """Build the connections, re-evaluate them all against a narrower policy, print figures."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("connections", type=int, nargs="?", default=10_000)
+    ap.add_argument("links", type=int, nargs="?", default=10, help="links per connection")
+    args = ap.parse_args(argv)
+    n, links = args.connections, args.links
     t0 = time.perf_counter()
     scripts = build(n, links)
     print(f"built {n} connections x {links} links in {time.perf_counter() - t0:.1f} s")

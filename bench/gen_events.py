@@ -28,7 +28,8 @@ The model, per proxy fleet:
   before the first record); connections open at the end have no close.
 - ``conn_id`` counters are per proxy process and start at 1 on each, so conn_ids repeat across
   proxies, as the Spark job must handle.
-- Schema 2 (the default, as the daemon writes it): an ``auth_decision`` for every Open decision
+- Schema 3 (the default, as the daemon writes it; 2 writes the same records with that
+  number): an ``auth_decision`` for every Open decision
   (admitted or denied at the Open), a few ``shadow_denied`` links (0.5 % of connections) and
   one ``admin_action`` per proxy and day. ``--schema-version 1`` writes the older mix (no
   audit records), whose figures bench/README.md reports for earlier runs: at the same
@@ -105,6 +106,10 @@ P_MESSAGE_DENIED = 0.01
 P_PROTOCOL_ERROR = 0.005
 P_SHADOW = 0.005
 P_DENIED = 0.03
+#: Schema 3: per attempt, a failed login (no connection follows); per admitted connection, a
+#: link a reload revoked.
+P_SASL_FAILED = 0.004
+P_REVOKED = 0.002
 BURST_FACTOR = 8.0
 BURST_MINUTES = 5
 
@@ -205,7 +210,12 @@ RELOAD = ('{"schema_version":%d,"event":"policy_reloaded","ts":"%s","conn_id":""
 DECIDED = COMMON + ',"decision":"%s","reason":%s,"enforcement":"enforce","rule":"%s",' \
     '"hostname":%s}\n'
 SHADOW = COMMON + ',"kind":"link","reason":"target","role":"sender","address":"%s"}\n'
-ADMIN = ('{"schema_version":2,"event":"admin_action","ts":"%s","conn_id":"","vhost":"%s",'
+SASL = ('{"schema_version":%d,"event":"sasl_failed","ts":"%s","conn_id":"%s","vhost":null,'
+        '"group":null,"user":%s,"remote_host":"%s","listener":"0.0.0.0:5672","mechanism":"PLAIN",'
+        '"reason":"auth","code":1}\n')
+REVOKED = COMMON + ',"kind":"link","reason":"target","mode":"enforce","role":"sender",' \
+    '"address":"%s"}\n'
+ADMIN = ('{"schema_version":%d,"event":"admin_action","ts":"%s","conn_id":"","vhost":"%s",'
          '"group":null,"user":null,"remote_host":null,"listener":null,"action":"%s","uid":0,'
          '"pid":%d,"peer":"unix","selector":"vhost=%s","targets":["%s"],"result":"ok",'
          '"count":0,"description":""}\n')
@@ -213,7 +223,7 @@ ADMIN = ('{"schema_version":2,"event":"admin_action","ts":"%s","conn_id":"","vho
 
 def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: int,
              seed: int, start: dt.date, limit_scale: float = 1.0,
-             schema_version: int = 2) -> int:
+             schema_version: int = 3) -> int:
     """Write the event log and return the number of events written.
 
     Args:
@@ -226,8 +236,10 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         seed: random seed; the same arguments give the same files.
         start: first UTC day of the log.
         limit_scale: multiplies the limits each proxy enforces (see :func:`fleet_policy`).
-        schema_version: 2 writes the audit records too (``auth_decision``, ``shadow_denied``,
-            ``admin_action``); 1 the older mix.
+        schema_version: the ``schema_version`` the records carry; 2 or later writes the
+            audit records too (``auth_decision``, ``shadow_denied``, ``admin_action``); 1 the
+            older mix. Version 3 (the default, what the daemon writes) adds event types the
+            generator does not write, so its records are version 2's with the new number.
 
     Returns:
         The exact number of lines written.
@@ -242,10 +254,12 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
 
     # Per-hour attempt counts: diurnal weight x bursts, scaled so the expected total is `events`.
     audit = schema_version >= 2
+    v3 = schema_version >= 3
     sv = schema_version
     per_attempt = (1 - P_DENIED) * (2 + P_LINK_DENIED + P_SESSION_DENIED + P_MESSAGE_DENIED
-                                    + P_PROTOCOL_ERROR + audit * (1 + P_SHADOW)) \
-        + P_DENIED * (1 + audit)
+                                    + P_PROTOCOL_ERROR + audit * (1 + P_SHADOW)
+                                    + v3 * P_REVOKED) \
+        + P_DENIED * (1 + audit) + v3 * P_SASL_FAILED
     bursts: dict[int, int] = {}  # hour index -> burst start minute
     for d in range(days):
         h = d * 24 + rng.randrange(6, 22)
@@ -313,6 +327,8 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         ip = host_ips[host]
 
         def put(ts: int, line: str) -> None:
+            if ts < t0:  # a connection open before the log starts: earlier events are not in it
+                return
             generated[0] += 1
             if ts < hour_end:
                 sink_now.append((ts, p, line))
@@ -330,6 +346,10 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
             ts = open_ms + int(rng.random() * min(life_hint(open_ms, close_ms), 5000))
             put(ts, SHADOW % (sv, "shadow_denied", fmt(ts), cid, vh, gr, us, ip,
                               f"{vhost}/trial/{ui % 10}"))
+        if v3 and rng.random() < P_REVOKED:  # a reload took a sender's target away
+            ts = open_ms + int(rng.random() * life_hint(open_ms, close_ms))
+            put(ts, REVOKED % (sv, "revoked", fmt(ts), cid, vh, gr, us, ip,
+                               f"{vhost}/retired/{ui % 10}"))
         life = (close_ms if close_ms is not None else open_ms + 60_000) - open_ms
         close_reason = _pick(close_cdf, close_names, rng.random())
         u = rng.random()
@@ -411,7 +431,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
                     vhost = fleet_users[int(rng.random() * n_users)][1]
                     for k, action in enumerate(("vhost_pause", "vhost_resume")):
                         at = ts + 1000 + k * 300_000
-                        line = ADMIN % (fmt(at), vhost, action, proxy_names[p][1], vhost, vhost)
+                        line = ADMIN % (sv, fmt(at), vhost, action, proxy_names[p][1], vhost, vhost)
                         if at < hour_end:
                             now.append((at, p, line))
                         else:
@@ -439,6 +459,11 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
             release_until(open_ms)
             p = (ui * 2654435761 + (rng.random() < 0.1)) % proxies  # sticky load balancer
             name, vhost, group, host = fleet_users[ui]
+            if v3 and rng.random() < P_SASL_FAILED:  # a wrong password: no Open follows
+                generated[0] += 1
+                now.append((open_ms, p, SASL % (sv, fmt(open_ms), new_conn(p), _j(name),
+                                                host_ips[host])))
+                continue
             reason = None
             if rng.random() < P_DENIED:
                 reason = _pick(den_cdf, den_names, rng.random())
@@ -567,8 +592,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="scale the limits the proxies enforce (and --policy-out writes)")
     ap.add_argument("--policy-out", metavar="PATH",
                     help="also write the QDR policy file the proxies enforce")
-    ap.add_argument("--schema-version", type=int, choices=[1, 2], default=2,
-                    help="2: with the audit records (default); 1: the older mix")
+    ap.add_argument("--schema-version", type=int, choices=[1, 2, 3], default=3,
+                    help="3 (default) or 2: with the audit records; 1: the older mix")
     ap.add_argument("--whatif-out", metavar="PATH",
                     help="also write a tighter what-if policy (limits x0.5 of that)")
     args = ap.parse_args(argv)

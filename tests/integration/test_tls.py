@@ -320,7 +320,10 @@ def test_tls_to_the_upstream(pki: Pki, broker, policy_file: str) -> None:
                     before = proxy.daemon.upstream_ssl_context(upstream)
                     assert proxy.reload()
                     assert proxy.daemon.upstream_ssl_context(upstream) is not before
-        assert terminator.client_cns == ["proxy-as-client", "proxy-as-client"]
+        # every connection to it (the two clients' and the readiness probes') showed the
+        # proxy's client certificate
+        seen = len(terminator.client_cns)
+        assert seen >= 2 and set(terminator.client_cns) == {"proxy-as-client"}
 
         # an upstream whose certificate does not verify is an upstream connect failure
         wrong = replace(upstream, tls_ca=str(pki.dir / "ca-rogue.pem"))
@@ -330,9 +333,12 @@ def test_tls_to_the_upstream(pki: Pki, broker, policy_file: str) -> None:
             with pytest.raises(ConnectionException, match="Authentication failed"):
                 BlockingConnection(f"127.0.0.1:{proxy.port}", allowed_mechs="ANONYMOUS",
                                    timeout=10).close()
-            assert [e.upstream for e in proxy.events_of(UpstreamConnectFailed)] == [
+            # the readiness probe met the failing handshake first: the upstream is known down
+            # (a client arriving then is answered at once), or the client's connect met it
+            assert proxy.daemon.upstream_health.known(wrong) is False or [
+                e.upstream for e in proxy.events_of(UpstreamConnectFailed)] == [
                 f"127.0.0.1:{terminator.port}"]
-        assert len(terminator.client_cns) == 2
+        assert len(terminator.client_cns) == seen  # nothing got through with the wrong CA
     finally:
         terminator.stop()
 

@@ -73,8 +73,9 @@ def test_schema_versions_1_and_2_read_together(spark, tmp_path):
     raw = read_events(spark, str(tmp_path))
     got = {r.conn_id: (r.schema_version, r.remote_host, r.balancer_host)
            for r in raw.collect()}
-    assert got == {"9": (1, "10.0.0.9", None), "1": (2, "192.0.2.7", "10.0.0.2"),
-                   "2": (2, "10.0.0.3", None)}
+    now = schema.SCHEMA_VERSION  # what the daemon writes today: version 2's fields and more
+    assert got == {"9": (1, "10.0.0.9", None), "1": (now, "192.0.2.7", "10.0.0.2"),
+                   "2": (now, "10.0.0.3", None)}
     prepared = {r.conn_id: r.remote_host for r in prepare_events(raw).collect()}
     assert prepared == {"9": "10.0.0.9", "1": "192.0.2.7", "2": "10.0.0.3"}
 

@@ -152,6 +152,17 @@ class UpstreamConfig:
     the changed one."""
     sasl_realm: str | None = None
     """A realm its SASL appends to user names without ``@``."""
+    probe: str = "auto"
+    """How readiness probes it: ``amqp`` (connect, the SASL protocol header, its answer),
+    ``tcp`` (connect only, no byte sent) or ``auto`` (``tcp`` for ``rabbitmq``, which logs a
+    WARNING for every connection that sends bytes and closes before its handshake, and
+    nothing for one that sends none; ``amqp`` for the others)."""
+
+    def probe_mode(self) -> str:
+        """``amqp`` or ``tcp``: what :attr:`probe` means for this upstream."""
+        if self.probe != "auto":
+            return self.probe
+        return "tcp" if self.kind == "rabbitmq" else "amqp"
 
     def naming(self) -> Naming:
         """The :class:`~amqp_policy_proxy.policy.naming.Naming` of this upstream."""
@@ -459,6 +470,11 @@ class UpstreamTable(_Table):
     sasl_realm: NonEmpty | None = None
     """A realm the upstream's SASL appends to user names without "@" (Cyrus with a
     user_realm); qdrouterd's listeners append none."""
+    probe: Literal["auto", "amqp", "tcp"] = "auto"
+    """How readiness probes this upstream every 5 s: "amqp" (a connect and the AMQP SASL
+    protocol header, which the upstream must answer as an AMQP 1.0 peer), "tcp" (a connect
+    only; nothing is sent) or "auto" (the default: "tcp" for kind = "rabbitmq", which logs a
+    warning for each connection that sends a header and leaves, "amqp" for the others)."""
 
     @model_validator(mode="after")
     def _tls_keys_go_together(self) -> UpstreamTable:

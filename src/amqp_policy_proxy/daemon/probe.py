@@ -12,7 +12,9 @@ once (SASL ``sys-temp``) instead of waiting for connects that will fail.
 
 Nothing of a client goes over a probe connection; the router sees a connection that sends a
 protocol header and closes (qdrouterd logs it at INFO as a connection that closed before
-its Open).
+its Open). RabbitMQ logs a WARNING ("client unexpectedly closed TCP connection") for every
+such connection and nothing for one that sends no byte, so its upstreams are probed with a
+connect only (``probe = "tcp"``, what ``probe = "auto"`` means for ``kind = "rabbitmq"``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 
 async def probe(upstream: Any, ssl_context: ssl.SSLContext | None, timeout: float) -> str | None:
     """Probe one upstream: connect, send the SASL protocol header, read the 8-byte protocol
-    header it answers with.
+    header it answers with; only connect (and the TLS handshake) when its
+    :meth:`~.config.UpstreamConfig.probe_mode` is ``tcp``.
 
     Returns:
         None when the upstream answered like an AMQP 1.0 peer, else what went wrong (for the
@@ -48,6 +51,8 @@ async def probe(upstream: Any, ssl_context: ssl.SSLContext | None, timeout: floa
                 upstream.address.host, upstream.address.port, ssl=ssl_context,
                 server_hostname=(upstream.tls_server_name or upstream.address.host)
                 if ssl_context else None)
+            if upstream.probe_mode() == "tcp":
+                return None
             writer.write(SASL_HEADER)
             answer = await reader.readexactly(8)
         if not answer.startswith(b"AMQP"):
