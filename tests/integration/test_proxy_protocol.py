@@ -41,6 +41,7 @@ from amqp_policy_proxy.amqp.performatives import Close, Open
 from amqp_policy_proxy.core.events import ConnectionApproved, ConnectionDenied
 from amqp_policy_proxy.daemon import proxy_listener
 from amqp_policy_proxy.daemon.config import Address, DaemonConfig, ListenerConfig
+from amqp_policy_proxy.eventlog.schema import SCHEMA_VERSION
 from amqp_policy_proxy.ingress.proxy_protocol import V2_MAX_LENGTH
 from tests.integration.test_tls import Pki
 from tests.support import proxy_header as pp
@@ -241,8 +242,8 @@ def test_remote_hosts_and_per_host_limits_see_the_clients_behind_haproxy(
     assert wait_for(lambda: proxy.daemon.ledger.host_active("lb", "127.0.0.2") == 0)
     opened = [r for r in event_log_when(proxy, 2) if r["event"] == "connection_opened"]
     assert sorted((r["user"], r["remote_host"], r["balancer_host"], r["schema_version"])
-                  for r in opened) == [("alice", "127.0.0.2", "127.0.0.1", 2),
-                                       ("bob", "127.0.0.3", "127.0.0.1", 2)]
+                  for r in opened) == [("alice", "127.0.0.2", "127.0.0.1", SCHEMA_VERSION),
+                                       ("bob", "127.0.0.3", "127.0.0.1", SCHEMA_VERSION)]
 
 
 @needs_haproxy

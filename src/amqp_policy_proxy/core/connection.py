@@ -98,7 +98,8 @@ class ProxyConnection(Context):
     :attr:`view` is what the shell may read.
     """
 
-    __slots__ = ("rules", "sessions", "deliveries", "client", "router", "admission", "rates")
+    __slots__ = ("rules", "sessions", "deliveries", "client", "router", "admission", "rates",
+                 "revocation_due")
 
     def __init__(
         self,
@@ -129,6 +130,9 @@ class ProxyConnection(Context):
                 ``wall_offset``, ``balancer_host``).
         """
         Context.__init__(self, conn_id, **facts)
+        self.revocation_due = False
+        """A re-evaluation decided that this connection must close and left the Close to
+        :meth:`close_revoked` (a paced close, ``[policy] reevaluate_close_rate``)."""
         self.rules = MessageRules(self)
         self.sessions = Sessions(self, self.rules)
         self.deliveries = Deliveries(self, self.sessions, self.rules)
@@ -439,7 +443,8 @@ class ProxyConnection(Context):
         """
         return self._forced_close(C.PROXY_SHUTTING_DOWN, "shutdown", now, grace)
 
-    def reevaluate(self, policy: Any, now: float, mode: str = ENFORCE) -> list[Command]:
+    def reevaluate(self, policy: Any, now: float, mode: str = ENFORCE, *,
+                   close_now: bool = True) -> list[Command]:
         """Check this connection and its links against a reloaded ``policy``
         (``[policy] reevaluate_open``, :mod:`.revocation`).
 
@@ -456,6 +461,10 @@ class ProxyConnection(Context):
             policy: the new :class:`~amqp_policy_proxy.policy.model.Policy`.
             now: loop-clock seconds.
             mode: ``enforce``, ``shadow`` or ``off``.
+            close_now: False: a connection to close is only marked
+                (:attr:`revocation_due`, the :class:`~.events.Revoked` event is emitted now)
+                and closes at :meth:`close_revoked`, when the shell's paced close comes to it;
+                until then it goes on as it was.
         """
         out = self._begin()
         if (self.finished or mode == OFF or self.opened_at is None
@@ -464,11 +473,28 @@ class ProxyConnection(Context):
         revocation = Revocation(self, self.sessions, self.rules)
         verdict = revocation.connection(policy, now, mode)
         if verdict is None:
+            self.revocation_due = False  # a later reload admits it again
             revocation.links(policy, now, mode)
         elif verdict[0] == ENFORCE:
-            self._close_forced(C.CONNECTION_DISALLOWED, "revoked", now, None,
-                               Condition.RESOURCE_LIMIT_EXCEEDED)
+            if close_now:
+                self._close_revoked(now)
+            else:
+                self.revocation_due = True
         return out
+
+    def close_revoked(self, now: float) -> list[Command]:
+        """Close a connection a re-evaluation marked (:attr:`revocation_due`) with QDR's Close
+        for a denied connection, close reason ``revoked``; nothing when it is not marked (a
+        later reload admitted it again) or already ending."""
+        out = self._begin()
+        if self.revocation_due and not self.finished and self.sides.client is C_OPENED:
+            self._close_revoked(now)
+        return out
+
+    def _close_revoked(self, now: float) -> None:
+        self.revocation_due = False
+        self._close_forced(C.CONNECTION_DISALLOWED, "revoked", now, None,
+                           Condition.RESOURCE_LIMIT_EXCEEDED)
 
     def close_by_operator(
         self, description: str, now: float, grace: float | None = None, *,

@@ -40,6 +40,7 @@ from ..resolver import system_resolver
 from . import systemd
 from .bans import BanService
 from .config import BindError, ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
+from .pacing import PacedCloser
 from .preauth import PreauthBudget
 from .probe import UpstreamProber
 from .proxy_listener import Proxied, ProxyProtocolServer
@@ -94,6 +95,9 @@ class Daemon:
         self.sasl_failures = RecentFailures()
         """Failed authentications per client host in the last minute (the per-host gauge)."""
         self.prober: UpstreamProber | None = None
+        self.revocation_closes: PacedCloser[Any] | None = None
+        """The paced close of the last reload's revoked connections
+        (``[policy] reevaluate_close_rate``), None before one."""
         """Probes every upstream on an interval (``daemon/probe.py``) once started."""
         """Failed upstreams are tried last for a back-off period (exponential, capped)."""
         self.preauth = PreauthBudget(config.preauth_buffer_bytes)
@@ -814,11 +818,34 @@ class Daemon:
         logger.info("policy reloaded: digest %s", new.digest)
         mode = self.config.reevaluate_open
         if mode != "off" and self.connections:
-            done = await reevaluate_open(self.connections, new, mode)
+            rate = self.config.reevaluate_close_rate
+            done = await reevaluate_open(self.connections, new, mode,
+                                         close_later=rate is not None)
             logger.info("open connections re-checked against the new policy (%s): %d in %.0f "
                         "ms, the loop held at most %.1f ms at a time", mode, done.connections,
                         done.seconds * 1000, done.longest_slice * 1000)
+            if done.to_close and rate is not None:
+                self._pace_revocations(done.to_close, rate)
         return True
+
+    def _pace_revocations(self, protos: list[Any], rate: float) -> None:
+        """Close the connections a reload revoked at ``rate`` per second
+        (``[policy] reevaluate_close_rate``, :mod:`.pacing`)."""
+        def close_one(proto: Any) -> bool:
+            conn = proto.conn
+            if conn is None or proto.closed or not conn.revocation_due:
+                return False  # gone, or a later reload admitted it again
+            proto.run(conn.close_revoked)
+            return True
+
+        n = len(protos)
+        pacer = PacedCloser(self.loop, protos, close_one, rate).start()
+        self.revocation_closes = pacer
+        logger.info("closing the %d connection%s the new policy no longer admits at %g/s "
+                    "(about %.0f s)", n, "" if n == 1 else "s", rate, n / rate)
+        pacer.done.add_done_callback(lambda _f: logger.info(
+            "revoked connections closed: %d, gone meanwhile: %d, in %.1f s", pacer.closed,
+            pacer.skipped, pacer.progress()["elapsed_seconds"]))
 
     async def _reload_tls(self) -> bool:
         if not self._server_ssl and not self._upstream_ssl:

@@ -201,6 +201,9 @@ class DaemonConfig:
     """``[policy] allow_empty``: a policy without any vhost is accepted (everyone is denied)."""
     reevaluate_open: str = "enforce"
     """``[policy] reevaluate_open``: ``enforce``, ``shadow`` or ``off``."""
+    reevaluate_close_rate: float | None = None
+    """``[policy] reevaluate_close_rate``: closes per second of the connections a reload
+    revokes (paced, with jitter); None: all at once."""
     log_level: str = "info"
     """``[logging] level``: one of :data:`LOG_LEVELS`."""
     log_format: str = "text"
@@ -378,6 +381,7 @@ Processes = _number(int, ge=1)
 Budget = _number(int, gt=0, unit="bytes")
 Seconds = _number(float, gt=0, unit="seconds")
 Milliseconds = _number(float, gt=0, unit="milliseconds")
+ClosesPerSecond = _number(float, gt=0, unit="closes per second")
 
 
 class _Table(BaseModel):
@@ -526,6 +530,11 @@ class PolicyTable(_Table):
     links it no longer allows with amqp:unauthorized-access), shadow (log, count and audit
     what enforce would do; nothing changes) or off (QDR's behaviour: a connection keeps the
     decision of its Open). Lowered counts never close what is open."""
+    reevaluate_close_rate: ClosesPerSecond | None = None
+    """Close the connections a reload no longer admits at this many per second, each at a
+    random moment of its 1/rate slot, instead of all at once, so that they do not reconnect as
+    one storm; until its turn a connection goes on as before (its links are not re-checked).
+    Default: all at once. Link detaches are never paced."""
 
 
 class MetricsTable(_Table):
@@ -767,6 +776,7 @@ class ConfigFile(_Table):
             policy=_carry(pol, PolicySettings),
             allow_empty_policy=pol.allow_empty,
             reevaluate_open=pol.reevaluate_open,
+            reevaluate_close_rate=pol.reevaluate_close_rate,
             metrics_address=self.metrics.address,
             event_log_dir=self.event_log.directory,
             event_log_queue=self.event_log.queue_size,

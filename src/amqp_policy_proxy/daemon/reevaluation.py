@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -34,15 +34,20 @@ class Pass:
     """Wall seconds from the first batch to the last."""
     longest_slice: float = 0.0
     """The longest time the event loop was held at once (seconds)."""
+    to_close: list[Any] = field(default_factory=list)
+    """With ``close_later``: the connections (``ClientProtocol``) the policy no longer
+    admits, marked and left open for the caller's paced close."""
 
 
 async def reevaluate_open(connections: Mapping[str, Any], policy: Any, mode: str, *,
-                          slice_seconds: float = SLICE) -> Pass:
+                          slice_seconds: float = SLICE, close_later: bool = False) -> Pass:
     """Re-check every open connection of ``connections`` (the daemon's, conn id ->
     ``ClientProtocol``) against ``policy`` in ``mode`` (``enforce``, ``shadow``; ``off`` does
     nothing), for at most about ``slice_seconds`` at a time with the loop running in between.
-    A connection that is gone by its turn is skipped. Never raises (a bug in one connection
-    is contained by its relay).
+    A connection that is gone by its turn is skipped. With ``close_later`` a connection to
+    close is only marked and listed in :attr:`Pass.to_close` (``[policy]
+    reevaluate_close_rate``: the caller paces the closes). Never raises (a bug in one
+    connection is contained by its relay).
     """
     done = Pass()
     if mode == "off":
@@ -53,8 +58,11 @@ async def reevaluate_open(connections: Mapping[str, Any], policy: Any, mode: str
         conn = None if proto is None else proto.conn
         if conn is None or conn.finished:
             continue
-        proto.run(lambda now, c=conn: c.reevaluate(policy, now, mode))
+        proto.run(lambda now, c=conn: c.reevaluate(policy, now, mode,
+                                                   close_now=not close_later))
         done.connections += 1
+        if conn.revocation_due:
+            done.to_close.append(proto)
         held = time.perf_counter() - t0
         if held >= slice_seconds:
             done.longest_slice = max(done.longest_slice, held)

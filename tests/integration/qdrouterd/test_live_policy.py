@@ -7,6 +7,8 @@ connections (``[policy] reevaluate_open``).
   (``amqp:unauthorized-access``), while a message on an allowed sender of the same session
   still reaches the router's subscriber.
 - In ``shadow`` nothing changes on the wire and the same set is reported.
+- With ``reevaluate_close_rate`` the revoked connections close paced (one per 1/rate slot,
+  spread over about n/rate seconds), each with QDR's denial Close, and bob is untouched.
 """
 
 from __future__ import annotations
@@ -64,9 +66,11 @@ def policy_file(tmp_path: Path) -> Path:
     return path
 
 
-def proxy_for(router, path: Path, mode: str = "enforce") -> ProxyThread:
+def proxy_for(router, path: Path, mode: str = "enforce",
+              close_rate: float | None = None) -> ProxyThread:
     return ProxyThread([router.address], policy_path=str(path), kind="qdrouterd",
-                       config=replace(DaemonConfig(), reevaluate_open=mode))
+                       config=replace(DaemonConfig(), reevaluate_open=mode,
+                                      reevaluate_close_rate=close_rate))
 
 
 def test_removing_a_user_from_the_group_closes_exactly_her_connections(router, policy_file):
@@ -129,3 +133,34 @@ def test_shadow_changes_nothing_on_the_wire_and_reports_the_same_set(router, pol
         assert [(e.kind, e.reason, e.mode, e.address) for e in proxy.events_of(Revoked)] == [
             ("link", "target", "shadow", orders)]
         alice.close()
+
+
+def test_revoked_connections_close_paced_at_the_configured_rate(router, policy_file):
+    n, rate = 8, 4.0
+    with proxy_for(router, policy_file, close_rate=rate) as proxy:
+        alices = [connect(proxy.port, "alice") for _ in range(n)]
+        bob = connect(proxy.port, "bob")
+        policy_file.write_text(json.dumps(policy(user("bob"), "public.*, orders.*")))
+        assert proxy.reload()
+        reloaded = proxy.call(lambda: proxy.daemon.loop.time())
+        assert len(proxy.events_of(Revoked)) == n  # decided at once, closed paced
+        assert wait_for(lambda: len([e for e in proxy.events_of(ConnectionClosed)
+                                     if e.close_reason == "revoked"]) == n, timeout=10)
+        times = sorted(e.at - reloaded for e in proxy.events_of(ConnectionClosed)
+                       if e.close_reason == "revoked")
+        # one close in each 1/rate slot: not all at once, all within about n/rate seconds;
+        # a blocking client answers no Close while the test does not call it, so each ends
+        # the 2 s linger after its Close
+        assert times[-1] - times[0] >= (n - 2) / rate, times
+        assert times[-1] <= n / rate + 3.0, times
+        pacer = proxy.daemon.revocation_closes
+        assert pacer is not None and (pacer.closed, pacer.skipped) == (n, 0)
+        bob.create_sender(unique("public"))  # bob is untouched
+        for c in alices:
+            with pytest.raises(Exception, match="resource-limit-exceeded|disallowed"):
+                c.create_sender(unique("public"))
+        for c in (*alices, bob):
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - alice's were closed by the proxy
+                pass
