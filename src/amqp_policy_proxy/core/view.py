@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from .context import Context
 from .records import Figures
-from .state import ClientState, RouterState
+from .state import ClientState
 
 
 def _fact(name: str, doc: str) -> property:
@@ -43,11 +43,6 @@ class ConnectionView:
     def client_state(self) -> ClientState:
         """The client leg's state."""
         return self._conn.sides.client
-
-    @property
-    def router_state(self) -> RouterState:
-        """The router leg's state."""
-        return self._conn.sides.router
 
     @property
     def decided(self) -> bool:
