@@ -28,5 +28,18 @@ fi
 echo "installing Debian packages: ${need[*]}"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# Another apt-get (unattended-upgrades, a second terminal) may hold the dpkg or lists lock:
+# wait for it, at most APT_LOCK_WAIT seconds (default 300), instead of failing at once.
+wait_s=${APT_LOCK_WAIT:-300}
+lock=(-o "DPkg::Lock::Timeout=$wait_s")
+deadline=$((SECONDS + wait_s))
+until $SUDO apt-get "${lock[@]}" update -qq; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+        echo "apt-get update failed (another apt holds its lock for more than ${wait_s}s?)" >&2
+        exit 1
+    fi
+    echo "apt-get update failed; trying again in ${APT_RETRY_SLEEP:-5} s (another apt may hold its lock)" >&2
+    sleep "${APT_RETRY_SLEEP:-5}"
+done
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get "${lock[@]}" install -y -qq --no-install-recommends \
+    "${need[@]}" >/dev/null

@@ -696,6 +696,16 @@ def render_connections(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _render_last_reload(last: dict[str, Any] | None) -> str:
+    """The ``last reload`` line of ``status``."""
+    if last is None:
+        return "last reload: none since the start"
+    if last["result"] == "ok":
+        return f"last reload: ok at {last['at']}"
+    return (f"last reload: FAILED at {last['at']}, the policy above still runs: "
+            + "; ".join(last["issues"]))
+
+
 def render_status(status: dict[str, Any]) -> str:
     """``status`` for a person (``--json`` prints the whole document)."""
     policy = status["policy"]
@@ -719,6 +729,7 @@ def render_status(status: dict[str, Any]) -> str:
         + ("; DRAINING" if status["draining"] else "") + f"; workers {status['workers']}",
         f"policy {policy['digest']}: {len(policy['vhosts'])} vhost(s), loaded "
         f"{policy['loaded_at']}",
+        _render_last_reload(policy.get("last_reload")),
         f"shadow mode: {shadow}",
         f"listeners: {listeners}",
         f"upstreams: {upstreams}",

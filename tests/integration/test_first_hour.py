@@ -130,3 +130,28 @@ def test_connection_gauges_have_a_sample_at_zero():
         samples, _ = scrape(proxy)
         assert samples[("amqp_proxy_connections_active",
                         (("group", "all"), ("vhost", "test")))] == 0
+
+
+def test_status_shows_a_failed_reload_and_the_policy_that_still_runs(tmp_path):
+    from amqp_policy_proxy.cli import render_status
+    from amqp_policy_proxy.daemon.control import Control
+
+    path = tmp_path / "policy.json"
+    path.write_text('[["vhost", {"hostname": "test", "groups": {"all": {"users": "*", '
+                    '"remoteHosts": "*", "sources": "*", "targets": "*"}}}]]')
+    with RawUpstream() as up, ProxyThread([("127.0.0.1", up.port)],
+                                          policy_path=str(path)) as proxy:
+        def status() -> dict:
+            return proxy.call(lambda: Control(proxy.daemon).status())
+
+        assert status()["policy"]["last_reload"] is None
+        assert proxy.reload()
+        ok = status()["policy"]
+        assert ok["last_reload"]["result"] == "ok" and ok["last_reload"]["digest"] == ok["digest"]
+        path.write_text('[["vhost", {"hostname": "test", "maxConnections": -1}]]')
+        assert not proxy.reload()
+        bad = status()
+        last = bad["policy"]["last_reload"]
+        assert last["result"] == "error" and last["digest"] == ok["digest"]
+        assert any("maxConnections" in issue for issue in last["issues"]), last
+        assert "last reload: FAILED at " in render_status(bad)

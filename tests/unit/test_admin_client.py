@@ -128,7 +128,10 @@ def test_the_status_summary() -> None:
         "uptime_seconds": 7300.0, "draining": False, "workers": 1,
         "policy": {"digest": "abc123", "loaded_at": "2026-11-21T12:00:00.000Z",
                    "files": [], "vhosts": ["lab", "shop"],
-                   "shadow": [{"vhost": "lab", "enforcement": "shadow", "groups": ["g"]}]},
+                   "shadow": [{"vhost": "lab", "enforcement": "shadow", "groups": ["g"]}],
+                   "last_reload": {"at": "2026-11-21T12:30:00.000Z", "result": "error",
+                                   "digest": "abc123",
+                                   "issues": ["/etc/p/a.json: vhosts[0].groups: bad"]}},
         "listeners": [{"address": "0.0.0.0:5672", "configured": "0.0.0.0:5672", "tls": False},
                       {"address": "[::]:5671", "configured": "[::]:5671", "tls": True}],
         "upstreams": [{"address": "10.0.0.1:5672", "tls": False, "healthy": True,
@@ -142,6 +145,8 @@ def test_the_status_summary() -> None:
     assert render_status(status).splitlines() == [
         "amqp-policy-proxy 0.1.0 (pid 42), up 2h01m since 2026-11-21T11:00:00.000Z; workers 1",
         "policy abc123: 2 vhost(s), loaded 2026-11-21T12:00:00.000Z",
+        "last reload: FAILED at 2026-11-21T12:30:00.000Z, the policy above still runs: "
+        "/etc/p/a.json: vhosts[0].groups: bad",
         "shadow mode: vhost 'lab' (shadow), groups in shadow: g",
         "listeners: 0.0.0.0:5672, [::]:5671 (amqps)",
         "upstreams: 10.0.0.1:5672 up; 10.0.0.2:5672 (tls) DOWN (3 failed probes or connects)",
@@ -149,3 +154,5 @@ def test_the_status_summary() -> None:
         "connections per vhost: lab 1, shop 3",
         "paused vhosts: lab",
     ]
+    status["policy"]["last_reload"] = None
+    assert "last reload: none since the start" in render_status(status)

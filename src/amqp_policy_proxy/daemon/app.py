@@ -138,6 +138,9 @@ class Daemon:
         shared with the fleet (its store is set at start)."""
         self.started_at = 0.0
         self.policy_loaded_at = 0.0
+        self.last_reload: PolicyReloaded | None = None
+        """The last policy reload's record (``ok`` or ``error`` with its issues), None before
+        one: ``status`` shows it, so a rejected reload is not only in the log."""
         """Loop-clock seconds of the start and of the last successful policy load."""
         self.admin: Any = None
         """The admin interface (:class:`~.admin.AdminServer`) when ``[admin]`` is set."""
@@ -800,20 +803,20 @@ class Daemon:
         except PolicyError as exc:
             for issue in exc.issues:
                 logger.error("policy reload rejected: %s", issue)
-            self.emit(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
-                                     result="error",
-                                     issues=tuple(str(i) for i in exc.issues)))
+            self._reloaded(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
+                                          result="error",
+                                          issues=tuple(str(i) for i in exc.issues)))
             return False
         except Exception as exc:  # unreadable files etc.
             logger.error("policy reload failed: %s", exc)
-            self.emit(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
-                                     result="error", issues=(str(exc),)))
+            self._reloaded(PolicyReloaded(at=now, digest=getattr(self.policy, "digest", ""),
+                                          result="error", issues=(str(exc),)))
             return False
         self.policy = new
         self.policy_loaded_at = self.loop.time()
         _log_policy_warnings(new)
-        self.emit(PolicyReloaded(at=now, digest=new.digest, result="ok",
-                                 issues=tuple(str(i) for i in new.warnings)))
+        self._reloaded(PolicyReloaded(at=now, digest=new.digest, result="ok",
+                                      issues=tuple(str(i) for i in new.warnings)))
         self._publish_snapshot()
         logger.info("policy reloaded: digest %s", new.digest)
         mode = self.config.reevaluate_open
@@ -827,6 +830,11 @@ class Daemon:
             if done.to_close and rate is not None:
                 self._pace_revocations(done.to_close, rate)
         return True
+
+    def _reloaded(self, record: PolicyReloaded) -> None:
+        """Keep the reload's record for ``status`` and emit it."""
+        self.last_reload = record
+        self.emit(record)
 
     def _pace_revocations(self, protos: list[Any], rate: float) -> None:
         """Close the connections a reload revoked at ``rate`` per second

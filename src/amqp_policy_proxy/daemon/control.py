@@ -203,8 +203,9 @@ class Control:
         }
 
     def status(self) -> dict[str, Any]:
-        """The daemon at a glance: version, uptime, policy, listeners, upstreams with their
-        health, ledger, connection counts per vhost, paused vhosts, workers."""
+        """The daemon at a glance: version, uptime, policy (with the last reload's result),
+        listeners, upstreams with their health, ledger, connection counts per vhost, paused
+        vhosts, workers."""
         from .. import __version__
 
         host = self.host
@@ -226,6 +227,7 @@ class Control:
             "policy": {
                 "digest": getattr(policy, "digest", ""),
                 "loaded_at": wall_time(host.policy_loaded_at, offset),
+                "last_reload": _last_reload(host, offset),
                 "files": list(getattr(policy, "files", ())),
                 "vhosts": sorted(getattr(policy, "vhosts", {}) or {}),
                 "shadow": [{"vhost": v, "enforcement": str(e), "groups": list(g)}
@@ -551,3 +553,13 @@ def _listeners(host: ControlHost) -> list[dict[str, Any]]:
                         "configured": str(lc.address), "tls": bool(lc.tls_cert)})
     return out
 
+
+
+def _last_reload(host: Any, offset: float) -> dict[str, Any] | None:
+    """The last policy reload: ``at`` (wall time), ``result`` (``ok``/``error``), ``digest``
+    (the policy running after it) and ``issues``; None before any reload."""
+    record = getattr(host, "last_reload", None)
+    if record is None:
+        return None
+    return {"at": wall_time(record.at, offset), "result": record.result,
+            "digest": record.digest, "issues": list(record.issues)}
