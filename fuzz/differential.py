@@ -109,12 +109,16 @@ def policy() -> Any:
 def sasl_config() -> Any:
     """The process's active Cyrus config with the oracle's users added (proton initialises
     Cyrus once per process, whichever config comes first)."""
+    import atexit
+    import shutil
     import tempfile
 
     from amqp_policy_proxy.demo.broker import active_sasl_config
     from amqp_policy_proxy.demo.sasl import make_sasl_config
 
-    own = make_sasl_config(tempfile.mkdtemp(prefix="amqp-proxy-oracle-"), USERS)
+    directory = tempfile.mkdtemp(prefix="amqp-proxy-oracle-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)  # Cyrus reads it until then
+    own = make_sasl_config(directory, USERS)
     return active_sasl_config(own)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -15,8 +16,9 @@ pytestmark = pytest.mark.integration
 CLI = Path(sys.executable).with_name("amqp-policy-proxy")
 
 
-def test_demo_output_has_no_proton_lines_and_says_the_proxy_stopped() -> None:
-    result = subprocess.run([str(CLI), "demo"], capture_output=True, text=True, timeout=120)
+def test_demo_output_has_no_proton_lines_and_says_the_proxy_stopped(tmp_path) -> None:
+    result = subprocess.run([str(CLI), "demo"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     assert result.returncode == 0, result.stdout + result.stderr
     everything = result.stdout + result.stderr
     assert " proton: " not in everything
@@ -26,11 +28,13 @@ def test_demo_output_has_no_proton_lines_and_says_the_proxy_stopped() -> None:
         "the proxy and the embedded broker have stopped; run `amqp-policy-proxy demo "
         "--keep-running` to keep them up and connect your own client.")
     assert len([line for line in result.stderr.splitlines() if " started: " in line]) == 1
+    assert list(tmp_path.iterdir()) == []  # its working directory is gone
 
 
 @pytest.mark.parametrize("inherited", ["default", "ignored"])
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
-def test_demo_keep_running_stays_up_until_ctrl_c(inherited: str, stop_signal: int) -> None:
+def test_demo_keep_running_stays_up_until_ctrl_c(inherited: str, stop_signal: int,
+                                                 tmp_path) -> None:
     """Ctrl-C (or SIGTERM) stops the demo, also when it was started with SIGINT ignored (a
     background job of a non-interactive shell: Python then raises no KeyboardInterrupt
     unless the demo asks for it)."""
@@ -39,6 +43,7 @@ def test_demo_keep_running_stays_up_until_ctrl_c(inherited: str, stop_signal: in
 
     proc = subprocess.Popen([str(CLI), "demo", "--keep-running"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)},
                             preexec_fn=ignore_sigint if inherited == "ignored" else None)
     try:
         assert proc.stdout is not None
@@ -63,5 +68,9 @@ def test_demo_keep_running_stays_up_until_ctrl_c(inherited: str, stop_signal: in
     assert proc.returncode == 0, err
     text = "".join(lines) + out
     assert "connect your own client" in text
-    assert text.rstrip().splitlines()[-1] == "the proxy and the embedded broker have stopped."
+    last = text.rstrip().splitlines()[-1]
+    assert last.startswith("the proxy and the embedded broker have stopped; their files (SASL "
+                           f"configuration, event log) stay in {tmp_path}/"), last
+    (workdir,) = tmp_path.iterdir()  # kept for a look, as the line says
+    assert (workdir / "events").is_dir()
     assert " proton: " not in err

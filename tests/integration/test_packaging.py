@@ -164,7 +164,8 @@ def test_demo_runs_from_the_wheel_in_a_fresh_venv(dist: Path, tmp_path: Path) ->
     result = run(venv / "bin" / "pip", "install", "-q", wheel, timeout=600)
     assert result.returncode == 0, output(result)
     # from a directory outside the checkout, so nothing of it can be found
-    result = run(venv / "bin" / "amqp-policy-proxy", "demo", cwd=tmp_path)
+    result = run(venv / "bin" / "amqp-policy-proxy", "demo", cwd=tmp_path,
+                 env=clean_env(TMPDIR=str(tmp_path)))
     assert result.returncode == 0, output(result)
     where = run(venv / "bin" / "python", "-c",
                 "import amqp_policy_proxy; print(amqp_policy_proxy.__file__)", cwd=tmp_path)
@@ -246,7 +247,7 @@ def test_installed_check_passes_on_the_shipped_config(installed: Path) -> None:
 
 def test_installed_demo_runs(installed: Path, tmp_path: Path) -> None:
     result = run("amqp-policy-proxy", "demo", cwd=tmp_path,
-                 env=clean_env(PATH="/usr/bin:/bin"))
+                 env=clean_env(PATH="/usr/bin:/bin", TMPDIR=str(tmp_path)))
     assert result.returncode == 0, output(result)
 
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import shutil
 import signal
 import tempfile
 import threading
@@ -236,8 +237,10 @@ def main(*, keep_running: bool = False) -> int:
         proxy.stop()
         broker.stop()
         if not keep_running:
+            shutil.rmtree(workdir, ignore_errors=True)
             _say("the proxy and the embedded broker have stopped; run "
                  "`amqp-policy-proxy demo --keep-running` to keep them up and connect your own "
                  "client.")
         else:
-            _say("the proxy and the embedded broker have stopped.")
+            _say(f"the proxy and the embedded broker have stopped; their files (SASL "
+                 f"configuration, event log) stay in {workdir} for a look (remove it when done).")
