@@ -8,8 +8,11 @@
 # its path printed last. Building from the sdist checks that the sdist carries what the
 # package installs (debian/, systemd/, examples/etc/, docs/).
 #
-# pip inside the build uses pip's cache (PIP_CACHE_DIR, default ~/.cache/pip), so a second
-# build reuses the locally built python-qpid-proton wheel. Build dependencies (dh-virtualenv,
+# The build is hermetic: pip inside it starts from an empty cache of its own (in WORKDIR), so
+# no wheel built earlier by another interpreter (a pyenv Python's python-qpid-proton, with a
+# RUNPATH into that interpreter's home) ends up in the package: binary wheels come from the
+# registry or are built here by the packaged interpreter. Set DEB_PIP_CACHE_DIR to reuse a
+# cache made by this same build (the packaging test does not). Build dependencies (dh-virtualenv,
 # debhelper, libsasl2-dev, ...) come from scripts/install-system-deps.sh; dpkg-buildpackage
 # names any that are missing.
 set -euo pipefail
@@ -34,7 +37,7 @@ if [ "${deb_version%-*}" != "$version" ]; then
     exit 2
 fi
 
-export PIP_CACHE_DIR="${PIP_CACHE_DIR:-${HOME:-/root}/.cache/pip}"
+export PIP_CACHE_DIR="${DEB_PIP_CACHE_DIR:-$workdir/pip-cache}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 (cd "$src" && dpkg-buildpackage -b -us -uc) > "$workdir/build.log" 2>&1 || {
     tail -n 60 "$workdir/build.log" >&2

@@ -15,11 +15,11 @@ command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v openssl >/dev/null || need+=(openssl)
 # `make deb` (and the packaging test): dh-virtualenv with debhelper builds the package from
 # the sdist; python-qpid-proton is compiled in it against Cyrus SASL and OpenSSL
-# (libsasl2-dev above, libssl-dev); adduser runs in its postinst.
+# (libsasl2-dev above, libssl-dev); adduser runs in its postinst; lintian checks the .deb.
 # bench/realrouter.py builds its C load client (bench/loadgen/amqpload.c) against proton-c.
 installed libqpid-proton11-dev || need+=(libqpid-proton11-dev)
 for pkg in dh-virtualenv debhelper dpkg-dev build-essential python3-dev python3-venv \
-           libssl-dev pkg-config adduser; do
+           libssl-dev pkg-config adduser lintian; do
     installed "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -eq 0 ]; then
