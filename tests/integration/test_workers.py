@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import ME
 from tests.support.fleet import CLI, close_all, connect_many, wait_for
 from tests.support.redis import RedisServer
 
@@ -214,7 +215,7 @@ def test_check_refuses_workers_without_a_ledger(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text(
         '[[listener]]\naddress = "127.0.0.1:0"\n[[upstream]]\naddress = "127.0.0.1:1"\n'
         f'[policy]\npath = "{tmp_path / "policy.json"}"\n[daemon]\nworkers = 2\n')
-    out = subprocess.run([str(CLI), "check", "--config", str(tmp_path / "c.toml")],
+    out = subprocess.run([str(CLI), "check", "--as-user", ME, "--config", str(tmp_path / "c.toml")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "daemon.workers = 2 needs a [ledger]" in out.stdout
@@ -287,5 +288,8 @@ def test_nothing_outlives_a_parent_killed_with_sigkill(tmp_path: Path) -> None:
         assert wait_for(lambda: not _processes_running(str(run).encode()), timeout=10)
         assert wait_for(lambda: not {p for p, _, _ in _live_processes()} & set(workers),
                         timeout=15)
+        # the workers' sockets were under the runtime directory, which the service manager
+        # removes: nothing of the killed supervisor is left in the temporary directory
+        assert [p.name for p in run.iterdir() if p.name.startswith("amqp-policy-proxy-")]
     finally:
         shutil.rmtree(run, ignore_errors=True)

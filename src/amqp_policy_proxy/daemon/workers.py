@@ -187,7 +187,14 @@ class Supervisor:
             ledger = self.config.ledger
             self.proxy_id = (ledger.proxy_id if ledger is not None and ledger.proxy_id
                              else f"{socket.gethostname()}:{self.ports[0] if self.ports else 0}")
-            self._dir = tempfile.mkdtemp(prefix="amqp-policy-proxy-workers-")
+            # the workers' sockets go under the runtime directory when there is one ([daemon]
+            # runtime_directory, else $RUNTIME_DIRECTORY: systemd removes it at stop even
+            # after a SIGKILL of this process), else under the temporary directory
+            runtime = (self.config.runtime_dir
+                       or os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0])
+            self._dir = tempfile.mkdtemp(prefix="amqp-policy-proxy-workers-",
+                                         dir=runtime if runtime and os.path.isdir(runtime)
+                                         else None)
             for index in range(self.config.workers):
                 path = os.path.join(self._dir, f"w{index}.sock")
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
