@@ -154,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--policy", metavar="PATH")
     check.add_argument("--allow-empty", action="store_true",
                        help="accept a policy that defines no vhost (everyone is denied)")
+    check.add_argument("--as-user", metavar="NAME",
+                       help="also check that user NAME can read (and write) every file the "
+                            "config or policy names, as the service will; default with "
+                            "--config when run as root: the service user amqp-policy-proxy, "
+                            "if it exists (--as-user root: as root only)")
+    check.add_argument("--no-bind-test", action="store_true",
+                       help="do not try to bind the listener and metrics addresses (the "
+                            "unit's ExecReload: the running daemon holds them)")
 
     explain = add("explain", help="show the admission decision and the rule behind it",
                   description="Explain whether USER connecting from HOST (and, with --address "
@@ -364,7 +372,41 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """``check``: load the config and/or policy, print every issue, exit 2 on errors."""
+    """``check``: load the config and/or policy, print every issue, exit 2 on errors.
+
+    With a config: the schema and the files it names (as ``run`` checks them), the TLS files,
+    the policy, and a bind test of the listener and metrics addresses (unless
+    ``--no-bind-test``). Run as root, or with ``--as-user NAME``, the file checks run first in a
+    child process that has become the service user (daemon/preflight.py), so a file only root
+    can read is an error here, not at the first start.
+    """
+    from .daemon.preflight import run_as, service_user
+
+    try:  # by default only a daemon config is checked as the service user
+        user = service_user(args.as_user) if args.config or args.as_user else None
+    except LookupError as exc:
+        print(f"error: --as-user: {exc}")
+        return EXIT_CONFIG
+    if user is None:
+        return _check(args, bind_test=not args.no_bind_test)
+    try:
+        status = run_as(user, lambda: _check(args, bind_test=False, report=False))
+    except PermissionError as exc:
+        print(f"error: --as-user: {exc.strerror}")
+        return EXIT_CONFIG
+    if status != EXIT_OK:
+        print(f"error: the checks above ran as user {user.pw_name}, as the service will "
+              f"(--as-user); give that user access to the files named")
+        return status
+    return _check(args, bind_test=not args.no_bind_test, checked_as=user.pw_name)
+
+
+def _check(args: argparse.Namespace, *, bind_test: bool, report: bool = True,
+           checked_as: str | None = None) -> int:
+    """The checks of ``check`` as this process's user: print every issue, and with ``report``
+    the ``ok:`` line (naming ``checked_as`` when the files were also checked as that user) and
+    the policy's warnings and shadow lines. Returns the exit status (0 or 2)."""
+    from .daemon.preflight import bind_test as try_binds
     from .policy.errors import PolicyError, format_issues
     from .policy.load import load_policy
     from .policy.model import PolicySettings
@@ -389,6 +431,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             _print_issues(exc.issues)
             return EXIT_CONFIG
+        if bind_test and (problems := try_binds(config)):
+            _print_issues(problems)
+            return EXIT_CONFIG
     try:
         policy = load_policy(policy_path, settings, resolver=system_resolver,
                              allow_empty=allow_empty)
@@ -396,12 +441,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(format_issues(exc.issues))
         return EXIT_CONFIG
     except OSError as exc:
-        print(f"error: {policy_path}: {exc.strerror or exc}")
+        print(f"error: {exc.filename or policy_path}: {exc.strerror or exc}")
         return EXIT_CONFIG
+    if not report:
+        return EXIT_OK
     if policy.warnings:
         print(format_issues(policy.warnings))
     names = ", ".join(sorted(policy.vhosts)) or "(none)"
-    print(f"ok: {len(policy.vhosts)} vhost(s): {names}; digest {policy.digest}")
+    as_user = f"; files checked as user {checked_as}" if checked_as else ""
+    print(f"ok: {len(policy.vhosts)} vhost(s): {names}; digest {policy.digest}{as_user}")
     for line in shadow_lines(policy):
         print(line)
     return EXIT_OK

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from proton import ConnectionException
 
+from tests.support import ME
 from tests.support.proxy import ProxyThread
 
 from .test_observability_e2e import scrape, value
@@ -87,7 +88,7 @@ def test_retention_days_removes_old_partitions_at_start(tmp_path):
         '[[listener]]\naddress = "127.0.0.1:0"\n[[upstream]]\naddress = "127.0.0.1:1"\n'
         f'[policy]\npath = "{POLICY}"\n'
         '[event_log]\ndirectory = "events"\nretention_days = 2\n')
-    check = subprocess.run([*CLI, "check", "--config", str(config)], capture_output=True,
+    check = subprocess.run([*CLI, "check", "--as-user", ME, "--config", str(config)], capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
     daemon = subprocess.Popen([*CLI, "run", "--config", str(config)],
@@ -113,7 +114,7 @@ def test_check_rejects_a_bad_retention_days(tmp_path, value_text):
         '[[listener]]\naddress = "127.0.0.1:5672"\n[[upstream]]\naddress = "127.0.0.1:1"\n'
         f'[policy]\npath = "{POLICY}"\n'
         f'[event_log]\ndirectory = "events"\nretention_days = {value_text}\n')
-    result = subprocess.run([*CLI, "check", "--config", str(config)], capture_output=True,
+    result = subprocess.run([*CLI, "check", "--as-user", ME, "--config", str(config)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2
     assert "event_log.retention_days" in result.stdout + result.stderr

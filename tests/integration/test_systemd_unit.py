@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ME
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +80,8 @@ def test_unit_declares_what_the_readme_promises() -> None:
     assert d["Type"] == ["notify"]
     assert d["ExecStart"] == [f"{SHIPPED_BIN} run --config /etc/amqp-policy-proxy/config.toml"]
     # validate first, then signal: a failing check stops the reload before the SIGHUP
-    assert d["ExecReload"] == [f"{SHIPPED_BIN} check --config /etc/amqp-policy-proxy/config.toml",
+    assert d["ExecReload"] == [f"{SHIPPED_BIN} check --no-bind-test --config "
+                               "/etc/amqp-policy-proxy/config.toml",
                                "/bin/kill -HUP $MAINPID"]
     assert d["Restart"] == ["on-failure"]
     assert d["RestartPreventExitStatus"] == ["2"]
@@ -112,7 +115,7 @@ def test_unit_declares_what_the_readme_promises() -> None:
 
 
 def test_example_configuration_checks_ok() -> None:
-    result = subprocess.run([str(CLI), "check", "--config", str(EXAMPLE / "config.toml")],
+    result = subprocess.run([str(CLI), "check", "--as-user", ME, "--config", str(EXAMPLE / "config.toml")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("ok: 2 vhost(s): $default, shop;")
@@ -129,7 +132,7 @@ def test_reload_check_rejects_unloadable_tls_files(tmp_path: Path) -> None:
         'tls_cert = "server.crt"\ntls_key = "server.key"\n'
         '[[upstream]]\naddress = "127.0.0.1:25672"\n'
         '[policy]\npath = "policy.d"\n')
-    result = subprocess.run([str(CLI), "check", "--config", str(tmp_path / "config.toml")],
+    result = subprocess.run([str(CLI), "check", "--as-user", ME, "--config", str(tmp_path / "config.toml")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "listener[0] 127.0.0.1:5671" in result.stdout

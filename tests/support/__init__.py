@@ -9,9 +9,15 @@ the test process is gone.
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 
-__all__ = ["spawn_watchdog", "stop_watchdog"]
+__all__ = ["ME", "spawn_watchdog", "stop_watchdog"]
+
+ME = pwd.getpwuid(os.geteuid()).pw_name
+"""This process's user name. Tests pass ``check --as-user ME``: run as root, ``check`` would
+otherwise check the files as the service user (when it exists on the machine), who cannot
+read a test's private temporary directory."""
 
 _WATCHDOG = r"""
 p={pid}

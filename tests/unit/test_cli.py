@@ -11,6 +11,7 @@ import pytest
 
 from amqp_policy_proxy.cli import EXIT_CONFIG, EXIT_DENY, EXIT_OK, build_parser, main
 from amqp_policy_proxy.daemon.logs import JsonFormatter, TextFormatter
+from tests.support import ME
 
 POLICY = [["vhost", {
     "hostname": "shop",
@@ -146,9 +147,9 @@ def test_check_config_honours_allow_empty(tmp_path: Path) -> None:
     text = ('[[listener]]\naddress = "127.0.0.1:5672"\n'
             '[[upstream]]\naddress = "127.0.0.1:25672"\n[policy]\npath = "policy.d"\n')
     config.write_text(text)
-    assert main(["check", "--config", str(config)]) == EXIT_CONFIG
+    assert main(["check", "--as-user", ME, "--config", str(config)]) == EXIT_CONFIG
     config.write_text(text + "allow_empty = true\n")
-    assert main(["check", "--config", str(config)]) == EXIT_OK
+    assert main(["check", "--as-user", ME, "--config", str(config)]) == EXIT_OK
 
 
 def test_check_knows_the_rate_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -171,7 +172,7 @@ def test_check_knows_the_rate_keys(tmp_path: Path, capsys: pytest.CaptureFixture
     config.write_text('[[listener]]\naddress = "127.0.0.1:5672"\n[[upstream]]\n'
                       'address = "127.0.0.1:25672"\n[policy]\npath = "p.json"\n'
                       'max_connection_rate = -3\n')
-    assert main(["check", "--config", str(config)]) == EXIT_CONFIG
+    assert main(["check", "--as-user", ME, "--config", str(config)]) == EXIT_CONFIG
     assert (f"error: {config}: policy.max_connection_rate: must be >= 0"
             in capsys.readouterr().out)
 

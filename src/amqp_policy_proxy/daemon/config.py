@@ -281,10 +281,31 @@ def _checking(info: ValidationInfo) -> bool:
     return bool((info.context or {}).get("check_files", True))
 
 
+def _exists(path: str | Path) -> bool:
+    """Whether ``path`` exists, as this user can tell.
+
+    Raises:
+        PydanticCustomError: a directory on the way is not searchable by this user, so
+            whether ``path`` exists cannot be known: that is reported as such, not as a
+            missing file (``PATH: cannot be reached by this user: DIR is not searchable``).
+    """
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except PermissionError:
+        blocked = next((str(d) for d in reversed(Path(path).parents)
+                        if d.is_dir() and not os.access(d, os.X_OK)), str(Path(path).parent))
+        raise PydanticCustomError(
+            "file", "{path}: cannot be reached by this user ({dir} is not searchable)",
+            {"path": str(path), "dir": blocked}) from None
+    return True
+
+
 def _readable_file(value: str, info: ValidationInfo) -> str:
     path = _resolve(value, info)
     if _checking(info):
-        if not os.path.exists(path):
+        if not _exists(path):
             raise PydanticCustomError("file", "{path}: no such file", {"path": path})
         if not os.path.isfile(path):
             raise PydanticCustomError("file", "{path}: not a regular file", {"path": path})
@@ -296,7 +317,7 @@ def _readable_file(value: str, info: ValidationInfo) -> str:
 def _policy_path(value: str, info: ValidationInfo) -> str:
     path = _resolve(value, info)
     if _checking(info):
-        if not os.path.exists(path):
+        if not _exists(path):
             raise PydanticCustomError("file", "{path}: no such file or directory", {"path": path})
         if not os.access(path, os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
             raise PydanticCustomError("file", "{path}: not readable by this user", {"path": path})
@@ -306,7 +327,7 @@ def _policy_path(value: str, info: ValidationInfo) -> str:
 def _writable_dir(value: str, info: ValidationInfo) -> str:
     path = _resolve(value, info)
     if _checking(info):
-        if os.path.exists(path):
+        if _exists(path):
             if not os.path.isdir(path):
                 raise PydanticCustomError("dir", "{path}: not a directory", {"path": path})
             if not os.access(path, os.W_OK | os.X_OK):
@@ -314,7 +335,7 @@ def _writable_dir(value: str, info: ValidationInfo) -> str:
                                           {"path": path})
         else:  # created at start: the nearest existing parent must let us
             parent = Path(path).parent
-            while not parent.exists() and parent != parent.parent:
+            while not _exists(parent) and parent != parent.parent:
                 parent = parent.parent
             if not parent.is_dir():
                 raise PydanticCustomError(

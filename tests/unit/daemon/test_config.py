@@ -35,6 +35,7 @@ from amqp_policy_proxy.daemon.config import (
     load_daemon_config,
 )
 from amqp_policy_proxy.policy.model import PolicySettings
+from tests.support import ME
 
 CLI = Path(sys.executable).with_name("amqp-policy-proxy")
 ROOT = Path(__file__).resolve().parents[3]
@@ -214,7 +215,7 @@ def test_there_are_at_least_25_broken_configurations() -> None:
 def test_check_reports_every_problem(name: str, text: str, expected: list[str], confdir: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     path = write(confdir, text)
-    assert main(["check", "--config", str(path)]) == EXIT_CONFIG
+    assert main(["check", "--as-user", ME, "--config", str(path)]) == EXIT_CONFIG
     out = capsys.readouterr()
     assert out.out.splitlines() == [f"error: {path}: {e.format(d=confdir)}" for e in expected]
     assert "Traceback" not in out.out + out.err
@@ -227,8 +228,9 @@ def test_check_reports_every_problem(name: str, text: str, expected: list[str], 
 def test_real_cli_run_and_check_refuse_alike(command: str, name: str, text: str,
                                              expected: list[str], confdir: Path) -> None:
     path = write(confdir, text)
-    result = subprocess.run([str(CLI), command, "--config", str(path)], capture_output=True,
-                            text=True, timeout=60)
+    as_me = ["--as-user", ME] if command == "check" else []
+    result = subprocess.run([str(CLI), command, *as_me, "--config", str(path)],
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == EXIT_CONFIG
     shown = result.stdout if command == "check" else result.stderr
     assert shown.splitlines() == [f"error: {path}: {e.format(d=confdir)}" for e in expected]
@@ -355,7 +357,7 @@ def test_event_log_directory_must_be_writable(confdir: Path,
     locked = confdir / "locked"
     locked.mkdir(mode=0o500)
     path = write(confdir, BASE + '[event_log]\ndirectory = "locked/events"\n')
-    assert main(["check", "--config", str(path)]) == EXIT_CONFIG
+    assert main(["check", "--as-user", ME, "--config", str(path)]) == EXIT_CONFIG
     assert capsys.readouterr().out.splitlines() == [
         f"error: {path}: event_log.directory: {locked}/events: does not exist and cannot be "
         f"created ({locked} is not writable by this user)"]
@@ -468,7 +470,7 @@ def test_check_accepts_the_example_it_ships(confdir: Path) -> None:
     example = text.split("```toml\n", 1)[1].split("```", 1)[0]
     example = example.replace("/var/log/amqp-policy-proxy/events", "events")
     path = write(confdir, example)
-    assert main(["check", "--config", str(path)]) == EXIT_OK
+    assert main(["check", "--as-user", ME, "--config", str(path)]) == EXIT_OK
 
 
 # ---------------------------------------------------------------------------------- property
@@ -538,5 +540,5 @@ def test_check_refuses_workers_without_a_ledger(confdir: Path,
     (confdir / "p.json").write_text(json.dumps([["vhost", {"hostname": "$default"}]]))
     path = confdir / "c.toml"
     path.write_text(MINIMAL + "[daemon]\nworkers = 2\n")
-    assert main(["check", "--config", str(path)]) == EXIT_CONFIG
+    assert main(["check", "--as-user", ME, "--config", str(path)]) == EXIT_CONFIG
     assert "needs a [ledger]" in capsys.readouterr().out
