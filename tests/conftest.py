@@ -14,7 +14,9 @@ otherwise be skipped and the suite pass on the pure-Python code alone. The hypot
 * every other test module (the integration tiers, the bench smoke tests) is one scope: its
   tests run on one worker, in file order (the packaging tests install, check, then purge the
   .deb) and its module- and session-scoped peers start once;
-* the Spark tier is one scope, so one worker starts one SparkSession.
+* the Spark tier is one scope, so one worker starts one SparkSession;
+* ``tests/integration/debian`` is one scope: the .deb is built and installed once for the
+  deploy guide's and the packaging tests (package-scoped fixtures), then purged.
 
 xdist hands out the largest scopes first (``loadscope`` orders by test count), so the single
 unit tests fill the gaps at the end. ``xdist_group`` marks and ``--dist loadgroup`` are not used:
@@ -65,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def scope_of(nodeid: str) -> str:
     """The xdist work unit of the test ``nodeid`` (relative to the repository root, as
     pytest writes it): the nodeid itself in :data:`FREE_TIERS`, ``tests/spark`` for the
-    Spark tier, else the test's file."""
+    Spark tier, ``tests/integration/debian`` for the package tests, else the test's file."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
     if len(parts) > 2 and parts[0] == "tests":
@@ -73,6 +75,8 @@ def scope_of(nodeid: str) -> str:
             return nodeid
         if parts[1] == "spark":
             return "tests/spark"
+        if parts[1:3] == ["integration", "debian"] and len(parts) > 3:
+            return "tests/integration/debian"
     return path
 
 

@@ -51,7 +51,8 @@ from amqp_policy_proxy.demo.sasl import make_sasl_config
 from . import spawn_watchdog, stop_watchdog
 from .ports import free_port
 
-__all__ = ["REALM", "Management", "Qdrouterd", "RouterRecord", "QdrouterdError", "qdr_env", "unavailable_reason"]
+__all__ = ["REALM", "Management", "Qdrouterd", "QdrouterdError", "RouterRecord", "qdr_env",
+           "router_command", "unavailable_reason"]
 
 #: The SASL realm of the router's users: a client logs in as ``name@QDR.test``.
 REALM = "QDR.test"
@@ -99,6 +100,24 @@ def unavailable_reason() -> str | None:
     if shutil.which("saslpasswd2") is None:
         return "saslpasswd2 (Debian sasl2-bin) is not installed"
     return None
+
+
+def router_command(conf: Path) -> tuple[list[str], dict[str, str]]:
+    """The argument list and environment that run this machine's qdrouterd build on the
+    config file ``conf`` (``qdrouterd -c conf``, with the build's Python modules and
+    Cyrus-enabled proton library).
+
+    Raises:
+        QdrouterdError: no build (see :func:`unavailable_reason`).
+    """
+    env_vars = qdr_env()
+    if env_vars is None:
+        raise QdrouterdError(unavailable_reason() or "no qdrouterd")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = env_vars.get("QDR_PYTHONPATH", "")
+    env["LD_LIBRARY_PATH"] = env_vars.get("QDR_LD_LIBRARY_PATH", "")
+    binary = Path(env_vars["QDR_HOME"], "sbin", "qdrouterd")
+    return [str(binary), "-c", str(conf)], env
 
 
 def _stop_all_at_exit() -> None:
@@ -210,18 +229,13 @@ log {{
             QdrouterdError: no build (see :func:`unavailable_reason`), or the router exited or
                 did not listen within ``timeout`` seconds (with the tail of its log).
         """
-        env_vars = qdr_env()
-        if env_vars is None:
+        if qdr_env() is None:
             raise QdrouterdError(unavailable_reason() or "no qdrouterd")
         started = time.monotonic()
         self.workdir = Path(tempfile.mkdtemp(prefix="amqp-proxy-qdr-"))
-        conf = self._write_config(self.workdir)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = env_vars.get("QDR_PYTHONPATH", "")
-        env["LD_LIBRARY_PATH"] = env_vars.get("QDR_LD_LIBRARY_PATH", "")
-        binary = Path(env_vars["QDR_HOME"], "sbin", "qdrouterd")
+        argv, env = router_command(self._write_config(self.workdir))
         self._proc = subprocess.Popen(
-            [str(binary), "-c", str(conf)], env=env, cwd=self.workdir,
+            argv, env=env, cwd=self.workdir,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=open(self.workdir / "stderr.log", "wb"),  # noqa: SIM115 - child keeps it
         )

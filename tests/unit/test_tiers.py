@@ -17,9 +17,12 @@ def test_unit_and_property_tests_are_one_scope_each() -> None:
         assert scope_of(nodeid) == nodeid
 
 
-def test_other_modules_are_one_scope_and_spark_one_for_the_tier() -> None:
-    assert scope_of("tests/integration/test_packaging.py::test_purge_removes_the_package") == (
-        "tests/integration/test_packaging.py")
+def test_other_modules_are_one_scope_and_spark_and_debian_one_for_their_tier() -> None:
+    assert scope_of("tests/integration/test_drain.py::test_x") == "tests/integration/test_drain.py"
+    # the package tests share one build and install of the .deb
+    for module in ("test_packaging.py", "test_deploy_guide.py"):
+        assert scope_of(f"tests/integration/debian/{module}::test_y") == (
+            "tests/integration/debian")
     assert scope_of("tests/integration/qdrouterd/test_limits.py::test_x[a::b]") == (
         "tests/integration/qdrouterd/test_limits.py")
     assert scope_of("tests/spark/test_job.py::test_y") == "tests/spark"

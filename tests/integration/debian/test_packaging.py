@@ -14,7 +14,9 @@ The package tests need root, ``dpkg`` and the build dependencies that
 ``scripts/install-system-deps.sh`` installs (``make test`` runs it first); they skip, saying
 why, where those are missing, and also when the package (or a hand-made
 ``/etc/amqp-policy-proxy``) is already on this machine, which they would otherwise overwrite.
-Should the test process die while the package is installed, a watchdog purges it.
+Should the test process die while the package is installed, a watchdog purges it. The build
+and the install are this directory's fixtures (``conftest.py``), shared with the deploy
+guide's test (``test_deploy_guide.py``), which runs first and puts the package's files back.
 
 The .deb is compressed with zstd here (``DPKG_DEB_COMPRESSOR_TYPE``; ``make deb`` keeps
 dpkg's default xz, which takes 10-25 s more on this tree). Times on the 2-core test machine
@@ -25,105 +27,32 @@ demo and purge a few seconds.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.support import spawn_watchdog, stop_watchdog
+from tests.support.debian import (
+    BIN,
+    CONFIG,
+    DOC,
+    ETC,
+    PACKAGE,
+    UNIT,
+    VENV,
+    clean_env,
+    dpkg,
+    only,
+    output,
+    package_installed,
+    run,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = "amqp-policy-proxy"
-VENV = Path("/opt/venvs/amqp-policy-proxy")
-ETC = Path("/etc/amqp-policy-proxy")
-BIN = Path("/usr/bin/amqp-policy-proxy")
-UNIT = Path("/lib/systemd/system/amqp-policy-proxy.service")
-DOC = Path("/usr/share/doc/amqp-policy-proxy")
-CONFIG = ETC / "config.toml"
-
-# Build tools the package needs (scripts/install-system-deps.sh installs them).
-BUILD_TOOLS = {"dpkg-buildpackage": "dpkg-dev", "dh": "debhelper",
-               "dh_virtualenv": "dh-virtualenv", "systemd-analyze": "systemd"}
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without PYTHONPATH/PYTHONHOME (which would make an installed
-    copy import this checkout's sources instead of its own), plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    return {**env, **extra}
-
-
-def run(*args: str | Path, timeout: float = 120, env: dict[str, str] | None = None,
-        **kwargs) -> subprocess.CompletedProcess[str]:
-    """Run a command (no shell) in :func:`clean_env`, capturing its output as text."""
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL,
-                          env=clean_env() if env is None else env, **kwargs)
-
-
-def output(result: subprocess.CompletedProcess[str]) -> str:
-    """stdout and stderr of ``result``, for assertion messages."""
-    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-
-
-def dpkg(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``dpkg ARGS``, waiting (up to ``timeout``) while another process holds dpkg's lock."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = run("dpkg", *args, timeout=timeout,
-                     env=clean_env(DEBIAN_FRONTEND="noninteractive"))
-        locked = result.returncode != 0 and "lock" in result.stderr
-        if not locked or time.monotonic() > deadline:
-            return result
-        time.sleep(2)
-
-
-def package_installed() -> bool:
-    """Whether dpkg knows the package as installed (any state but not-installed)."""
-    result = run("dpkg-query", "-W", "-f=${db:Status-Status}", PACKAGE)
-    return result.returncode == 0 and result.stdout.strip() not in ("", "not-installed")
-
-
-def why_no_deb() -> str | None:
-    """Why the package cannot be built and installed here, or ``None`` when it can."""
-    if shutil.which("dpkg") is None:
-        return "dpkg is not installed (not a Debian system)"
-    if os.geteuid() != 0:
-        return "installing a Debian package with dpkg -i needs root"
-    for tool, package in BUILD_TOOLS.items():
-        if shutil.which(tool) is None:
-            return f"{tool} not found: install {package} (scripts/install-system-deps.sh)"
-    if package_installed():
-        return f"the {PACKAGE} package is already installed on this machine: not touching it"
-    for path in (ETC, BIN, VENV):
-        if path.exists() or path.is_symlink():
-            return f"{path} exists without the package (a hand-made install): not touching it"
-    return None
-
-
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``make dist``: the sdist and, built from it, the wheel (``python -m build``)."""
-    out = tmp_path_factory.mktemp("dist")
-    result = run(sys.executable, "-m", "build", "--outdir", out, ROOT, timeout=600)
-    assert result.returncode == 0, output(result)
-    return out
-
-
-def only(directory: Path, pattern: str) -> Path:
-    """The one file in ``directory`` matching ``pattern``."""
-    found = sorted(directory.glob(pattern))
-    assert len(found) == 1, found
-    return found[0]
 
 
 def test_wheel_carries_the_demo_policy_and_the_command(dist: Path) -> None:
@@ -170,39 +99,6 @@ def test_demo_runs_from_the_wheel_in_a_fresh_venv(dist: Path, tmp_path: Path) ->
     where = run(venv / "bin" / "python", "-c",
                 "import amqp_policy_proxy; print(amqp_policy_proxy.__file__)", cwd=tmp_path)
     assert where.stdout.startswith(str(venv)), output(where)
-
-
-# --- the Debian package ----------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def deb(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``make deb``: the .deb built from the sdist by scripts/build-deb.sh."""
-    reason = why_no_deb()
-    if reason is not None:
-        pytest.skip(reason)
-    sdist = only(dist, "amqp_policy_proxy-*.tar.gz")
-    work = tmp_path_factory.mktemp("deb")
-    # zstd instead of dpkg-deb's default xz: 0.4 s instead of 10-25 s for the ~57 MB tree
-    result = run(ROOT / "scripts" / "build-deb.sh", sdist, work / "out", work / "build",
-                 timeout=900, env=clean_env(DPKG_DEB_COMPRESSOR_TYPE="zstd"))
-    assert result.returncode == 0, output(result)
-    built = Path(result.stdout.strip().splitlines()[-1])
-    assert built.is_file(), output(result)
-    return built
-
-
-@pytest.fixture(scope="module")
-def installed(deb: Path):
-    """The package installed with ``dpkg -i``; purged afterwards whatever happens."""
-    watchdog = spawn_watchdog(f"dpkg --purge {PACKAGE} >/dev/null 2>&1")
-    try:
-        result = dpkg("-i", deb)
-        assert result.returncode == 0, output(result)
-        yield deb
-    finally:
-        if package_installed():
-            dpkg("--purge", PACKAGE)
-        stop_watchdog(watchdog)
 
 
 def test_package_metadata(deb: Path) -> None:
