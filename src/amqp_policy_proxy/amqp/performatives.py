@@ -475,6 +475,19 @@ def decode_performative(body: bytes | bytearray | memoryview) -> tuple[Composite
     return cls.from_fields(fields), consumed
 
 
+def decode_as(body: bytes | bytearray | memoryview, cls: type[_C]) -> _C:
+    """:func:`decode_performative` for a body whose descriptor says it is a ``cls`` (the
+    caller looked), without the payload's offset.
+
+    Raises:
+        DecodeError: as :func:`decode_performative`, or the body is another performative.
+    """
+    perf, _ = decode_performative(body)
+    if not isinstance(perf, cls):
+        raise DecodeError(f"expected {cls.__name__}, got {type(perf).__name__}")
+    return perf
+
+
 def symbols(value: Any) -> tuple[str, ...]:
     """Return a capabilities-like field (a symbol, an array or list of symbols) as strings."""
     if value is None:

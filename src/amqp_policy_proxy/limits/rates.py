@@ -314,7 +314,7 @@ class UserRate:
         """Links of this user waiting for tokens with no credit left (throttled)."""
         self.waiting_since: float | None = None
 
-    def set_rates(self, message_rate: int | None, byte_rate: int | None) -> None:
+    def set_rates(self, message_rate: float | None, byte_rate: float | None) -> None:
         """Messages and bytes per second (None or 0: that bucket is unlimited); each burst is
         :data:`SHAPING_BURST_SECONDS` worth, at least one message (or byte)."""
         self.message_rate = float(message_rate or 0)
