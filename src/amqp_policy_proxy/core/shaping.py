@@ -99,7 +99,7 @@ class ShapingBuckets(Protocol):
                 byte_rate: int | None, now: float) -> UserBucket:
         """The user's buckets, shared with the user's other connections."""
 
-    def release(self, bucket: UserBucket, now: float) -> None:
+    def release(self, bucket: Any, now: float) -> None:
         """One connection of the bucket's user is gone."""
 
 

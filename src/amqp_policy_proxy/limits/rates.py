@@ -198,6 +198,8 @@ class RateLimits:
             return None  # the common case: no rate at all
         vname = vhost.hostname
         checks = []
+        rate: float  # the vhost's or group's rate, or this proxy's share of it
+        cap: float
         for table, key, rate, reason in (
             (self._vhosts, vname, per_vhost, VHOST_RATE),
             (self.users, (vname, user), per_user, USER_RATE),
