@@ -48,8 +48,10 @@ test-fast: setup
 sanitize: venv
 	@scripts/sanitize.sh $(BIN) $(XDIST) $(PYTEST_ARGS)
 
+# ruff, then mypy over src ([tool.mypy] in pyproject.toml: amqp, core and policy --strict)
 lint: venv
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench fuzz
+	$(BIN)/mypy src
 
 bench: setup
 	$(BIN)/python bench/run_all.py

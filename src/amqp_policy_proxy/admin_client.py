@@ -129,13 +129,13 @@ class AdminClient:
 
     def status(self) -> dict[str, Any]:
         """``GET /v1/status``."""
-        return self.request("GET", "/v1/status")  # type: ignore[no-any-return]
+        return self.request("GET", "/v1/status")
 
     def connections(self, **filters: str | None) -> list[dict[str, Any]]:
         """``GET /v1/connections``: the admitted connections matching the filters given."""
         query = urlencode({k: v for k, v in filters.items() if v is not None})
         answer = self.request("GET", "/v1/connections" + (f"?{query}" if query else ""))
-        return answer["connections"]  # type: ignore[no-any-return]
+        return answer["connections"]
 
     def close(self, reason: str | None = None, rate: float | None = None,
               **selector: str | None) -> dict[str, Any]:
@@ -147,11 +147,11 @@ class AdminClient:
             body["reason"] = reason
         if rate is not None:
             body["rate"] = rate
-        return self.request("POST", "/v1/connections/close", body)  # type: ignore[no-any-return]
+        return self.request("POST", "/v1/connections/close", body)
 
     def close_progress(self, job: str) -> dict[str, Any]:
         """``GET /v1/connections/close/JOB``: how far a paced close is."""
-        return self.request("GET", f"/v1/connections/close/{quote(job, safe='')}")  # type: ignore[no-any-return]
+        return self.request("GET", f"/v1/connections/close/{quote(job, safe='')}")
 
     def ban(self, kind: str, value: str, seconds: float | None = None,
             reason: str | None = None) -> dict[str, Any]:
@@ -162,23 +162,23 @@ class AdminClient:
             body["seconds"] = seconds
         if reason is not None:
             body["reason"] = reason
-        return self.request("POST", "/v1/bans/add", body)  # type: ignore[no-any-return]
+        return self.request("POST", "/v1/bans/add", body)
 
     def unban(self, kind: str, value: str) -> dict[str, Any]:
         """``POST /v1/bans/remove``: lift the ban of a ``user`` or a ``host``."""
-        return self.request("POST", "/v1/bans/remove", {kind: value})  # type: ignore[no-any-return]
+        return self.request("POST", "/v1/bans/remove", {kind: value})
 
     def bans(self) -> list[dict[str, Any]]:
         """``GET /v1/bans``: the bans in force."""
-        return self.request("GET", "/v1/bans")["bans"]  # type: ignore[no-any-return]
+        return self.request("GET", "/v1/bans")["bans"]
 
     def pause(self, vhost: str) -> dict[str, Any]:
         """``POST /v1/vhosts/pause``."""
-        return self.request("POST", "/v1/vhosts/pause", {"vhost": vhost})  # type: ignore[no-any-return]
+        return self.request("POST", "/v1/vhosts/pause", {"vhost": vhost})
 
     def resume(self, vhost: str) -> dict[str, Any]:
         """``POST /v1/vhosts/resume``."""
-        return self.request("POST", "/v1/vhosts/resume", {"vhost": vhost})  # type: ignore[no-any-return]
+        return self.request("POST", "/v1/vhosts/resume", {"vhost": vhost})
 
 
 __all__ = ["AdminClient", "AdminClientError", "ConfigError", "DEFAULT_CONFIG", "socket_path"]

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 from .handshake import OpenHead
 from .handshake import is_sasl_mechanisms as is_sasl_mechanisms_py
@@ -56,23 +56,37 @@ from .transfer import read_transfer_fields
 #: Environment variable that turns the C parts off when set (not "" or "0"), read at import.
 DISABLE_ENV = "AMQP_PROXY_NO_ACCEL"
 
+Buffer = bytes | bytearray | memoryview
+"""What the readers read: the connection's receive buffer, or a view of it."""
+
 Delivery = tuple[int, int | None, bool]
 """A sender link's delivery in progress as the scanner carries it: ``(payload bytes so far,
 its first frame's delivery-id or None, whether a frame of it was settled)``."""
 
-ScanFunction = Callable[[object, int, int, int, int, int, int, bytes | None, Delivery | None],
+ScanFunction = Callable[[Buffer, int, int, int, int, int, int, bytes | None, Delivery | None],
                         tuple[int, int, Delivery | None]]
 
-HeadFunction = Callable[[object, int, int, bool], tuple[bytes | None, str | None, bool, bool] | None]
+HeadFunction = Callable[[Buffer, int, int, bool],
+                        tuple[bytes | None, str | None, bool, bool] | None]
 
-RouterScanFunction = Callable[[object, int, int, int], tuple[int, int]]
+RouterScanFunction = Callable[[Buffer, int, int, int], tuple[int, int]]
 
-OpenHeadFunction = Callable[[object, bool], tuple[Any, ...] | None]
+OpenHeadFunction = Callable[
+    [Buffer, bool], tuple[str, str | None, int | None, int | None, tuple[list[int], int]] | None]
 
-WindowReader = Callable[[object, int, int], Any]
+_T = TypeVar("_T")
+WindowReader = Callable[[Buffer, int, int], _T | None]
 """A C reader of ``buf[pos:end]`` (``(buf, pos, end) -> answer``, None: the Python reader
-decides)."""
+decides), generic in its answer."""
 
+# the C functions, or None each when the extension is not built
+scan_c: ScanFunction | None
+message_head_c: HeadFunction | None
+scan_router_c: RouterScanFunction | None
+open_head_c: OpenHeadFunction | None
+sasl_init_c: WindowReader[tuple[str, bytes | None]] | None
+sasl_mechanisms_c: WindowReader[bool] | None
+transfer_fields_c: WindowReader[tuple[int, int | None, bool, bool, bool, int, int]] | None
 try:
     from ._relayscan import message_head as message_head_c
     from ._relayscan import open_head as open_head_c
@@ -103,9 +117,9 @@ scan_router: RouterScanFunction | None = None
 #: sasl-inits and sasl-mechanisms, Transfer fields.
 _message_head: HeadFunction | None = None
 _open_head: OpenHeadFunction | None = None
-_sasl_init: WindowReader | None = None
-_sasl_mechanisms: WindowReader | None = None
-_transfer_fields: WindowReader | None = None
+_sasl_init: WindowReader[tuple[str, bytes | None]] | None = None
+_sasl_mechanisms: WindowReader[bool] | None = None
+_transfer_fields: WindowReader[tuple[int, int | None, bool, bool, bool, int, int]] | None = None
 
 
 def use(enabled: bool) -> None:
@@ -161,8 +175,8 @@ def read_head(buf: bytes | bytearray | memoryview, pos: int, end: int, *,
     return read_message_head(buf, pos, end, last=last, subject=subject)
 
 
-def _answer(c_reader: WindowReader | None, py_reader: Callable[[Any, int, int], Any],
-            buf: bytes | bytearray | memoryview, pos: int, end: int) -> Any:
+def _answer(c_reader: WindowReader[_T] | None, py_reader: Callable[[Buffer, int, int], _T],
+            buf: Buffer, pos: int, end: int) -> _T:
     """``c_reader(buf, pos, end)`` when the C reader is there and answers (not None), else
     ``py_reader(buf, pos, end)``, the Python reader it answers for."""
     if c_reader is not None:

@@ -50,7 +50,9 @@ def symbol_array(names: list[str]) -> Array:
     """Return an AMQP array of symbols (e.g. sasl-server-mechanisms, capabilities)."""
     from proton import UNDESCRIBED
 
-    return Array(UNDESCRIBED, Data.SYMBOL, *[symbol(n) for n in names])
+    # proton's annotation of the descriptor omits UNDESCRIBED, its own marker of an array
+    # without a descriptor (proton itself builds symbol arrays this way)
+    return Array(UNDESCRIBED, Data.SYMBOL, *[symbol(n) for n in names])  # type: ignore[arg-type]
 
 
 def descriptor_code(descriptor: Any) -> int | None:

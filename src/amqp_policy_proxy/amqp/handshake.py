@@ -14,7 +14,7 @@ treated differently, only faster (the one stated exception is :func:`is_sasl_mec
 from __future__ import annotations
 
 from struct import Struct
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 from .errors import DecodeError
 from .transfer import list_bounds, read_uint, skip_value
@@ -115,6 +115,16 @@ def _sized(buf: bytes | bytearray | memoryview, p: int, end: int, short: int,
     if stop > end:
         raise _NotPlain
     return start, stop
+
+
+@overload
+def _string(buf: bytes | bytearray | memoryview, p: int, end: int,
+            nullable: Literal[False]) -> tuple[str, int]: ...
+
+
+@overload
+def _string(buf: bytes | bytearray | memoryview, p: int, end: int,
+            nullable: bool) -> tuple[str | None, int]: ...
 
 
 def _string(buf: bytes | bytearray | memoryview, p: int, end: int,

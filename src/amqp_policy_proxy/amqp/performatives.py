@@ -4,7 +4,9 @@ Field names are the spec's with hyphens as underscores (Part 2 §2.7 performativ
 definitions, Part 3 §3.4 delivery states, §3.5 source/target, Part 5 §5.3.3 SASL frames).
 Values keep proton's AMQP type wrappers (``uint``, ``symbol``, ...) from decoding, so a
 decoded performative re-encodes to the same bytes; plain ``int``/``str`` values we set are
-wrapped with the field's declared AMQP type on encoding.
+wrapped with the field's declared AMQP type on encoding. A field is declared with one of the
+aliases :data:`UInt`, :data:`UShort`, :data:`UByte`, :data:`ULong`, :data:`Symbol` (what the
+type checker sees of it, and the AMQP type it is encoded as) or ``Any`` (any AMQP value).
 
 Encoding and decoding go through :mod:`.codec` (proton's codec). Transfers on the hot path are
 read by :mod:`.transfer` instead.
@@ -15,14 +17,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, TypeAlias, TypeVar, dataclass_transform
 
 from . import codec
-from .codec import symbol, ubyte, uint, ulong, ushort
 from .constants import Descriptor
 from .errors import DecodeError
 
-_WRAPPERS = {
+_WRAPPERS: dict[str, Callable[[Any], Any]] = {
     "uint": codec.uint,
     "ushort": codec.ushort,
     "ubyte": codec.ubyte,
@@ -31,6 +32,25 @@ _WRAPPERS = {
 }
 
 _REGISTRY: dict[int, type[Composite]] = {}
+
+# The field types. A decoded integer field is an int in its type's range (``from_fields``
+# checks it; proton's wrapper, a subclass of int) or None (absent or null); the proxy sets
+# plain ints, wrapped on encoding. A symbol field is wrapped on encoding when it is a str,
+# but a peer's value is not checked on decoding: it may be anything.
+UInt: TypeAlias = int | None
+"""An AMQP ``uint`` field."""
+UShort: TypeAlias = int | None
+"""An AMQP ``ushort`` field."""
+UByte: TypeAlias = int | None
+"""An AMQP ``ubyte`` field."""
+ULong: TypeAlias = int | None
+"""An AMQP ``ulong`` field."""
+Symbol: TypeAlias = object
+"""An AMQP ``symbol`` field (a str when the proxy sets it; None when absent)."""
+
+#: The AMQP type of a field, by the name of the alias it is annotated with (``Any``: none).
+_FIELD_KINDS = {"UInt": "uint", "UShort": "ushort", "UByte": "ubyte", "ULong": "ulong",
+                "Symbol": "symbol"}
 
 _INT_LIMITS = {"ubyte": 0xFF, "ushort": 0xFFFF, "uint": 0xFFFFFFFF, "ulong": 0xFFFFFFFFFFFFFFFF}
 
@@ -75,9 +95,6 @@ class Composite:
     #: AMQP wire type per typed field (from its annotation, see ``_composite``), used to
     #: range-check decoded values and to wrap plain Python values when encoding.
     TYPES: ClassVar[dict[str, str]] = {}
-
-    if TYPE_CHECKING:  # the subclasses' __init__ is made by _composite, out of sight
-        def __init__(self, **fields: Any) -> None: ...
 
     @classmethod
     def from_fields(cls, values: list[Any]) -> Composite:
@@ -129,28 +146,35 @@ _WRAP_ANY = "any"
 _WRAPPERS[_WRAP_ANY] = lambda v: v  # composites are wrapped by _wrap itself
 
 
-def _composite(descriptor: int | None) -> Callable[[type[Composite]], type[Composite]]:
+_C = TypeVar("_C", bound=Composite)
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def _composite(descriptor: int | None) -> Callable[[type[_C]], type[_C]]:
     """Class decorator: make ``cls`` a composite type whose fields are its annotations.
 
-    Each field is declared once, in wire order, annotated with its AMQP type or with ``Any``.
-    A field typed ``uint``, ``ushort``, ``ubyte``, ``ulong`` or ``symbol`` goes into ``TYPES``
-    (with the typed fields of the bases): its value is wrapped in that type on encoding and,
-    for the integers, range-checked on decoding. Every field defaults to None (absent or
-    null). The class becomes a frozen, slotted, keyword-only dataclass; with a ``descriptor``
-    it is that type's class, found by decoding (None: a base that only declares fields its
-    subclasses share). The annotations are read as written (strings: this module has
+    Each field is declared once, in wire order, as ``name: KIND = None``, ``KIND`` being
+    ``UInt``, ``UShort``, ``UByte``, ``ULong``, ``Symbol`` or ``Any``. A field of one of the
+    first five goes into ``TYPES`` as ``uint``, ``ushort``, ``ubyte``, ``ulong`` or
+    ``symbol`` (with the typed fields of the bases): its value is wrapped in that type on
+    encoding and, for the integers, range-checked on decoding. Every field defaults to None
+    (absent or null). The class becomes a frozen, slotted, keyword-only dataclass (the type
+    checker knows: ``dataclass_transform``); with a ``descriptor`` it is that type's class,
+    found by decoding (None: a base that only declares fields its subclasses share). The
+    annotations are read as written (strings: this module has
     ``from __future__ import annotations``).
 
     Raises:
         TypeError: a field annotated with anything else.
     """
 
-    def declare(cls: type[Composite]) -> type[Composite]:
+    def declare(cls: type[_C]) -> type[_C]:
         types = dict(cls.TYPES)
-        for name, kind in cls.__dict__.get("__annotations__", {}).items():
-            if kind != "Any":
-                if kind not in _WRAPPERS or kind == _WRAP_ANY:
-                    raise TypeError(f"{cls.__name__}.{name}: {kind} is not an AMQP type")
+        for name, alias in cls.__dict__.get("__annotations__", {}).items():
+            if alias != "Any":
+                kind = _FIELD_KINDS.get(alias)
+                if kind is None:
+                    raise TypeError(f"{cls.__name__}.{name}: {alias} is not an AMQP type")
                 types[name] = kind
             setattr(cls, name, None)
         cls.TYPES = types
@@ -171,9 +195,9 @@ def _composite(descriptor: int | None) -> Callable[[type[Composite]], type[Compo
 class Error(Composite):
     """error (Part 2 §2.8.14): condition symbol, description, info map."""
 
-    condition: symbol
-    description: Any
-    info: Any
+    condition: Symbol = None
+    description: Any = None
+    info: Any = None
 
 
 @_composite(None)
@@ -181,38 +205,38 @@ class _Terminus(Composite):
     """The fields a source and a target begin with, in the same order (Part 3 §3.5.3,
     §3.5.4): address, durability and expiry of the terminus, dynamic creation."""
 
-    address: Any
-    durable: uint
-    expiry_policy: symbol
-    timeout: uint
-    dynamic: Any
-    dynamic_node_properties: Any
+    address: Any = None
+    durable: UInt = None
+    expiry_policy: Symbol = None
+    timeout: UInt = None
+    dynamic: Any = None
+    dynamic_node_properties: Any = None
 
 
 @_composite(Descriptor.SOURCE)
 class Source(_Terminus):
     """source (Part 3 §3.5.3)."""
 
-    distribution_mode: symbol
-    filter: Any
-    default_outcome: Any
-    outcomes: Any
-    capabilities: Any
+    distribution_mode: Symbol = None
+    filter: Any = None
+    default_outcome: Any = None
+    outcomes: Any = None
+    capabilities: Any = None
 
 
 @_composite(Descriptor.TARGET)
 class Target(_Terminus):
     """target (Part 3 §3.5.4)."""
 
-    capabilities: Any
+    capabilities: Any = None
 
 
 @_composite(Descriptor.RECEIVED)
 class Received(Composite):
     """received delivery state (Part 3 §3.4.1)."""
 
-    section_number: uint
-    section_offset: ulong
+    section_number: UInt = None
+    section_offset: ULong = None
 
 
 @_composite(Descriptor.ACCEPTED)
@@ -224,7 +248,7 @@ class Accepted(Composite):
 class Rejected(Composite):
     """rejected outcome (Part 3 §3.4.3) carrying an ``Error``."""
 
-    error: Any
+    error: Any = None
 
 
 @_composite(Descriptor.RELEASED)
@@ -236,9 +260,9 @@ class Released(Composite):
 class Modified(Composite):
     """modified outcome (Part 3 §3.4.5)."""
 
-    delivery_failed: Any
-    undeliverable_here: Any
-    message_annotations: Any
+    delivery_failed: Any = None
+    undeliverable_here: Any = None
+    message_annotations: Any = None
 
 
 # --- performatives (Part 2 §2.7) -----------------------------------------------------------
@@ -248,119 +272,119 @@ class Modified(Composite):
 class Open(Composite):
     """open (§2.7.1). ``max_frame_size`` in bytes, ``idle_time_out`` in milliseconds."""
 
-    container_id: Any
-    hostname: Any
-    max_frame_size: uint
-    channel_max: ushort
-    idle_time_out: uint
-    outgoing_locales: Any
-    incoming_locales: Any
-    offered_capabilities: Any
-    desired_capabilities: Any
-    properties: Any
+    container_id: Any = None
+    hostname: Any = None
+    max_frame_size: UInt = None
+    channel_max: UShort = None
+    idle_time_out: UInt = None
+    outgoing_locales: Any = None
+    incoming_locales: Any = None
+    offered_capabilities: Any = None
+    desired_capabilities: Any = None
+    properties: Any = None
 
 
 @_composite(Descriptor.BEGIN)
 class Begin(Composite):
     """begin (§2.7.2). Windows are counted in transfer frames."""
 
-    remote_channel: ushort
-    next_outgoing_id: uint
-    incoming_window: uint
-    outgoing_window: uint
-    handle_max: uint
-    offered_capabilities: Any
-    desired_capabilities: Any
-    properties: Any
+    remote_channel: UShort = None
+    next_outgoing_id: UInt = None
+    incoming_window: UInt = None
+    outgoing_window: UInt = None
+    handle_max: UInt = None
+    offered_capabilities: Any = None
+    desired_capabilities: Any = None
+    properties: Any = None
 
 
 @_composite(Descriptor.ATTACH)
 class Attach(Composite):
     """attach (§2.7.3). ``role`` False = sender, True = receiver (of the frame's sender)."""
 
-    name: Any
-    handle: uint
-    role: Any
-    snd_settle_mode: ubyte
-    rcv_settle_mode: ubyte
-    source: Any
-    target: Any
-    unsettled: Any
-    incomplete_unsettled: Any
-    initial_delivery_count: uint
-    max_message_size: ulong
-    offered_capabilities: Any
-    desired_capabilities: Any
-    properties: Any
+    name: Any = None
+    handle: UInt = None
+    role: Any = None
+    snd_settle_mode: UByte = None
+    rcv_settle_mode: UByte = None
+    source: Any = None
+    target: Any = None
+    unsettled: Any = None
+    incomplete_unsettled: Any = None
+    initial_delivery_count: UInt = None
+    max_message_size: ULong = None
+    offered_capabilities: Any = None
+    desired_capabilities: Any = None
+    properties: Any = None
 
 
 @_composite(Descriptor.FLOW)
 class Flow(Composite):
     """flow (§2.7.4)."""
 
-    next_incoming_id: uint
-    incoming_window: uint
-    next_outgoing_id: uint
-    outgoing_window: uint
-    handle: uint
-    delivery_count: uint
-    link_credit: uint
-    available: uint
-    drain: Any
-    echo: Any
-    properties: Any
+    next_incoming_id: UInt = None
+    incoming_window: UInt = None
+    next_outgoing_id: UInt = None
+    outgoing_window: UInt = None
+    handle: UInt = None
+    delivery_count: UInt = None
+    link_credit: UInt = None
+    available: UInt = None
+    drain: Any = None
+    echo: Any = None
+    properties: Any = None
 
 
 @_composite(Descriptor.TRANSFER)
 class Transfer(Composite):
     """transfer (§2.7.5). On the hot path use :func:`.transfer.read_transfer` instead."""
 
-    handle: uint
-    delivery_id: uint
-    delivery_tag: Any
-    message_format: uint
-    settled: Any
-    more: Any
-    rcv_settle_mode: ubyte
-    state: Any
-    resume: Any
-    aborted: Any
-    batchable: Any
+    handle: UInt = None
+    delivery_id: UInt = None
+    delivery_tag: Any = None
+    message_format: UInt = None
+    settled: Any = None
+    more: Any = None
+    rcv_settle_mode: UByte = None
+    state: Any = None
+    resume: Any = None
+    aborted: Any = None
+    batchable: Any = None
 
 
 @_composite(Descriptor.DISPOSITION)
 class Disposition(Composite):
     """disposition (§2.7.6)."""
 
-    role: Any
-    first: uint
-    last: uint
-    settled: Any
-    state: Any
-    batchable: Any
+    role: Any = None
+    first: UInt = None
+    last: UInt = None
+    settled: Any = None
+    state: Any = None
+    batchable: Any = None
 
 
 @_composite(Descriptor.DETACH)
 class Detach(Composite):
     """detach (§2.7.7)."""
 
-    handle: uint
-    closed: Any
-    error: Any
+    handle: UInt = None
+    closed: Any = None
+    error: Any = None
 
 
 @_composite(Descriptor.END)
 class End(Composite):
     """end (§2.7.8)."""
 
-    error: Any
+    error: Any = None
 
 
 @_composite(Descriptor.CLOSE)
 class Close(Composite):
     """close (§2.7.9)."""
 
-    error: Any
+    error: Any = None
 
 
 # --- SASL frames (Part 5 §5.3.3) -------------------------------------------------------------
@@ -370,16 +394,16 @@ class Close(Composite):
 class SaslMechanisms(Composite):
     """sasl-mechanisms (§5.3.3.1)."""
 
-    sasl_server_mechanisms: Any
+    sasl_server_mechanisms: Any = None
 
 
 @_composite(Descriptor.SASL_INIT)
 class SaslInit(Composite):
     """sasl-init (§5.3.3.2). ``initial_response`` may hold credentials: never log it."""
 
-    mechanism: symbol
-    initial_response: Any
-    hostname: Any
+    mechanism: Symbol = None
+    initial_response: Any = None
+    hostname: Any = None
 
     def __repr__(self) -> str:
         """Redacted representation: the initial response is never shown."""
@@ -390,14 +414,14 @@ class SaslInit(Composite):
 class SaslChallenge(Composite):
     """sasl-challenge (§5.3.3.3)."""
 
-    challenge: Any
+    challenge: Any = None
 
 
 @_composite(Descriptor.SASL_RESPONSE)
 class SaslResponse(Composite):
     """sasl-response (§5.3.3.4). May hold credentials: never log it."""
 
-    response: Any
+    response: Any = None
 
     def __repr__(self) -> str:
         """Redacted representation."""
@@ -408,8 +432,8 @@ class SaslResponse(Composite):
 class SaslOutcome(Composite):
     """sasl-outcome (§5.3.3.6). ``code`` 0 = ok."""
 
-    code: ubyte
-    additional_data: Any
+    code: UByte = None
+    additional_data: Any = None
 
 
 #: The encodings of an error-less Close (list0, list8, list32 with no fields), recognised from
@@ -449,6 +473,19 @@ def decode_performative(body: bytes | bytearray | memoryview) -> tuple[Composite
     if cls is None:
         raise DecodeError(f"descriptor 0x{code:02x} is not a performative")
     return cls.from_fields(fields), consumed
+
+
+def decode_as(body: bytes | bytearray | memoryview, cls: type[_C]) -> _C:
+    """:func:`decode_performative` for a body whose descriptor says it is a ``cls`` (the
+    caller looked), without the payload's offset.
+
+    Raises:
+        DecodeError: as :func:`decode_performative`, or the body is another performative.
+    """
+    perf, _ = decode_performative(body)
+    if not isinstance(perf, cls):
+        raise DecodeError(f"expected {cls.__name__}, got {type(perf).__name__}")
+    return perf
 
 
 def symbols(value: Any) -> tuple[str, ...]:

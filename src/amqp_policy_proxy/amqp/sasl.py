@@ -116,8 +116,8 @@ def identity_from_sasl_init(mechanism: str, initial_response: bytes | None, *,
         user = _scram_unescape(pieces[2][2:])
         if not user:
             raise DecodeError("SCRAM client-first-message with an empty n=")
-        authzid = _scram_unescape(authz[2:]) if authz else ""
-        return SaslIdentity(user, authzid or None, "SCRAM")
+        claimed = _scram_unescape(authz[2:]) if authz else ""
+        return SaslIdentity(user, claimed or None, "SCRAM")
     if mech == "EXTERNAL":
         claimed = _utf8(bytes(initial_response), "EXTERNAL authzid") if initial_response else ""
         return SaslIdentity(tls_identity, claimed or None, "EXTERNAL")

@@ -37,7 +37,7 @@ from ..amqp.constants import UINT_MAX, USHORT_MAX, Condition
 from ..amqp.errors import IllegalStateError
 from ..amqp.framing import encode_frame
 from ..amqp.handshake import OpenHead, patch_open
-from ..amqp.performatives import Open, checked_replace, decode_performative
+from ..amqp.performatives import Open, checked_replace, decode_as
 from ..policy import decisions
 from ..policy.lookup import lookup_vhost
 from ..policy.model import GroupSettings
@@ -208,10 +208,9 @@ class Admission(Room):
             return True
         if user is None:
             ctx.vhost = lookup_vhost(policy, hostname)
-            reason = (
-                ConnectionDenyReason.UNKNOWN_USER if ctx.vhost else ConnectionDenyReason.NO_VHOST
-            )
-            self._deny(reason, "no authenticated user name", hostname, now)
+            self._deny(
+                ConnectionDenyReason.UNKNOWN_USER if ctx.vhost else ConnectionDenyReason.NO_VHOST,
+                "no authenticated user name", hostname, now)
             return False
         decision = decisions.approve_open(
             policy, hostname=hostname, user=user, remote_host=ctx.client_address
@@ -245,7 +244,7 @@ class Admission(Room):
             enforce=not shadow,
         )
         waiting = _Waiting(open_, body, vhost, group, user, hostname, decision, would, shadow)
-        if reason is LEDGER_PENDING:
+        if isinstance(reason, LedgerPending):  # (LEDGER_PENDING, the one instance)
             self.in_ledger = True  # the ledger may count it before the answer comes
             self.waiting = waiting
             ctx.handshake_deadline = deadline
@@ -272,16 +271,13 @@ class Admission(Room):
             self.in_ledger = False
         return self._counted(reason, waiting, now)
 
-    def _counted(
-        self, reason: ConnectionDenyReason | None | LedgerPending, w: _Waiting, now: float
-    ) -> bool:
+    def _counted(self, reason: ConnectionDenyReason | None, w: _Waiting, now: float) -> bool:
         """Finish the decision on the ledger's answer: the connection rates, then approve or
         deny (in shadow mode, approve and report the first would-be denial)."""
-        assert reason is not LEDGER_PENDING
         ctx = self.ctx
         vhost, group, user, shadow, would = w.vhost, w.group, w.user, w.shadow, w.would
         if reason is None and would is None and self.rates is not None:
-            reason = self.rates.try_admit(vhost=vhost, group=group, user=user,
+            reason = self.rates.try_admit(vhost=vhost, group=group or UNGROUPED, user=user,
                                           remote_host=ctx.remote_host, now=now)
             if reason is not None and not shadow:
                 self.ledger.release(ctx.conn_id)  # a denied connection holds no count slot
@@ -386,7 +382,8 @@ class Admission(Room):
                 forward = encode_frame(0, patched)
             else:
                 if not isinstance(open_, Open):  # read from bytes, yet not patchable
-                    open_, _ = decode_performative(body)
+                    assert body is not None, "an OpenHead is read from the Open's bytes"
+                    open_ = decode_as(body, Open)
                 forward = frame(0, checked_replace(open_, channel_max=given))
         elif isinstance(open_, OpenHead) and body is not None:
             forward = encode_frame(0, body)  # read from its bytes: relayed as it came

@@ -42,8 +42,10 @@ from ..amqp.performatives import (
     EMPTY_CLOSE_BODIES,
     Close,
     Open,
+    SaslInit,
     SaslOutcome,
     Transfer,
+    decode_as,
     decode_performative,
 )
 from ..amqp.sasl import ANONYMOUS_USER, identity_from_sasl_init
@@ -295,7 +297,7 @@ class ClientSide(Leg):
         if init is None:
             code, _, _ = check_performative(buf, body, fend)
             if code == Descriptor.SASL_INIT:
-                perf, _ = decode_performative(memoryview(buf)[body:fend])
+                perf = decode_as(memoryview(buf)[body:fend], SaslInit)
                 init = (str(perf.mechanism or ""), perf.initial_response)
             elif code != Descriptor.SASL_RESPONSE:
                 raise IllegalStateError(f"client sent {Descriptor(code).name} during SASL")
@@ -410,9 +412,10 @@ class ClientSide(Leg):
         perf: Open | OpenHead | None = accel.read_open_head(raw)
         if perf is None:
             check_performative(raw, 0, len(raw))
-            perf, _ = decode_performative(raw)
-            if not isinstance(perf, Open):
-                raise IllegalStateError(f"expected Open, got {type(perf).__name__}")
+            decoded, _ = decode_performative(raw)
+            if not isinstance(decoded, Open):
+                raise IllegalStateError(f"expected Open, got {type(decoded).__name__}")
+            perf = decoded
         if channel != 0:
             raise FramingError("Open on a channel other than 0")
         self.open = perf

@@ -10,7 +10,7 @@ no room imports the facade and the imports run one way.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..amqp.performatives import Error
 from ..ingress.peer import ClientAddress
@@ -20,6 +20,9 @@ from .logbudget import LogBudget
 from .records import Figures
 from .state import Sides
 from .wire import Wire
+
+if TYPE_CHECKING:
+    from ..policy.model import GroupSettings, Policy, VhostPolicy
 
 #: Largest frame accepted from the client before the proxy has advertised a max-frame-size
 #: (the spec says 512 for SASL frames and an Open; the proxy is lenient but bounded).
@@ -32,6 +35,9 @@ logger = logging.getLogger(__name__)
 LINGER_SECONDS = 2.0
 #: Default seconds from accept to the Open decision.
 HANDSHAKE_SECONDS = 10.0
+
+Who = tuple[str, float, str | None, str | None, str | None, str, str, str | None]
+"""The positional fields of every event (:meth:`Context.who`)."""
 
 
 class Context:
@@ -82,7 +88,7 @@ class Context:
         *,
         remote_host: str | ClientAddress,
         listener: str,
-        policy: Any,
+        policy: Policy,
         now: float,
         handshake_timeout: float = HANDSHAKE_SECONDS,
         container_id: str = "amqp-policy-proxy",
@@ -116,22 +122,25 @@ class Context:
                 None: a connection authenticated by it (SASL EXTERNAL) ends when it passes.
         """
         self.conn_id = conn_id
-        self.remote_host = remote_host if type(remote_host) is str else remote_host.text
+        self.remote_host = remote_host if isinstance(remote_host, str) else remote_host.text
         """The client's normalised IP text (logs, events, per-host counts)."""
         self.client_address = remote_host
         """The same, as the shell parsed it (``remoteHosts`` checks)."""
         self.listener = listener
         self.balancer_host = balancer_host
         """The load balancer's address when ``remote_host`` came from its PROXY header."""
-        self.policy = policy
+        self.policy: Policy = policy
+        """The policy snapshot the connection was accepted (or last re-evaluated) under."""
         self.tls_subject = tls_subject
         """RFC 4514 subject of the client certificate the proxy verified, else None."""
         self.wall_offset = wall_offset
         self.accepted_at = now
         self.user: str | None = None
         """The authenticated user, once the Open is decided."""
-        self.vhost: Any = None
-        self.group: Any = None
+        self.vhost: VhostPolicy | None = None
+        """The vhost the Open's hostname resolved to (None: before that, or none matched)."""
+        self.group: GroupSettings | None = None
+        """The user's group in that vhost, once admitted (None: before, or denied)."""
         self.governed = False
         """Admitted under a group whose limits apply."""
         self.opened_at: float | None = None
@@ -178,9 +187,9 @@ class Context:
     @property
     def vhost_name(self) -> str | None:
         """The resolved vhost's name (None before resolution or when none matched)."""
-        return getattr(self.vhost, "hostname", None)
+        return None if self.vhost is None else self.vhost.hostname
 
-    def who(self, now: float) -> tuple[Any, ...]:
+    def who(self, now: float) -> Who:
         """The fields every event of this connection carries, in the order of
         :class:`~.events.ProxyEvent`'s positional fields: ``(conn_id, at, vhost, group, user,
         remote_host, listener, balancer_host)``, ``at`` being ``now``."""
@@ -203,9 +212,10 @@ class Context:
                        "%s: %s%s", self.conn_id, "(none)" if user is None else user,
                        self.remote_host, mechanism or "(none)", reason,
                        "" if code is None else f" ({code})")
-        who = list(self.who(now))
-        who[4] = user  # the name the sasl-init claimed: nobody authenticated it
-        self.wire.emit(SaslFailed(*who, mechanism=mechanism, reason=reason, code=code))
+        who = self.who(now)
+        # user: the name the sasl-init claimed, nobody authenticated it
+        self.wire.emit(SaslFailed(*who[:4], user, *who[5:], mechanism=mechanism, reason=reason,
+                                  code=code))
 
     def linger(self, now: float, seconds: float = LINGER_SECONDS) -> None:
         """Give the other side ``seconds`` to answer a Close before the transports close."""

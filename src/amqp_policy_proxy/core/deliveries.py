@@ -496,20 +496,22 @@ class Deliveries(Room):
             head = None
         wall_now = now + conn.wall_offset
         shadow = in_shadow(conn)  # a durable rewrite is not a denial: none in shadow
+        topics = self.rules.topics
+        assert topics is not None, "only a receiver under a topic model filters deliveries"
         if head is not None and not head.complete:
             visible, decided = False, "properties not in the first frame"
-        elif head is not None and head.to is not None and conn.naming.resolve(head.to):
+        elif head is not None and head.to is not None and (
+                resolved := conn.naming.resolve(head.to)) is not None:
             to = head.to
             # the topic the upstream resolves the message's address to (decision 0007)
-            d = self.rules.topics.check_delivery(
-                self.rules.principal, link.address or "",
-                conn.naming.resolve(to).topic_name, wall_now=wall_now  # type: ignore[union-attr]
+            d = topics.check_delivery(
+                self.rules.principal, link.address or "", resolved.topic_name, wall_now=wall_now
             )
             visible, decided = d.visible, d.decided_by
             link.rewrite_durable = d.strip_durable and not shadow
         else:
             node = link.node  # the subscription as the upstream resolves it
-            d = self.rules.topics.check_unknown_delivery(
+            d = topics.check_unknown_delivery(
                 self.rules.principal,
                 node.topic_name if node is not None else link.address or "",
                 wall_now=wall_now,

@@ -107,6 +107,7 @@ class FastPath:
                     transfers += 1
                     session = sessions.get(channel)
                     f = None
+                    link = None
                     if session is not None and session.numbering is None:
                         # (a session that withheld a delivery renumbers every Transfer after
                         # it: the general handler does, and the scanner never sees them)
@@ -116,10 +117,10 @@ class FastPath:
                         # Transfer frames the client may still send (maxSessionWindow); the
                         # frame past the window takes the general handler, which refuses it
                         left = 1 if window is None else (all_sessions.window_left(session) or 0)
-                        sender = (link is not None and link.is_sender
-                                  and not link.client_detached)
+                        if link is not None and (not link.is_sender or link.client_detached):
+                            link = None  # link: the client's attached sender link, else None
                         if (
-                            sender
+                            link is not None
                             and not f[4]
                             and link.shaper is None
                             and not (link.in_delivery and link.discarding)
@@ -166,7 +167,8 @@ class FastPath:
                                 continue
                     # a decision, a denial or an error: the general Transfer handler
                     wire.run_start, wire.run_end = run_start, run_end
-                    if f is not None and sender:  # (its lookups done above)
+                    if f is not None and link is not None and session is not None:
+                        # a sender link's Transfer (its lookups done above)
                         session.transfers_in += 1
                         if window is not None:
                             all_sessions.check_window(session)

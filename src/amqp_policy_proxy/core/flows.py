@@ -39,6 +39,10 @@ class SessionFlows(Room):
     window_pending: set[SessionRecord]
     shaping: Shaping | None
 
+    if TYPE_CHECKING:  # Sessions' own method
+
+        def session(self, channel: int, what: str) -> SessionRecord | None: ...
+
     def on_client_flow(self, perf: Flow, raw: bytes, channel: int, now: float) -> None:
         """A client Flow (Part 2 §2.7.4) that needs a look: one for a denied handle is consumed;
         its next-outgoing-id is renumbered past the Transfer frames the router never got, and

@@ -48,6 +48,7 @@ from ..amqp.performatives import (
     Open,
     SaslMechanisms,
     SaslOutcome,
+    decode_as,
     decode_performative,
 )
 from ..amqp.transfer import is_transfer_descriptor
@@ -317,7 +318,7 @@ class RouterSide(Leg):
             raw = bytes(buf[pos:fend])
             entry = _HANDLERS.get(type(perf))
             if entry is None:
-                replacement: bytes | None = raw  # relayed untouched
+                replacement = raw  # relayed untouched
             else:
                 in_sessions, handler = entry
                 replacement = handler(self.sessions if in_sessions else self, perf, raw,
@@ -370,9 +371,10 @@ class RouterSide(Leg):
             if patched is not None:
                 data = encode_frame(0, patched)
             else:
-                if not isinstance(perf, Open):  # read from bytes, yet not patchable
-                    perf, _ = decode_performative(raw[raw[4] * DOFF_UNIT :])
-                data = frame(0, dataclasses.replace(perf, **changes))
+                # read from bytes, yet not patchable: decoded
+                whole = perf if isinstance(perf, Open) else decode_as(raw[raw[4] * DOFF_UNIT :],
+                                                                       Open)
+                data = frame(0, dataclasses.replace(whole, **changes))
         if sessions.early_denials:  # session denials that had to wait for this Open
             data += b"".join(sessions.early_denials)
             sessions.early_denials.clear()

@@ -9,13 +9,18 @@ Attach; :mod:`.deliveries` about each delivery.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..amqp.accel import read_head
+from ..amqp.accel import Buffer, read_head
 from ..policy import decisions
 from ..policy.reasons import MessageDenyReason
 from .context import Context
 from .records import LinkRecord
+
+if TYPE_CHECKING:
+    from ..policy.model import GroupSettings
+    from ..policy.naming import Node
+    from ..policy.topics import TopicAuthorizer, TopicDecision
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +55,20 @@ class MessageRules:
         named sender link (no topic model), else None (:mod:`.fastpath`)."""
         self.relay_allowed: str | None = None
         """The last relay ``to`` the address rules allowed (a relay sender repeats it)."""
-        self.topics: Any = None
+        self.topics: TopicAuthorizer | None = None
         """The group's topic authorizer, if a topic model applies to it."""
         self.principal: Any = None
+        """The :class:`~amqp_policy_proxy.policy.topics.Principal` the topic models are asked
+        about, while :attr:`topics` is set (read only then)."""
         self.qos_of: Any = None
+        """:func:`~amqp_policy_proxy.policy.topics.qos_of`, while :attr:`topics` is set (the
+        topics package is imported only for a vhost with topic models)."""
         self.topic_receivers = False
         """Some receiver link needs per-delivery topic handling (router Transfers are read)."""
         self.allow_router_annotations = False
         """``allowRouterAnnotations``: relay messages may carry ``x-opt-qd.*`` annotations."""
 
-    def govern(self, group: Any, user: str, tls_subject: str | None) -> None:
+    def govern(self, group: GroupSettings, user: str, tls_subject: str | None) -> None:
         """Apply ``group``'s message rules to this connection (at admission, and again when a
         reload's policy keeps the connection under a changed group: then they apply to new
         deliveries)."""
@@ -67,7 +76,7 @@ class MessageRules:
         self.check_user_id = not group.allow_user_id_proxy
         self.allow_router_annotations = group.allow_router_annotations
         self.user_id_bytes = user.encode("utf-8")
-        topics = getattr(group, "topics", None)
+        topics = group.topics
         self.topics = self.principal = None  # (a reload may govern again: rules.py's caller)
         self.scan_user_id = None
         if topics is not None:
@@ -86,14 +95,16 @@ class MessageRules:
         return (link.anonymous or self.check_user_id or self.topics is not None
                 or (node is not None and node.by_subject))
 
-    def check_link(self, is_sender: bool, address: str, node: Any, qos: int,
-                   now: float) -> Any:
+    def check_link(self, is_sender: bool, address: str, node: Node | None, qos: int,
+                   now: float) -> TopicDecision:
         """The topic models' decision on a link to ``address`` (publish or subscribe), made
         on the topic the upstream resolves it to (``node``, a
         :class:`~amqp_policy_proxy.policy.naming.Node`; None in shadow mode for an address
         whose node is not certain: the raw text is shown to the models)."""
         conn = self.ctx
-        check = self.topics.check_publish if is_sender else self.topics.check_subscribe
+        topics = self.topics
+        assert topics is not None, "check_link is asked only while topics is set"
+        check = topics.check_publish if is_sender else topics.check_subscribe
         topic = address if node is None else node.topic_name
         verdict = check(self.principal, topic, qos=qos, wall_now=now + conn.wall_offset)
         if not verdict.allowed:
@@ -109,7 +120,7 @@ class MessageRules:
         return verdict
 
     def message_denial(
-        self, link: LinkRecord, buf: Any, payload: int, fend: int, more: bool, now: float
+        self, link: LinkRecord, buf: Buffer, payload: int, fend: int, more: bool, now: float
     ) -> tuple[MessageDenyReason, str | None] | None:
         """The per-message checks on the first frame of a delivery on an inspected link:
         QDR's ``user-id`` check (allowUserIdProxy false) and anonymous-relay ``to`` (address
@@ -139,12 +150,14 @@ class MessageRules:
         conn = self.ctx
         topics = self.topics
         naming = conn.naming
+        group = conn.group
+        assert group is not None, "only a link attached under a group is inspected"
         if link.anonymous:
             if head.router_annotations and not self.allow_router_annotations:
                 return MessageDenyReason.ROUTER_ANNOTATIONS, to
             if to is not None:
                 if to != self.relay_allowed:
-                    if not decisions.approve_relay_target(conn.group, user=conn.user or "", to=to,
+                    if not decisions.approve_relay_target(group, user=conn.user or "", to=to,
                                                           naming=naming):
                         return MessageDenyReason.RELAY_TARGET, to
                     self.relay_allowed = to
@@ -160,7 +173,7 @@ class MessageRules:
             # RabbitMQ routes this message by its subject: that node is the message's target
             routed = naming.with_subject(node, head.subject)
             if routed is None or not decisions.node_allowed(
-                    conn.group.targets, routed, conn.user or "", conn.group.declared_prefixes):
+                    group.targets, routed, conn.user or "", group.declared_prefixes):
                 return MessageDenyReason.RELAY_TARGET, head.subject
             if topics is not None and not topics.check_publish(
                 self.principal, routed.topic_name, qos=link.qos,

@@ -318,6 +318,7 @@ class Sessions(SessionFlows):
             and not is_sender
             and (verdict.per_delivery or verdict.strip_durable)
         ):
+            assert group is not None, "topic models are governed under a group"
             link.topic_filter = verdict.per_delivery
             # a durable rewrite is not a denial: in shadow nothing on the wire changes
             link.strip_durable = verdict.strip_durable and not group.shadow

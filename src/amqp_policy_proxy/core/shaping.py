@@ -87,6 +87,10 @@ class UserBucket(Protocol):
     def throttled(self, on: bool, now: float) -> None:
         """A link starts or stops waiting for tokens with no credit left."""
 
+    def set_rates(self, message_rate: float | None, byte_rate: float | None) -> None:
+        """The group's messages and bytes per second (None or 0: unlimited), as a reload
+        changes them."""
+
 
 class ShapingBuckets(Protocol):
     """What the core needs of the shared shaping buckets (``limits.rates.RateLimits``)."""
@@ -322,7 +326,8 @@ class Shaping(Room):
         and the tokens (less ``given`` just granted elsewhere) allow, with a Flow to the
         client when ``send``; else wait for tokens. Returns the credit granted."""
         if s.router_limit is None or s.drain or s.gone():
-            if send and s.drain and s.sent >= s.limit and s.router_limit > s.limit:
+            if (send and s.drain and s.sent >= s.limit and s.router_limit is not None
+                    and s.router_limit > s.limit):  # (a drain comes with the router's limit)
                 self._drain_done(s, None)
             self._wait(s, False, now)
             return 0
@@ -375,6 +380,8 @@ class Shaping(Room):
         state as the client knows it and the link's new credit (Part 2 §2.7.4)."""
         session = s.session
         ss = session.shaping
+        channel = session.router_channel
+        assert channel is not None, "a shaped link's session has begun on the router"
         next_in = session.client_next_out + session.transfers_in
         end = max(ss.in_end, session.client_window_end)
         flow = Flow(
@@ -386,7 +393,7 @@ class Shaping(Room):
             delivery_count=s.sent & UINT_MAX,
             link_credit=s.limit - s.sent,
         )
-        self.wire.send(CLIENT, frame(session.router_channel, flow))
+        self.wire.send(CLIENT, frame(channel, flow))
 
     def _drain_done(self, s: ShapedLink, changes: dict[str, Any] | None) -> None:
         """The client has no credit left during the router's drain: the credit the proxy

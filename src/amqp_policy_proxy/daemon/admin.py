@@ -75,7 +75,7 @@ WORKER_TIMEOUT = 10.0
 _CONTROL_KEY = web.AppKey("control", Control)
 _TOKEN_KEY = web.AppKey("token", str)
 _FORWARDED_KEY = web.AppKey("forwarded_peer", bool)
-_WORKERS_KEY = web.AppKey("workers", Callable)
+_WORKERS_KEY: web.AppKey[Callable[[], list[WorkerAdmin]]] = web.AppKey("workers")
 _PARENT_JOBS = itertools.count(1)
 
 
@@ -452,7 +452,7 @@ def _first_error(answers: Sequence[_Answer]) -> web.Response | None:
 
 
 def _workers(request: web.Request) -> list[WorkerAdmin]:
-    return request.app[_WORKERS_KEY]()  # type: ignore[no-any-return]
+    return request.app[_WORKERS_KEY]()
 
 
 async def _workers_status(request: web.Request) -> web.Response:

@@ -25,7 +25,7 @@ from typing import Any
 from ..core.admission import AdmissionLedger
 from ..core.connection import ProxyConnection
 from ..core.events import ConnectionDenied, PolicyReloaded, ProxyEvent, SaslFailed
-from ..fleet.ledger import IN_PROCESS, FleetLedger
+from ..fleet.ledger import IN_PROCESS, FleetLedger, LedgerObserver
 from ..fleet.rates import FleetRates
 from ..ingress.peer import ClientAddress, client_address
 from ..limits.connections import ConnectionLedger
@@ -451,18 +451,27 @@ class Daemon:
         servers: dict[int, ssl.SSLContext] = {}
         upstreams: dict[UpstreamConfig, ssl.SSLContext] = {}
         issues: list[str] = []
-        for key, ends, build, into in (
-                ("listener", self.config.listeners, self.server_ssl_context, servers),
-                ("upstream", self.config.upstreams, self.build_upstream_ssl_context, upstreams)):
-            for i, end in enumerate(ends):
-                try:
-                    ctx = build(end)
-                except OSError as exc:  # ssl.SSLError is an OSError
-                    issues.append(f"{key}[{i}] {end.address}: TLS files ({end.tls_cert}, "
-                                  f"{end.tls_key}, {end.tls_ca}): {exc}")
-                    continue
-                if ctx is not None:
-                    into[i if key == "listener" else end] = ctx  # type: ignore[index]
+
+        def failed(key: str, i: int, end: ListenerConfig | UpstreamConfig, exc: OSError) -> None:
+            issues.append(f"{key}[{i}] {end.address}: TLS files ({end.tls_cert}, "
+                          f"{end.tls_key}, {end.tls_ca}): {exc}")
+
+        for i, listener in enumerate(self.config.listeners):
+            try:
+                ctx = self.server_ssl_context(listener)
+            except OSError as exc:  # ssl.SSLError is an OSError
+                failed("listener", i, listener, exc)
+                continue
+            if ctx is not None:
+                servers[i] = ctx
+        for i, upstream in enumerate(self.config.upstreams):
+            try:
+                ctx = self.build_upstream_ssl_context(upstream)
+            except OSError as exc:
+                failed("upstream", i, upstream, exc)
+                continue
+            if ctx is not None:
+                upstreams[upstream] = ctx
         if issues:
             raise ConfigError(issues)
         return servers, upstreams
@@ -523,6 +532,7 @@ class Daemon:
             base = server_ssl.get(index)
             ctx = self._listener_ssl(index, base) if base is not None else None
             name = str(listener.address)
+            server: asyncio.Server | ProxyProtocolServer
             try:
                 if listener.proxy_protocol:
                     server = await self._proxy_protocol_server(listener, name, ctx)
@@ -991,7 +1001,7 @@ def _balancer(proto: ClientProtocol) -> str | None:
     return proto.proxied.balancer if proto.proxied is not None else None
 
 
-class _LedgerFigures:
+class _LedgerFigures(LedgerObserver):
     """The fleet ledger's figures, into the daemon's metrics (when it has them)."""
 
     __slots__ = ("daemon",)

@@ -125,8 +125,10 @@ def parse_duration(text: Any) -> float:
 class BanHost(Protocol):
     """What the ban service needs from the daemon (:class:`~.app.Daemon`)."""
 
-    connections: Mapping[str, Any]
-    """conn_id -> the relay's ``ClientProtocol``."""
+    @property
+    def connections(self) -> Mapping[str, Any]:
+        """conn_id -> the relay's ``ClientProtocol``."""
+
     loop: Any
     policy: Any
 

@@ -37,7 +37,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Literal,
+    TypeVar,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+)
 
 from pydantic import (
     AfterValidator,
@@ -58,6 +68,9 @@ from ..fleet.ledger import FAILURE_MODES, LedgerSettings
 from ..policy.model import PolicySettings
 from ..policy.naming import Naming
 from .logs import escape_control
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 class ConfigError(Exception):
@@ -393,16 +406,28 @@ PolicyPath = Annotated[NonEmpty, AfterValidator(_policy_path), _Toml("path (file
 WritableDir = Annotated[NonEmpty, AfterValidator(_writable_dir), _Toml("path (directory)")]
 Directory = Annotated[NonEmpty, _Toml("path (directory)")]
 """A directory the daemon makes or finds itself (not checked here)."""
-Count = _number(int, ge=0)
-SizeLimit = _number(int, ge=0, unit="bytes")
-RateLimit = _number(int, ge=0, unit="per second")
-Records = _number(int, gt=0, unit="records")
-Days = _number(int, ge=1, unit="days")
-Processes = _number(int, ge=1)
-Budget = _number(int, gt=0, unit="bytes")
-Seconds = _number(float, gt=0, unit="seconds")
-Milliseconds = _number(float, gt=0, unit="milliseconds")
-ClosesPerSecond = _number(float, gt=0, unit="closes per second")
+if TYPE_CHECKING:  # what the values are; pydantic reads the bounds made below
+    Count = int
+    SizeLimit = int
+    RateLimit = int
+    Records = int
+    Days = int
+    Processes = int
+    Budget = int
+    Seconds = float
+    Milliseconds = float
+    ClosesPerSecond = float
+else:
+    Count = _number(int, ge=0)
+    SizeLimit = _number(int, ge=0, unit="bytes")
+    RateLimit = _number(int, ge=0, unit="per second")
+    Records = _number(int, gt=0, unit="records")
+    Days = _number(int, ge=1, unit="days")
+    Processes = _number(int, ge=1)
+    Budget = _number(int, gt=0, unit="bytes")
+    Seconds = _number(float, gt=0, unit="seconds")
+    Milliseconds = _number(float, gt=0, unit="milliseconds")
+    ClosesPerSecond = _number(float, gt=0, unit="closes per second")
 
 
 class _Table(BaseModel):
@@ -714,7 +739,7 @@ def _ledger_shorthand(value: Any) -> Any:
     return value
 
 
-_Carried = TypeVar("_Carried")
+_Carried = TypeVar("_Carried", bound="DataclassInstance")
 
 
 def _carry(table: _Table, into: type[_Carried], **changes: Any) -> _Carried:
@@ -999,7 +1024,7 @@ def _reason(err: Mapping[str, Any], loc: tuple[Any, ...]) -> str:
             if isinstance(part, int):
                 continue
             annotation = model.model_fields[part].annotation
-            model = getattr(annotation, "__args__", (annotation,))[0]
+            model = cast("type[BaseModel]", getattr(annotation, "__args__", (annotation,))[0])
         close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1,
                                           cutoff=0.6)
         hint = close[0] if close else None

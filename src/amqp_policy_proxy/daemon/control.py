@@ -81,15 +81,20 @@ class Peer:
 class ControlHost(Protocol):
     """What operator control needs from the daemon (:class:`~.app.Daemon`)."""
 
-    connections: Mapping[str, Any]
-    """conn_id -> the relay's ``ClientProtocol`` of every client transport."""
+    @property
+    def connections(self) -> Mapping[str, Any]:
+        """conn_id -> the relay's ``ClientProtocol`` of every client transport."""
+
     paused_vhosts: set[str]
     bans: Any
     """The :class:`~.bans.BanService`."""
     policy: Any
     ledger: Any
-    ledger_mode: str
-    """``redis``, a fleet ledger's failure mode, or ``in-process``."""
+
+    @property
+    def ledger_mode(self) -> str:
+        """``redis``, a fleet ledger's failure mode, or ``in-process``."""
+
     config: Any
     upstream_health: Any
     loop: Any
@@ -159,7 +164,7 @@ class Control:
     def _select(self, filters: Mapping[str, str | None]) -> list[Any]:
         wanted = {k: v for k, v in filters.items() if v is not None}
         if "host" in wanted:
-            wanted["host"] = normalise_peer(wanted["host"])  # type: ignore[arg-type]
+            wanted["host"] = normalise_peer(wanted["host"])
         out = []
         for proto in self._live():
             view = proto.conn.view

@@ -55,7 +55,9 @@ async def reevaluate_open(connections: Mapping[str, Any], policy: Any, mode: str
     start = t0 = time.perf_counter()
     for conn_id in list(connections):
         proto = connections.get(conn_id)
-        conn = None if proto is None else proto.conn
+        if proto is None:
+            continue
+        conn = proto.conn
         if conn is None or conn.finished:
             continue
         proto.run(lambda now, c=conn: c.reevaluate(policy, now, mode,

@@ -18,7 +18,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..core.commands import CLIENT, ROUTER, CloseTransport, ConnectRouter, Emit, SendData, Side
 from ..core.connection import ProxyConnection
@@ -66,8 +66,10 @@ class RelayHost(Protocol):
     """What one relayed connection needs from the daemon, and nothing more."""
 
     loop: asyncio.AbstractEventLoop
-    connect_timeout: float
-    """Seconds for one upstream connect attempt."""
+
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds for one upstream connect attempt."""
 
     def peer_address(self, raw: str) -> ClientAddress:
         """The client address of a socket peer, normalised and parsed (remembered)."""
@@ -151,7 +153,7 @@ class ClientProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Global maxConnections (and the memory budget) at accept, before any byte."""
-        self.transport = transport  # type: ignore[assignment]
+        transport = self.transport = cast(asyncio.Transport, transport)  # a stream server's
         host = self.host
         if self.proxied is None:
             peer = transport.get_extra_info("peername")
@@ -433,10 +435,10 @@ class ClientProtocol(asyncio.Protocol):
             finally:
                 deadline.cancel()
             if self.closed:
-                proto.transport.close()  # type: ignore[union-attr]
+                proto.transport.close()
                 return
             host.upstream_connected(upstream)
-            self.router = proto  # type: ignore[assignment]
+            self.router = proto
             self.upstream = upstream
             conn = self.conn
             assert conn is not None
@@ -489,7 +491,7 @@ class RouterProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Record the transport and apply the write-buffer limits."""
-        self.transport = transport  # type: ignore[assignment]
+        transport = self.transport = cast(asyncio.Transport, transport)  # a stream connection's
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
 
     def data_received(self, data: bytes) -> None:

@@ -62,6 +62,7 @@ from proton import (
     Condition,
     Delivery,
     Endpoint,
+    Handler,
     Link,
     Message,
     SymbolList,
@@ -394,10 +395,11 @@ def _symbols(value: Any) -> tuple[str, ...]:
 # -- the reactor handler ---------------------------------------------------------------------
 
 
-class _ForceClose:
+class _ForceClose(Handler):
     """Timer handler: force-close the connections that did not finish closing in time."""
 
     def __init__(self, handler: _BrokerHandler) -> None:
+        super().__init__()
         self._handler = handler
 
     def on_timer_task(self, event: Any) -> None:
@@ -411,7 +413,9 @@ class _BrokerHandler(MessagingHandler):
         super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
         # Keep only the endpoint open/close automation; deliveries, flow control and settlement
         # are handled here (raw bytes, no decode/re-encode).
-        self.handlers = [h for h in self.handlers if isinstance(h, EndpointStateHandler)]
+        # (proton annotates the attribute with its class-level descriptor: here it is a list)
+        self.handlers = [h for h in self.handlers  # type: ignore[union-attr]
+                         if isinstance(h, EndpointStateHandler)]
         self.broker = broker
         self.queues: dict[str, _Queue] = {}
         self.topic_subs: dict[_LinkState, re.Pattern[str]] = {}

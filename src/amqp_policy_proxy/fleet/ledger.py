@@ -98,6 +98,8 @@ class LedgerSettings:
 class LedgerObserver:
     """Where the ledger reports its figures (the daemon wires these to the metrics)."""
 
+    __slots__ = ()
+
     def ledger_latency(self, seconds: float) -> None:
         """One admission answered by the store, ``seconds`` after it was asked."""
 
@@ -496,19 +498,19 @@ class FleetLedger:
             return
         now = time.perf_counter()
         failed: BaseException | None = None
-        for op, result in zip(sent, results, strict=True):
+        for one, result in zip(sent, results, strict=True):
             if isinstance(result, BaseException):
                 failed = failed or result
-                if isinstance(op, _Take):
-                    op.done(None)
+                if isinstance(one, _Take):
+                    one.done(None)
                 continue
-            if isinstance(op, _Take):
-                op.done((int(result[0]), int(result[1])))
-            elif isinstance(op, _Admit):
+            if isinstance(one, _Take):
+                one.done((int(result[0]), int(result[1])))
+            elif isinstance(one, _Admit):
                 if isinstance(result, list):
-                    self._note_others(op, result[1:])
+                    self._note_others(one, result[1:])
                     result = result[0]
-                self._store_answered(op, int(result), now)
+                self._store_answered(one, int(result), now)
         if batch.rewrite and results:
             alive = results[-1]
             if isinstance(alive, int):

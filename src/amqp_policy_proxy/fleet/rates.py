@@ -132,7 +132,7 @@ class FleetUserRate(UserRate):
         self.last_now = 0.0
         UserRate.__init__(self, owner, vhost, group, user)
 
-    def set_rates(self, message_rate: int | None, byte_rate: int | None) -> None:
+    def set_rates(self, message_rate: float | None, byte_rate: float | None) -> None:
         """The group's rates (the store's buckets and, divided, the fallback's)."""
         self.full = (int(message_rate or 0), int(byte_rate or 0))
         self.share = 1

@@ -198,6 +198,8 @@ class RateLimits:
             return None  # the common case: no rate at all
         vname = vhost.hostname
         checks = []
+        rate: float  # the vhost's or group's rate, or this proxy's share of it
+        cap: float
         for table, key, rate, reason in (
             (self._vhosts, vname, per_vhost, VHOST_RATE),
             (self.users, (vname, user), per_user, USER_RATE),
@@ -314,7 +316,7 @@ class UserRate:
         """Links of this user waiting for tokens with no credit left (throttled)."""
         self.waiting_since: float | None = None
 
-    def set_rates(self, message_rate: int | None, byte_rate: int | None) -> None:
+    def set_rates(self, message_rate: float | None, byte_rate: float | None) -> None:
         """Messages and bytes per second (None or 0: that bucket is unlimited); each burst is
         :data:`SHAPING_BURST_SECONDS` worth, at least one message (or byte)."""
         self.message_rate = float(message_rate or 0)

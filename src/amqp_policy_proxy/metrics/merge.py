@@ -69,8 +69,8 @@ def merge_families(texts: Sequence[tuple[str, str]]) -> list[Metric]:
                 else:
                     sums[key] = sample.value
     for name, metric in families.items():
-        for (sample_name, labels), value in values[name].items():
-            metric.add_sample(sample_name, dict(labels), value)
+        for (sample_name, label_items), value in values[name].items():
+            metric.add_sample(sample_name, dict(label_items), value)
     return list(families.values())
 
 
@@ -88,7 +88,7 @@ class _Families:
 def render(families: Iterable[Metric]) -> bytes:
     """The text exposition format of ``families``."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(families))  # type: ignore[arg-type]
+    registry.register(_Families(families))
     return generate_latest(registry)
 
 

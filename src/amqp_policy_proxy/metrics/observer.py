@@ -373,8 +373,8 @@ class MetricsObserver:
             self._event_counters[PolicyReloaded].labels(result)
         for reason in _VHOSTLESS_DENY_REASONS:
             self._event_counters[ConnectionDenied].labels("", reason.value)
-        for reason in LEDGER_ERROR_REASONS:
-            self.ledger_errors.labels(reason)
+        for error_reason in LEDGER_ERROR_REASONS:
+            self.ledger_errors.labels(error_reason)
 
         # The duration histogram's children by the events' raw vhost.
         self._durations = _Children(self.connection_duration, ("vhost",))

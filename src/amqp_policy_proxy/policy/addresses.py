@@ -27,7 +27,7 @@ No I/O, no clock, no imports outside the standard library.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import Final, cast
 
 USER_TOKEN: Final = "${user}"
 SEPARATORS: Final = "./"
@@ -531,15 +531,17 @@ def _entry_matches(
         return True
     if kind == "exact":
         return (tokens == data) if isinstance(data, tuple) else (address == data)
+    # each kind's data is what the rules' builders put beside it (str, token tuple, or the
+    # (pre, post, is_prefix) of a list user pattern)
     if kind == "prefix":
-        return address.startswith(data)  # type: ignore[arg-type]
+        return address.startswith(cast(str, data))
     if kind == "wild":
-        return match_tokens(data, tokens)  # type: ignore[arg-type]
+        return match_tokens(cast("tuple[str, ...]", data), tokens)
     if not user:
         return False
     if kind == "user":
-        pre, post, is_prefix = data  # type: ignore[misc]
+        pre, post, is_prefix = cast("tuple[str, str, bool]", data)
         return _list_user_matches(pre, post, is_prefix, address, user)
     if kind == "user_prefix":
-        return _user_prefix_matches(data, address, user)  # type: ignore[arg-type]
-    return _user_suffix_matches(data, address, user)  # type: ignore[arg-type]
+        return _user_prefix_matches(cast("tuple[str, ...]", data), address, user)
+    return _user_suffix_matches(cast("tuple[str, ...]", data), address, user)

@@ -399,12 +399,16 @@ def _resolve_connection_rates(
     """
     out = {}
     keys = ("max_connection_rate_per_user", "max_connection_rate_per_host")
+
+    def rate(own: int | None, snake: str) -> int | None:
+        return (values.get(snake) or None) if own is None else (own or None)
+
     for name, group in groups.items():
-        changes = {}
-        for snake in keys:
-            own = getattr(group, snake)
-            changes[snake] = (values.get(snake) or None) if own is None else (own or None)
-        out[name] = replace(group, **changes)
+        out[name] = replace(
+            group,
+            max_connection_rate_per_user=rate(group.max_connection_rate_per_user, keys[0]),
+            max_connection_rate_per_host=rate(group.max_connection_rate_per_host, keys[1]),
+        )
     raw_groups = raw.attrs.get("groups")
     group_attrs = raw_groups.values() if isinstance(raw_groups, Mapping) else ()
     limited = values.get("max_connection_rate") or any(getattr(g, k) for g in out.values()

@@ -13,6 +13,7 @@ message and byte rates that shape the user's sending links, when any applies.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from amqp_policy_proxy.ingress.peer import normalise_peer
@@ -101,8 +102,8 @@ def explain(
 
     def done(allowed: bool, reason: str | None = None) -> Explanation:
         enforcement = Enforcement.ENFORCE if scope is None else scope[1]
-        if enforcement is Enforcement.SHADOW:
-            lines.append(_shadow_line(scope[0], allowed))  # type: ignore[index]
+        if scope is not None and enforcement is Enforcement.SHADOW:
+            lines.append(_shadow_line(scope[0], allowed))
         lines.append("RESULT: ALLOW" if allowed else f"RESULT: DENY ({reason})")
         return Explanation(allowed=allowed, lines=tuple(lines), reason=reason,
                            enforcement=enforcement)
@@ -231,7 +232,7 @@ def _rate_lines(policy: Policy, vhost: VhostPolicy, group: GroupSettings) -> lis
     """The connection rates and the shaping rates (extensions over QDR), if any applies."""
     lines = []
     raw_groups = vhost.raw.get("groups")
-    raw_group = raw_groups.get(group.name, {}) if hasattr(raw_groups, "get") else {}
+    raw_group = raw_groups.get(group.name, {}) if isinstance(raw_groups, Mapping) else {}
     burst = vhost.connection_rate_burst
     rates = []
     for key, value, reason in (

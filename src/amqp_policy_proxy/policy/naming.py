@@ -37,7 +37,8 @@ No I/O, no clock, no imports outside the standard library.
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from enum import Enum
+from typing import Final, Literal, NamedTuple
 
 KINDS: Final = ("qdrouterd", "rabbitmq", "other")
 """Accepted ``[[upstream]] kind`` values."""
@@ -83,6 +84,16 @@ class Node(NamedTuple):
         return self.name if self.topic is None else self.topic
 
 
+class _Memo(Enum):
+    """The memo's marker of an address it does not know (an Enum member: mypy narrows it)."""
+
+    NOT_KNOWN = 0
+
+
+_NOT_KNOWN: Final[Literal[_Memo.NOT_KNOWN]] = _Memo.NOT_KNOWN
+"""What :meth:`Naming.resolve`'s memo holds for an address not resolved yet."""
+
+
 class Naming:
     """How one kind of upstream resolves addresses and identities.
 
@@ -125,9 +136,9 @@ class Naming:
             address: a terminus address or a message's ``to``, as the client wrote it.
         """
         memo = self._memo
-        got = memo.get(address, memo)
-        if got is not memo:
-            return got  # type: ignore[return-value]
+        got = memo.get(address, _NOT_KNOWN)
+        if got is not _NOT_KNOWN:
+            return got
         if self.kind == "qdrouterd":
             node = qdr_node(address)
         elif self.kind == "rabbitmq":
@@ -318,13 +329,13 @@ def rabbit_node(address: str) -> Node | None:
             return None
         return Node("/queue/" + queue)
     if head == "exchanges" and 1 <= len(rest) <= 2:
-        exchange = _pct_decode(rest[0])
+        decoded = _pct_decode(rest[0])
         key = _pct_decode(rest[1]) if len(rest) == 2 else ""
-        if not exchange or key is None or "/" in exchange:
+        if not decoded or key is None or "/" in decoded:
             return None
         if len(rest) == 1:
-            return Node(f"/exchange/{exchange}/", by_subject=True)
-        return _exchange_node(exchange, key)
+            return Node(f"/exchange/{decoded}/", by_subject=True)
+        return _exchange_node(decoded, key)
     return None
 
 

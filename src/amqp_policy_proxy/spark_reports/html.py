@@ -124,10 +124,11 @@ def chart_lines(series: dict[str, Series], title: str, ylabel: str, img_dir: str
         for xsi, ysi in series.values():
             m = dict(zip(xsi, ysi, strict=True))
             ys.append([m.get(x, 0) for x in xs])
-        ax.stackplot(xs, *ys, labels=list(series), step="post")
+        # matplotlib's stubs leave out the datetimes its date units convert
+        ax.stackplot(xs, *ys, labels=list(series), step="post")  # type: ignore[arg-type]
     else:
         for label, (x, y) in series.items():
-            ax.step(x, y, where="post", label=label, linewidth=1)
+            ax.step(x, y, where="post", label=label, linewidth=1)  # type: ignore[arg-type]
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
@@ -244,6 +245,7 @@ def _section_charts(data: ReportData, img_dir: str, section: str) -> dict[str, s
     if section == "traffic":
         per_vhost = _traffic_per_vhost(data)
         names = sorted(per_vhost, key=lambda k: -sum(per_vhost[k]))
+        churn: dict[str, Series]
         if data.churn:
             xs = [c[0] for c in data.churn]
             churn = {"max opens/min": (xs, [c[1] for c in data.churn]),
@@ -413,6 +415,6 @@ def write_report(out_dir: str, data: ReportData) -> str:
         add(_table(data.whatif, ["vhost", "scope", "key", "would_deny"]))
     add("</body></html>\n")
     path = os.path.join(out_dir, "report.html")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(parts))
+    with open(path, "w", encoding="utf-8") as page:
+        page.write("\n".join(parts))
     return path

@@ -151,14 +151,11 @@ def durations(events: DataFrame, window: ReportWindow) -> DataFrame:
     c = records_in_window(events, window, ev.CONNECTION_CLOSED).where(
         F.col("duration_seconds").isNotNull())
     dur = F.col("duration_seconds")
-    le = None
-    label = None
-    for bound, text in reversed(DURATION_BINS):
-        if le is None:
-            le, label = F.lit(bound), F.lit(text)
-        else:
-            le = F.when(dur < bound, F.lit(bound)).otherwise(le)
-            label = F.when(dur < bound, F.lit(text)).otherwise(label)
+    widest, *narrower = reversed(DURATION_BINS)
+    le, label = F.lit(widest[0]), F.lit(widest[1])
+    for bound, text in narrower:
+        le = F.when(dur < bound, F.lit(bound)).otherwise(le)
+        label = F.when(dur < bound, F.lit(text)).otherwise(label)
     return (c.groupBy("vhost", le.cast("double").alias("le_seconds"), label.alias("label"))
             .agg(F.count("*").alias("count")))
 

@@ -186,7 +186,7 @@ def workers_have_pyarrow(spark: SparkSession) -> bool:
     app = sc.applicationId
     known = _WORKERS_PYARROW.get(app)
     if known is None:
-        if _workers_run_this_python(sc.master, sc.getConf().get("spark.pyspark.python")):
+        if _workers_run_this_python(sc.master or "", sc.getConf().get("spark.pyspark.python")):
             known = True
         else:
             n = max(1, min(sc.defaultParallelism, 64))

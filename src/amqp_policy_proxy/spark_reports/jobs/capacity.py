@@ -47,7 +47,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -545,8 +545,9 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         if name != "whatif" or opts.whatif is not None:
             _log_stage(name, timings[name], now - t_first)
 
-    lookback_h = float(spark.conf.get("spark.amqpPolicyProxy.lookbackHours",
-                                      str(DEFAULT_LOOKBACK_HOURS)))
+    # (a default given: a str, though pyspark's stub says str | None)
+    lookback_h = float(cast(str, spark.conf.get("spark.amqpPolicyProxy.lookbackHours",
+                                                str(DEFAULT_LOOKBACK_HOURS))))
     scan_from = None if opts.start_us is None else opts.start_us - int(lookback_h * 3.6e9)
     raw = read_events(spark, opts.events, scan_from, opts.end_us)
     # Parse the JSON once: every later query reads the prepared columns back from Parquet
@@ -577,14 +578,13 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
             start = r["min_us"] - r["min_us"] % 1000 if start is None else start
             end = r["max_us"] - r["max_us"] % 1000 + 1000 if end is None else end
     lap("read")
-    empty = start is None or end is None or end <= start
     report = html.ReportData(grid=opts.grid_label, source=opts.events)
     summary: dict[str, Any] = {"rows": {}, "seconds": timings, "skipped_records": skipped}
     if skipped:
         report.notes.append(f"{skipped} records of the event log were skipped: lines that "
                             "are not JSON objects, or connection events without a parsable "
                             "ts. Everything else is counted.")
-    if empty:
+    if start is None or end is None or end <= start:  # empty
         logger.warning("no connection events in the window: writing an empty report")
         for name, schema in (("concurrency", schemas.CONCURRENCY), ("headroom", schemas.HEADROOM),
                              ("denials", schemas.DENIALS)):
@@ -642,11 +642,11 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         try:
             full = _write_parquet(conc_dense.unionByName(conc_sparse), out, "_work/concurrency")
         finally:
-            for key, value in saved.items():
-                if value is None:
+            for key, before in saved.items():
+                if before is None:
                     spark.conf.unset(key)
                 else:
-                    spark.conf.set(key, value)
+                    spark.conf.set(key, before)
         dense.unpersist()
         lap("sweeps")
         conc = _write_parquet(full.select(*schemas.CONCURRENCY.fieldNames()), out,
