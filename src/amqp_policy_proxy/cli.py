@@ -343,8 +343,8 @@ def _print_issues(issues: list[str], file: Any = None) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``run``: start the daemon and serve until SIGTERM/SIGINT."""
-    from .daemon.app import run_daemon
     from .daemon.loop import run
+    from .daemon.run import run_daemon
     from .daemon.workers import run_supervisor, worker_config
     from .policy.errors import PolicyError
 
@@ -424,10 +424,10 @@ def _check(args: argparse.Namespace, *, bind_test: bool, report: bool = True,
         settings = config.policy
         policy_path = config.policy_path
         allow_empty = allow_empty or config.allow_empty_policy
-        from .daemon.app import Daemon
+        from .daemon.tls import build_contexts
 
         try:  # ExecReload runs this before SIGHUP: TLS files are reloaded too
-            Daemon(config).build_tls_contexts()
+            build_contexts(config)
         except ConfigError as exc:
             _print_issues(exc.issues)
             return EXIT_CONFIG

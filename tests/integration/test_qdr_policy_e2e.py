@@ -56,7 +56,7 @@ def test_check_accepts_it_with_a_warning(tmp_path):
 
 def test_the_daemon_logs_the_warning_at_start_and_serves_the_group(broker_address, tmp_path,
                                                                   caplog):
-    caplog.set_level(logging.WARNING, logger="amqp_policy_proxy.daemon.app")
+    caplog.set_level(logging.WARNING, logger="amqp_policy_proxy.daemon.reload")
     policy = tmp_path / "qdr-window.json"
     policy.write_text(QDR_FILE)
     # The daemon loads the file itself (as `run` does), so its warnings go to the log.

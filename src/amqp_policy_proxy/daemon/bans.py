@@ -169,9 +169,19 @@ class BanService:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
+    async def start(self, ledger_url: str | None = None) -> None:
         """Read the fleet's list (with a store) and start following it. Never fails on the
-        store: unreachable, this process starts with no ban and keeps trying."""
+        store: unreachable, this process starts with no ban and keeps trying.
+
+        Args:
+            ledger_url: ``[ledger] url``: the fleet's ban list lives in that store
+                (:class:`~..fleet.bans.BanStore`), so that a restarted proxy refuses what the
+                fleet bans from its first Open; None: this process's own list only.
+        """
+        if ledger_url is not None:
+            from ..fleet.bans import BanStore
+
+            self.store = BanStore(ledger_url)
         if self.store is None:
             return
         try:

@@ -85,6 +85,23 @@ class ConfigError(Exception):
 class BindError(ConfigError):
     """A listener or the metrics endpoint cannot bind its configured address (exit 2)."""
 
+    @staticmethod
+    def line(source: str | None, key: str, address: object, exc: OSError) -> str:
+        """The issue line: ``file: key: cannot listen on ADDRESS: reason`` (the reason is
+        the errno's text, e.g. "Address already in use", whatever wording the event loop
+        used; a name that does not resolve gives the resolver's)."""
+        if exc.errno and exc.errno > 0:
+            reason = os.strerror(exc.errno)
+        else:  # socket.gaierror's errno is an EAI_* code (negative)
+            reason = exc.strerror or str(exc)
+        where = f"{source}: " if source else ""
+        return f"{where}{key}: cannot listen on {address}: {reason}"
+
+    @classmethod
+    def of(cls, source: str | None, key: str, address: object, exc: OSError) -> BindError:
+        """The error of one address that cannot be bound (:meth:`line`)."""
+        return cls([cls.line(source, key, address, exc)])
+
 
 # ---------------------------------------------------------------------------------- results
 

@@ -89,7 +89,10 @@ class ControlHost(Protocol):
     bans: Any
     """The :class:`~.bans.BanService`."""
     policy: Any
-    ledger: Any
+
+    @property
+    def ledger(self) -> Any:
+        """This process's counts (:class:`~..limits.connections.ConnectionLedger`)."""
 
     @property
     def ledger_mode(self) -> str:

@@ -24,7 +24,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from .config import DaemonConfig
+from .config import BindError, DaemonConfig
 
 __all__ = ["SERVICE_USER", "bind_test", "run_as", "service_user"]
 
@@ -45,7 +45,6 @@ def bind_test(config: DaemonConfig) -> list[str]:
         "Permission denied" for a port below 1024 without ``CAP_NET_BIND_SERVICE``); ``[]``
         when all bind.
     """
-    where = f"{config.source}: " if config.source else ""
     targets = [(f"listener[{i}].address", lc.address) for i, lc in enumerate(config.listeners)]
     if config.metrics_address is not None:
         targets.append(("metrics.address", config.metrics_address))
@@ -53,29 +52,28 @@ def bind_test(config: DaemonConfig) -> list[str]:
     for key, address in targets:
         if address.port == 0:
             continue
-        reason = _try_bind(address.host, address.port)
-        if reason is not None:
-            problems.append(f"{where}{key}: cannot listen on {address}: {reason}")
+        try:
+            _try_bind(address.host, address.port)
+        except OSError as exc:
+            problems.append(BindError.line(config.source, key, address, exc))
     return problems
 
 
-def _try_bind(host: str, port: int) -> str | None:
-    """None when every address of ``host``:``port`` binds, else the first failure's reason."""
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        return f"cannot resolve {host!r}: {exc.strerror}"
+def _try_bind(host: str, port: int) -> None:
+    """Bind (and close) every address of ``host``:``port``.
+
+    Raises:
+        OSError: the first that cannot be bound (``socket.gaierror`` when ``host`` does not
+            resolve).
+    """
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
     for family, kind, proto, _name, sockaddr in dict.fromkeys(infos):
         with socket.socket(family, kind, proto) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(sockaddr)
-            except OSError as exc:
-                return os.strerror(exc.errno) if exc.errno else str(exc)
-    return None
+            sock.bind(sockaddr)
 
 
 def service_user(requested: str | None) -> pwd.struct_passwd | None:
