@@ -19,7 +19,7 @@ import atheris
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-with atheris.instrument_imports(include=["amqp_policy_proxy", "fuzz"]):
+with atheris.instrument_imports(include=["amqp_policy_proxy", "fuzz", "tests.support.frames"]):
     from fuzz.harness import run_framing
 
 

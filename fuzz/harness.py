@@ -41,7 +41,6 @@ from struct import Struct
 from typing import Any
 
 from amqp_policy_proxy.amqp.errors import AmqpError
-from amqp_policy_proxy.amqp.framing import FrameDecoder
 from amqp_policy_proxy.amqp.message import read_message_head
 from amqp_policy_proxy.amqp.performatives import Attach, Flow, decode_performative
 from amqp_policy_proxy.amqp.transfer import (
@@ -63,6 +62,7 @@ from amqp_policy_proxy.policy import decisions
 from amqp_policy_proxy.policy.compile import compile_policy
 from amqp_policy_proxy.policy.model import PolicySettings
 from amqp_policy_proxy.policy.topics import Principal, qos_of
+from tests.support.frames import FrameDecoder
 
 # The core logs every denial; at thousands of inputs a second that is pure overhead.
 logging.getLogger("amqp_policy_proxy").setLevel(logging.CRITICAL)

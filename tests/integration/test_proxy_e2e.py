@@ -356,8 +356,9 @@ class TestMoreLinkRules:
 def _raw_session_client(port: int):
     """A raw AMQP client (our encoder): SASL PLAIN as alice, Open on vhost e2e."""
     from amqp_policy_proxy.amqp import constants as C
-    from amqp_policy_proxy.amqp.framing import FrameDecoder, encode_frame
+    from amqp_policy_proxy.amqp.framing import encode_frame
     from amqp_policy_proxy.amqp.performatives import Open, SaslInit, decode_performative
+    from tests.support.frames import FrameDecoder
 
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     decoder = FrameDecoder(1 << 20)

@@ -292,8 +292,9 @@ def _raw_client(port: int) -> tuple[Any, Any]:
     import socket
 
     from amqp_policy_proxy.amqp import constants as C
-    from amqp_policy_proxy.amqp.framing import FrameDecoder, encode_frame
+    from amqp_policy_proxy.amqp.framing import encode_frame
     from amqp_policy_proxy.amqp.performatives import Open, SaslInit, decode_performative
+    from tests.support.frames import FrameDecoder
 
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     decoder = FrameDecoder(1 << 20)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from proton import Message
 
 from amqp_policy_proxy.amqp.errors import AmqpError, DecodeError
-from amqp_policy_proxy.amqp.framing import FrameDecoder, encode_frame
+from amqp_policy_proxy.amqp.framing import encode_frame
 from amqp_policy_proxy.amqp.message import read_message_head
 from amqp_policy_proxy.amqp.performatives import (
     Attach,
@@ -24,6 +24,7 @@ from amqp_policy_proxy.amqp.transfer import (
     read_transfer,
     read_transfer_fields,
 )
+from tests.support.frames import FrameDecoder
 
 u32 = st.integers(0, 2**32 - 1)
 u16 = st.integers(0, 2**16 - 1)

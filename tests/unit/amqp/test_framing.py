@@ -3,13 +3,8 @@
 import pytest
 
 from amqp_policy_proxy.amqp.errors import FramingError
-from amqp_policy_proxy.amqp.framing import (
-    EMPTY_FRAME,
-    FrameDecoder,
-    classify_protocol_header,
-    encode_frame,
-    parse_frame_header,
-)
+from amqp_policy_proxy.amqp.framing import EMPTY_FRAME, encode_frame
+from tests.support.frames import FrameDecoder, classify_protocol_header, parse_frame_header
 
 
 def test_empty_frame_is_a_heartbeat():
