@@ -41,6 +41,7 @@ from amqp_policy_proxy.amqp.performatives import Close, Open
 from amqp_policy_proxy.core.events import ConnectionApproved, ConnectionDenied
 from amqp_policy_proxy.daemon import proxy_listener
 from amqp_policy_proxy.daemon.config import Address, DaemonConfig, ListenerConfig
+from amqp_policy_proxy.daemon.snapshots import start_line
 from amqp_policy_proxy.eventlog.schema import SCHEMA_VERSION
 from amqp_policy_proxy.ingress.proxy_protocol import V2_MAX_LENGTH
 from tests.integration.test_tls import Pki
@@ -534,6 +535,6 @@ def test_the_guides_listener_example_is_valid() -> None:
 
 
 def test_the_start_line_marks_the_listener(proxy: ProxyThread) -> None:
-    line, fields = proxy.daemon.start_line()
+    line, fields = start_line(proxy.daemon)
     assert f"listening on 127.0.0.1:{proxy.port} (PROXY protocol);" in line
     assert fields["listeners"] == [f"127.0.0.1:{proxy.port} (PROXY protocol)"]
