@@ -44,6 +44,7 @@ from ..policy.model import GroupSettings
 from ..policy.reasons import ConnectionDenyReason, DenialKind
 from .commands import ROUTER
 from .context import ROUTER_FRAME_LIMIT, Context, Room
+from .eligibility import refresh_links
 from .events import ConnectionApproved, ConnectionDenied, OpenDecided
 from .rules import MessageRules
 from .sessions import Sessions
@@ -360,6 +361,7 @@ class Admission(Room):
         ctx.opened_at = now
         if group is not None:
             self.rules.govern(group, ctx.user or "", ctx.tls_subject)
+            refresh_links(self.sessions)  # the user-id check may change (.eligibility)
             # in shadow nothing on the wire changes: channel-max is not lowered, so Begins
             # beyond maxSessions reach the session check and are reported there
             if group.max_sessions and not group.shadow:

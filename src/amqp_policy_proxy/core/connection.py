@@ -41,6 +41,7 @@ from .client_side import ClientSide
 from .commands import CLIENT, ROUTER, Command, Side
 from .context import HANDSHAKE_SECONDS, LINGER_SECONDS, Context
 from .deliveries import Deliveries
+from .eligibility import refresh_router
 from .events import ConnectionClosed, ConnectionDenied, ProtocolViolation
 from .revocation import ENFORCE, OFF, Revocation
 from .router_side import RouterSide
@@ -201,6 +202,7 @@ class ProxyConnection(Context):
                                user=self.user or "", message_rate=group.max_message_rate_per_user,
                                byte_rate=group.max_byte_rate_per_user, now=now)
         self.sessions.shaping = Shaping(self, rates, bucket)
+        refresh_router(self.sessions)
 
     def _arm_expiry(self, now: float) -> None:
         """An admitted connection's end: when the client certificate it authenticated with
@@ -662,5 +664,6 @@ class ProxyConnection(Context):
         del client.open_received, client.fast.general
         sessions = self.sessions
         sessions.shaping = None  # closed above: its links and waits are gone
+        refresh_router(sessions)
         sessions.sessions.clear()
         sessions.router_sessions.clear()

@@ -35,6 +35,7 @@ from ..amqp.transfer import delivery_tag_at, read_transfer_fields, transfer_with
 from ..policy.reasons import DenialKind, MessageDenyReason
 from .commands import CLIENT, ROUTER
 from .context import Context, Room
+from .eligibility import refresh_router, refresh_session
 from .events import MessageDenied
 from .numbering import DeliveryNumbering, credit_back
 from .records import LinkRecord, SessionRecord
@@ -290,7 +291,9 @@ class Deliveries(Room):
             raise InvalidFieldError("delivery-id required on the first transfer of a delivery")
         else:
             session.numbering = DeliveryNumbering(delivery_id)
+            refresh_session(session)
             self.sessions.renumbering = True
+            refresh_router(self.sessions)
 
     def _finish_denied(self, session: SessionRecord, link: LinkRecord, now: float) -> None:
         """The denied delivery's last frame arrived: reject it toward the client, as QDR does

@@ -30,6 +30,7 @@ from ..amqp.constants import (
 from ..amqp.framing import PROTOCOL_HEADER_MIN_SIZE, frame_header_ok
 from .context import Context
 from .deliveries import Deliveries
+from .eligibility import FAST, FAST_USER_ID, NOT_FAST
 from .sessions import Sessions
 from .state import C_OPENED
 
@@ -108,7 +109,7 @@ class FastPath:
                     session = sessions.get(channel)
                     f = None
                     link = None
-                    if session is not None and session.numbering is None:
+                    if session is not None and session.fast:
                         # (a session that withheld a delivery renumbers every Transfer after
                         # it: the general handler does, and the scanner never sees them)
                         f = read_fields(buf, body, fend)
@@ -119,16 +120,16 @@ class FastPath:
                         left = 1 if window is None else (all_sessions.window_left(session) or 0)
                         if link is not None and (not link.is_sender or link.client_detached):
                             link = None  # link: the client's attached sender link, else None
+                        # the link's features decided once (.eligibility); the delivery in
+                        # progress and this frame decide here
+                        fast = NOT_FAST if link is None else link.fast
                         if (
                             link is not None
+                            and fast
                             and not f[4]
-                            and link.shaper is None
                             and not (link.in_delivery and link.discarding)
                         ):
-                            if scan is not None and (
-                                not link.inspect or (uid_scan is not None and not link.anonymous
-                                                     and not link.by_subject)
-                            ):
+                            if scan is not None:
                                 # the C scanner passes this frame and the ones after it on the
                                 # same link that need no decision (and heartbeats), carrying
                                 # the link's delivery in progress; with QDR's user-id check as
@@ -136,7 +137,7 @@ class FastPath:
                                 # deliveries whose plain head has the user's user-id
                                 npos, n, delivery = scan(
                                     buf, pos, end, limit, channel, f[0], scan_max,
-                                    uid_scan if link.inspect else None,
+                                    uid_scan if fast == FAST_USER_ID else None,
                                     (link.delivery_bytes, link.delivery_id,
                                      link.delivery_settled) if link.in_delivery else None,
                                 )
@@ -148,7 +149,7 @@ class FastPath:
                                     if run_start < 0:
                                         run_start = pos
                                     pos = npos
-                            if (not n and not link.in_delivery and not f[3] and not link.inspect
+                            if (not n and fast == FAST and not link.in_delivery and not f[3]
                                     and (max_size is None or fend - f[5] <= max_size)
                                     and left > 0):
                                 # no scanner, or a frame it leaves to Python: a whole delivery

@@ -55,7 +55,7 @@ class LinkRecord:
         "delivery_tag", "delivery_settled", "in_delivery", "discarding", "discard_reason",
         "qos", "topic_filter", "strip_durable", "rewrite_durable", "shaper", "withheld",
         "initial_count", "router_flow", "node", "by_subject", "revoked", "client_answered",
-        "dynamic",
+        "dynamic", "fast",
     )
 
     def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
@@ -113,6 +113,9 @@ class LinkRecord:
         self.router_flow: tuple[int, int, bool] | None = None
         """The router's last link state for this sender link: ``(delivery-count, link-credit,
         drain)`` from its latest Flow (recorded on sessions that may withhold deliveries)."""
+        self.fast = 0
+        """May the client fast path take its Transfers (:mod:`.eligibility`: ``NOT_FAST``
+        until computed at attach)."""
 
     def carry(self, delivery: tuple[int, int | None, bool] | None) -> None:
         """Take the delivery in progress as the relay scanner left it
@@ -138,6 +141,7 @@ class SessionRecord:
         "router_ended", "senders", "receivers", "transfers_in", "transfers_out",
         "client_next_out", "client_window_end", "router_next_out", "router_window_end",
         "router_out_window", "shaping", "numbering", "tracks_router", "revoked_handles",
+        "fast",
     )
 
     def __init__(self, channel: int, reserved_handles: ReservedPool,
@@ -183,6 +187,9 @@ class SessionRecord:
         self.numbering: Any = None
         """The client's and the router's delivery-ids once a delivery was withheld: a
         :class:`.numbering.DeliveryNumbering`; None while they are the same."""
+        self.fast = True
+        """May the client fast path take its Transfers (:mod:`.eligibility`: not once a
+        delivery was withheld and the session renumbers)."""
         self.tracks_router = False
         """A sender link where a delivery may be withheld is attached: the router's flow state
         (windows, link credit, next-outgoing-id and Transfers since) is kept from its Flows,

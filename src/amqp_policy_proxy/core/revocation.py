@@ -32,6 +32,7 @@ from ..policy import decisions
 from ..policy.keys import SHADOW
 from ..policy.reasons import LinkDenyReason
 from .context import Context, Room
+from .eligibility import refresh_links
 from .events import Revoked
 from .records import LinkRecord, SessionRecord
 from .rules import MessageRules
@@ -100,6 +101,7 @@ class Revocation(Room):
         if not shadow:
             ctx.policy, ctx.vhost, ctx.group = policy, decision.vhost, group
             self.rules.govern(group, ctx.user, ctx.tls_subject)
+            refresh_links(self.sessions)  # the user-id check may change (.eligibility)
             shaping = self.sessions.shaping
             if shaping is not None:
                 shaping.bucket.set_rates(group.max_message_rate_per_user,

@@ -55,6 +55,7 @@ from ..amqp.transfer import is_transfer_descriptor
 from .commands import CLIENT, ROUTER
 from .context import PRE_OPEN_FRAME_LIMIT, ROUTER_FRAME_LIMIT, Context
 from .deliveries import Deliveries
+from .eligibility import refresh_router
 from .framebuf import feed
 from .leg import Leg
 from .numbering import disposition_to_client, note_router_flow_bytes
@@ -252,8 +253,7 @@ class RouterSide(Leg):
         shaped = sessions.shaping is not None  # set at admission, never while relaying
         scan = accel.scan_router
         while end - pos >= FRAME_HEADER_SIZE and sides.router is R_AMQP:
-            if scan is not None and not (shaped or sessions.count_router_transfers
-                                         or rules.topic_receivers or sessions.renumbering):
+            if scan is not None and sessions.router_fast:  # (.eligibility)
                 # nothing here looks at Transfers or Dispositions: the C walker passes the
                 # run of them (and heartbeats) up to the first other frame
                 pos, passed = scan(buf, pos, end, limit)
@@ -361,6 +361,7 @@ class RouterSide(Leg):
             if group.max_session_window:
                 sessions.window_frames = max(1, group.max_session_window // mfs)
                 sessions.count_router_transfers = True
+                refresh_router(sessions)
         ctx.client_frame_limit = max(C.MIN_MAX_FRAME_SIZE, mfs)
         sessions.advertised_channel_max = cmax
         self.wire.open_sent = True

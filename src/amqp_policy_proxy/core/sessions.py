@@ -39,6 +39,7 @@ from ..policy import decisions
 from ..policy.reasons import DenialKind, LinkDenyReason, SessionDenyReason
 from .commands import CLIENT, ROUTER
 from .context import Context, Room
+from .eligibility import refresh_link, refresh_router
 from .events import LinkDenied, SessionDenied
 from .flows import SessionFlows
 from .numbering import disposition_to_router
@@ -89,6 +90,7 @@ class Sessions(SessionFlows):
         "early_denials",
         "count_router_transfers",
         "window_pending",
+        "router_fast",
     )
 
     def __init__(self, ctx: Context, rules: MessageRules) -> None:
@@ -116,6 +118,9 @@ class Sessions(SessionFlows):
         self.count_router_transfers = False
         """The router's Transfers are counted per session (``maxSessionWindow``, or sessions
         that keep the router's flow state, :attr:`~.records.SessionRecord.tracks_router`)."""
+        self.router_fast = True
+        """May the C walker pass runs of the router's Transfers and Dispositions
+        (:func:`.eligibility.refresh_router`)."""
         self.window_pending: set[SessionRecord] = set()
         """Sessions whose client sent Transfers in the read being processed: their window is
         reopened once the whole read is (:meth:`~.flows.SessionFlows.reopen_windows`)."""
@@ -313,6 +318,7 @@ class Sessions(SessionFlows):
         if link.inspect:
             # a delivery may be withheld here: keep the router's flow state (numbering.py)
             session.tracks_router = self.count_router_transfers = True
+            refresh_router(self)
         if (
             verdict is not None
             and not is_sender
@@ -323,10 +329,12 @@ class Sessions(SessionFlows):
             # a durable rewrite is not a denial: in shadow nothing on the wire changes
             link.strip_durable = verdict.strip_durable and not group.shadow
             rules.topic_receivers = True
+            refresh_router(self)
         session.links[handle] = link
         if is_sender:
             if self.shaping is not None:
                 link.shaper = self.shaping.attach(session, link, perf)
+            refresh_link(link, rules.scan_user_id)
             session.senders += 1
             figures.active_senders += 1
             figures.peak_senders = max(figures.peak_senders, figures.active_senders)
@@ -433,6 +441,7 @@ class Sessions(SessionFlows):
         if link.client_detached:
             raise IllegalStateError(f"second detach of handle {handle}")
         link.client_detached = True
+        refresh_link(link, None)
         self._detached(session, link)
         self.wire.send(ROUTER, raw)
 
@@ -493,6 +502,7 @@ class Sessions(SessionFlows):
             return
         link.revoked = True
         link.client_detached = True
+        refresh_link(link, None)
         session.revoked_handles.add(link.handle)
         self._detached(session, link)
         self.wire.send(ROUTER, frame(session.channel, Detach(handle=link.handle, closed=True)))
