@@ -5,7 +5,7 @@
  *     -> (pos, transfers, delivery)
  * message_head(buf, pos, end, last) -> (user_id, to, False, complete) | None  (see there)
  * open_head(body, strict) -> the fields of handshake.read_open_head | None  (see there)
- * transfer_fields(buf, pos, end) -> the tuple of transfer.read_transfer_fields | None  (there)
+ * transfer_fields(buf, pos, end) -> the TransferFields of transfer.read_transfer_fields | None
  * sasl_init(buf, pos, end), sasl_mechanisms(buf, pos, end): handshake's SASL readers  (there)
  * scan_router(buf, pos, end, limit) -> (pos, transfers)  (the router side's run, see there)
  *
@@ -209,7 +209,12 @@ static int open_window(PyObject *const *args, Py_buffer *view, Py_ssize_t *pos,
     return 0;
 }
 
-/* transfer_fields(buf, pos, end) -> (handle, delivery_id, settled, more, False,
+/* The Python type of the Transfer fields, amqp_policy_proxy.amqp.transfer.TransferFields (a
+ * NamedTuple: a tuple subclass with no state of its own), looked up when the module is
+ * initialised. */
+static PyTypeObject *fields_type;
+
+/* transfer_fields(buf, pos, end) -> TransferFields(handle, delivery_id, settled, more, False,
  *                                    payload_offset, tag_offset) or None
  *
  * What amqp_policy_proxy.amqp.transfer.read_transfer_fields answers for the Transfer whose
@@ -228,11 +233,26 @@ static PyObject *transfer_fields(PyObject *Py_UNUSED(self), PyObject *const *arg
     PyObject *result;
     if (end - pos > 3 && b[pos] == 0x00 && b[pos + 1] == 0x53 && b[pos + 2] == 0x14
             && plain_transfer(b, pos, end, &t)) {
-        PyObject *id = t.delivery_id < 0 ? Py_NewRef(Py_None)
-                                         : PyLong_FromLongLong(t.delivery_id);
-        result = id == NULL ? NULL : Py_BuildValue(
-            "(LNOOOnn)", (long long)t.handle, id, t.settled ? Py_True : Py_False,
-            t.more ? Py_True : Py_False, Py_False, t.payload, t.tag);
+        /* the NamedTuple built as its tuple_subtype_new would: allocated with its 7 items,
+         * each set once (what a tuple's constructor does; the type adds no state) */
+        PyObject *items[7] = {
+            PyLong_FromLongLong((long long)t.handle),
+            t.delivery_id < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(t.delivery_id),
+            Py_NewRef(t.settled ? Py_True : Py_False),
+            Py_NewRef(t.more ? Py_True : Py_False),
+            Py_NewRef(Py_False),
+            PyLong_FromSsize_t(t.payload),
+            PyLong_FromSsize_t(t.tag),
+        };
+        result = fields_type->tp_alloc(fields_type, 7);
+        for (Py_ssize_t i = 0; i < 7; i++) {
+            if (items[i] == NULL && result != NULL) Py_CLEAR(result);
+        }
+        if (result == NULL) {
+            for (Py_ssize_t i = 0; i < 7; i++) Py_XDECREF(items[i]);
+        } else {
+            for (Py_ssize_t i = 0; i < 7; i++) PyTuple_SET_ITEM(result, i, items[i]);
+        }
     } else {
         result = Py_NewRef(Py_None);
     }
@@ -945,4 +965,18 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__relayscan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__relayscan(void) {
+    PyObject *transfer = PyImport_ImportModule("amqp_policy_proxy.amqp.transfer");
+    if (transfer == NULL) return NULL;
+    PyObject *type = PyObject_GetAttrString(transfer, "TransferFields");
+    Py_DECREF(transfer);
+    if (type == NULL) return NULL;
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) {
+        Py_DECREF(type);
+        PyErr_SetString(PyExc_TypeError, "amqp_policy_proxy.amqp.transfer.TransferFields "
+                                         "is not a tuple type");
+        return NULL;
+    }
+    Py_XSETREF(fields_type, (PyTypeObject *)type); /* kept for the process's life */
+    return PyModule_Create(&module);
+}

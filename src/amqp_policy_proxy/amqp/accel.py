@@ -51,7 +51,7 @@ from .handshake import is_sasl_mechanisms as is_sasl_mechanisms_py
 from .handshake import read_open_head as read_open_head_py
 from .handshake import read_sasl_init as read_sasl_init_py
 from .message import MessageHead, read_message_head
-from .transfer import read_transfer_fields
+from .transfer import TransferFields, read_transfer_fields
 
 #: Environment variable that turns the C parts off when set (not "" or "0"), read at import.
 DISABLE_ENV = "AMQP_PROXY_NO_ACCEL"
@@ -86,7 +86,7 @@ scan_router_c: RouterScanFunction | None
 open_head_c: OpenHeadFunction | None
 sasl_init_c: WindowReader[tuple[str, bytes | None]] | None
 sasl_mechanisms_c: WindowReader[bool] | None
-transfer_fields_c: WindowReader[tuple[int, int | None, bool, bool, bool, int, int]] | None
+transfer_fields_c: WindowReader[TransferFields] | None
 try:
     from ._relayscan import message_head as message_head_c
     from ._relayscan import open_head as open_head_c
@@ -119,7 +119,7 @@ _message_head: HeadFunction | None = None
 _open_head: OpenHeadFunction | None = None
 _sasl_init: WindowReader[tuple[str, bytes | None]] | None = None
 _sasl_mechanisms: WindowReader[bool] | None = None
-_transfer_fields: WindowReader[tuple[int, int | None, bool, bool, bool, int, int]] | None = None
+_transfer_fields: WindowReader[TransferFields] | None = None
 
 
 def use(enabled: bool) -> None:
@@ -186,8 +186,7 @@ def _answer(c_reader: WindowReader[_T] | None, py_reader: Callable[[Buffer, int,
     return py_reader(buf, pos, end)
 
 
-def read_fields(buf: bytes | bytearray | memoryview, pos: int,
-                end: int) -> tuple[int, int | None, bool, bool, bool, int, int]:
+def read_fields(buf: bytes | bytearray | memoryview, pos: int, end: int) -> TransferFields:
     """:func:`~.transfer.read_transfer_fields`, answered in C for the Transfers the scanner
     reads (~0.15 µs instead of ~0.9).
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from struct import Struct
 from struct import error as struct_error
+from typing import NamedTuple
 
 from .canonical import check_performative
 from .errors import DecodeError
@@ -235,13 +236,39 @@ def read_transfer(buf: bytes | bytearray | memoryview, pos: int, end: int) -> Tr
     return TransferHeader(handle, delivery_id, settled, more, aborted, lend, delivery_tag)
 
 
+class TransferFields(NamedTuple):
+    """The fields of a Transfer (Part 2 §2.7.5) the relay loops decide on, read in place.
+
+    What :func:`read_transfer_fields` (and its C twin, ``_relayscan.transfer_fields``, which
+    builds the same type) answers: a tuple, so unpacking works, with the spec's names.
+    """
+
+    handle: int
+    """The link's handle (the field is mandatory)."""
+    delivery_id: int | None
+    """delivery-id, None when absent (a continuation frame of a multi-frame delivery)."""
+    settled: bool
+    """settled (absent: False)."""
+    more: bool
+    """more: further frames of this delivery follow (absent: False)."""
+    aborted: bool
+    """aborted (absent: False)."""
+    payload_offset: int
+    """Offset in the buffer of the first payload byte (just after the performative)."""
+    tag_offset: int
+    """Offset of the delivery-tag's constructor byte, -1 when the field is absent or null."""
+
+
+_fields = tuple.__new__  # TransferFields from an item tuple, without NamedTuple's __new__
+
+
 def read_transfer_fields(
     buf: bytes | bytearray | memoryview, pos: int, end: int
-) -> tuple[int, int | None, bool, bool, bool, int, int]:
-    """Hot-path variant of :func:`read_transfer`: the same fields as a tuple, nothing copied.
+) -> TransferFields:
+    """Hot-path variant of :func:`read_transfer`: the same fields, nothing copied.
 
-    Returns ``(handle, delivery_id, settled, more, aborted, payload_offset, tag_offset)``
-    where ``tag_offset`` is the offset of the delivery-tag's constructor byte (``-1`` when the
+    Returns ``TransferFields(handle, delivery_id, settled, more, aborted, payload_offset,
+    tag_offset)`` where ``tag_offset`` is the offset of the delivery-tag's constructor byte (``-1`` when the
     field is absent or null); :func:`delivery_tag_at` materialises the tag when it is needed
     (a denied delivery). The encodings real clients use (list8/list32, ``uint`` as
     ``0x43``/``0x52``/``0x70``, ``binary8`` tag, booleans as ``0x41``/``0x42``/``null``) are
@@ -307,20 +334,20 @@ def read_transfer_fields(
                                 return _fields_slow(buf, pos, end)
         if p != lend:  # fields and list size disagree: let the reference reader say why
             return _fields_slow(buf, pos, end)
-        return handle, delivery_id, settled, more, aborted, lend, tag
+        return _fields(TransferFields, (handle, delivery_id, settled, more, aborted, lend, tag))
     except (IndexError, KeyError, struct_error, DecodeError):
         return _fields_slow(buf, pos, end)
 
 
 def _fields_slow(
     buf: bytes | bytearray | memoryview, pos: int, end: int
-) -> tuple[int, int | None, bool, bool, bool, int, int]:
+) -> TransferFields:
     hdr = read_transfer(buf, pos, end)
     tag = -1
     if hdr.delivery_tag is not None:
         tag = _tag_offset(buf, pos)
-    return (hdr.handle, hdr.delivery_id, hdr.settled, hdr.more, hdr.aborted,
-            hdr.payload_offset, tag)
+    return TransferFields(hdr.handle, hdr.delivery_id, hdr.settled, hdr.more, hdr.aborted,
+                          hdr.payload_offset, tag)
 
 
 def _tag_offset(buf: bytes | bytearray | memoryview, pos: int) -> int:

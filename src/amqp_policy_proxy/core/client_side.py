@@ -147,16 +147,14 @@ class ClientSide(Leg):
         written as a single ``SendData`` (flushed before anything else is sent).
         """
         wire = self.wire
-        saved = (wire.run_buf, wire.run_start, wire.run_end)
-        wire.run_buf, wire.run_start, wire.run_end = buf, -1, 0
+        previous = wire.begin_run(buf)
         try:
             pos = self._units(buf, start, end, now)
             if self.sessions.window_pending:
                 self.sessions.reopen_windows()  # once per read: see reopen_windows
             return pos
         finally:
-            wire.flush_run()
-            wire.run_buf, wire.run_start, wire.run_end = saved
+            wire.end_run(previous)
 
     def _units(self, buf: Any, pos: int, end: int, now: float) -> int:
         """Consume whole units (protocol headers, frames) of client bytes from ``buf[pos:end]``.
@@ -217,7 +215,7 @@ class ClientSide(Leg):
             ):
                 if self.amqp_frame(buf, pos, doff, ftype, channel, fend, now):
                     self.wire.extend_run(pos, fend)
-                elif self.wire.run_start >= 0:
+                else:
                     self.wire.flush_run()  # consumed: a run never stretches over it
             else:
                 self._preopen_frame(buf, pos, doff, ftype, channel, fend, now)

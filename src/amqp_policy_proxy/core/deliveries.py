@@ -31,7 +31,12 @@ from ..amqp.errors import (
 )
 from ..amqp.message import cleared_durable_byte, durable_flag_offset
 from ..amqp.performatives import Accepted, Detach, Disposition, Rejected, Transfer
-from ..amqp.transfer import delivery_tag_at, read_transfer_fields, transfer_with_delivery_id
+from ..amqp.transfer import (
+    TransferFields,
+    delivery_tag_at,
+    read_transfer_fields,
+    transfer_with_delivery_id,
+)
 from ..policy.reasons import DenialKind, MessageDenyReason
 from .commands import CLIENT, ROUTER
 from .context import Context, Room
@@ -72,11 +77,12 @@ class Deliveries(Room):
         channel: int,
         fend: int,
         now: float,
-        fields: tuple[Any, ...] | None = None,
+        fields: TransferFields | None = None,
     ) -> bool:
         """Handle one client Transfer (Part 2 §2.7.5); True means "forward its bytes".
 
-        ``fields`` is the :func:`read_transfer_fields` tuple when the caller read it already.
+        ``fields``: the Transfer's :class:`~..amqp.transfer.TransferFields` when the caller read
+        them already.
 
         Raises:
             NotAllowedError: a channel never begun, or a Transfer where the client receives.
@@ -93,7 +99,7 @@ class Deliveries(Room):
             raise NotAllowedError(f"transfer on channel {channel} that was never begun")
         if fields is None:
             fields = read_transfer_fields(buf, body, fend)
-        handle = fields[0]
+        handle = fields.handle
         session.transfers_in += 1
         sessions.check_window(session)
         link = session.links.get(handle)
@@ -101,8 +107,8 @@ class Deliveries(Room):
             if handle in session.denied_handles:
                 # pipelined on a link the proxy denied: dropped, and its delivery-id withheld
                 session.dropped_transfers += 1
-                if fields[1] is not None:
-                    self._withhold_id(session, fields[1])
+                if fields.delivery_id is not None:
+                    self._withhold_id(session, fields.delivery_id)
                 return False
             raise UnattachedHandleError(f"transfer on handle {handle} that is not attached")
         if not link.is_sender:
@@ -114,7 +120,7 @@ class Deliveries(Room):
         return self.sender_transfer(session, link, buf, body, fend, now, fields)
 
     def _revoked_transfer(self, session: SessionRecord, link: LinkRecord,
-                          fields: tuple[Any, ...]) -> bool:
+                          fields: TransferFields) -> bool:
         """A client Transfer on a link the proxy revoked that the client has not seen the
         Detach of yet: dropped (the router has the link detached); a delivery it starts is
         withheld (the session's later delivery-ids are renumbered), the rest of a delivery
@@ -127,7 +133,7 @@ class Deliveries(Room):
         return False
 
     def sender_transfer(self, session: SessionRecord, link: LinkRecord, buf: Any, body: int,
-                        fend: int, now: float, fields: tuple[Any, ...]) -> bool:
+                        fend: int, now: float, fields: TransferFields) -> bool:
         """A client Transfer (Part 2 §2.7.5) on ``link``, a sender link the client attached
         and has not detached, on ``session`` (which counted it already), its body at
         ``buf[body:fend]``, its fields (:func:`read_transfer_fields`) ``fields``: the

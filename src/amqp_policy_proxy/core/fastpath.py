@@ -83,7 +83,8 @@ class FastPath:
         unpack = _HDR.unpack_from
         read_fields = accel.read_fields
         scan = accel.scan  # the C scanner of plain Transfer runs, or None (accel.use)
-        run_start, run_end = wire.run_start, wire.run_end
+        run = wire.run  # held in locals while no frame needs a decision (.wire.Run)
+        run_start, run_end = run.start, run.end
         transfers = 0
         try:
             while end - pos >= FRAME_HEADER_SIZE:
@@ -113,7 +114,7 @@ class FastPath:
                         # (a session that withheld a delivery renumbers every Transfer after
                         # it: the general handler does, and the scanner never sees them)
                         f = read_fields(buf, body, fend)
-                        link = session.links.get(f[0])
+                        link = session.links.get(f.handle)
                         n = 0  # Transfers passed from this one on
                         # Transfer frames the client may still send (maxSessionWindow); the
                         # frame past the window takes the general handler, which refuses it
@@ -126,7 +127,7 @@ class FastPath:
                         if (
                             link is not None
                             and fast
-                            and not f[4]
+                            and not f.aborted
                             and not (link.in_delivery and link.discarding)
                         ):
                             if scan is not None:
@@ -136,7 +137,7 @@ class FastPath:
                                 # the link's one per-message rule, it passes the whole
                                 # deliveries whose plain head has the user's user-id
                                 npos, n, delivery = scan(
-                                    buf, pos, end, limit, channel, f[0], scan_max,
+                                    buf, pos, end, limit, channel, f.handle, scan_max,
                                     uid_scan if fast == FAST_USER_ID else None,
                                     (link.delivery_bytes, link.delivery_id,
                                      link.delivery_settled) if link.in_delivery else None,
@@ -149,8 +150,8 @@ class FastPath:
                                     if run_start < 0:
                                         run_start = pos
                                     pos = npos
-                            if (not n and fast == FAST and not link.in_delivery and not f[3]
-                                    and (max_size is None or fend - f[5] <= max_size)
+                            if (not n and fast == FAST and not link.in_delivery and not f.more
+                                    and (max_size is None or fend - f.payload_offset <= max_size)
                                     and left > 0):
                                 # no scanner, or a frame it leaves to Python: a whole delivery
                                 # that needs no decision is forwarded as it came (the frames
@@ -167,7 +168,7 @@ class FastPath:
                                     all_sessions.window_pending.add(session)
                                 continue
                     # a decision, a denial or an error: the general Transfer handler
-                    wire.run_start, wire.run_end = run_start, run_end
+                    run.start, run.end = run_start, run_end
                     if f is not None and link is not None and session is not None:
                         # a sender link's Transfer (its lookups done above)
                         session.transfers_in += 1
@@ -180,9 +181,9 @@ class FastPath:
                     if session is not None and window is not None:
                         all_sessions.window_pending.add(session)
                 else:
-                    wire.run_start, wire.run_end = run_start, run_end
+                    run.start, run.end = run_start, run_end
                     forward = general(buf, pos, doff, ftype, channel, fend, now)
-                run_start, run_end = wire.run_start, wire.run_end
+                run_start, run_end = run.start, run.end
                 if forward:
                     if run_start < 0:
                         run_start = pos
@@ -191,11 +192,11 @@ class FastPath:
                     # consumed (a refused delivery, a frame for a denied link): the run is
                     # one contiguous slice, so it ends before this frame
                     wire.flush_run()
-                    run_start, run_end = wire.run_start, wire.run_end
+                    run_start, run_end = run.start, run.end
                 pos = fend
                 if sides.client is not C_OPENED:
                     break
         finally:
-            wire.run_start, wire.run_end = run_start, run_end
+            run.start, run.end = run_start, run_end
             ctx.figures.transfers_in += transfers
         return pos

@@ -73,7 +73,7 @@ from .state import (
     R_SASL,
     R_STOPPED,
 )
-from .wire import frame, run_data
+from .wire import Run, frame
 
 _HDR = Struct(">IBBH")
 
@@ -240,7 +240,7 @@ class RouterSide(Leg):
             FramingError: a frame header that breaks the rule, or a SASL frame.
             IllegalStateError: a second Open.
         """
-        run_start = pos
+        run = Run(buf, pos)  # the router's run: buf[run.start:pos], frames relayed as they came
         ctx = self.ctx
         limit = ctx.router_frame_limit
         unpack = _HDR.unpack_from
@@ -283,10 +283,10 @@ class RouterSide(Leg):
                 if rules.topic_receivers:
                     replacement = deliveries.router_transfer(buf, pos, body, fend, channel, now)
                     if replacement is not None:
-                        if pos > run_start:
-                            wire.send(CLIENT, run_data(buf, run_start, pos))
+                        if pos > run.start:
+                            wire.send(CLIENT, run.take(pos))
                         wire.send(CLIENT, replacement)
-                        run_start = fend
+                        run.start = fend
                 pos = fend
                 continue
             if code == DISPOSITION_CODE:
@@ -305,8 +305,8 @@ class RouterSide(Leg):
                     pos = fend
                     continue
             # a frame the proxy looks at: flush the run before it
-            if pos > run_start:
-                wire.send(CLIENT, run_data(buf, run_start, pos))
+            if pos > run.start:
+                wire.send(CLIENT, run.take(pos))
             perf: Any = None
             if code == CLOSE_CODE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
                 perf = EMPTY_CLOSE
@@ -325,9 +325,9 @@ class RouterSide(Leg):
                                       channel, now)
             if replacement:
                 wire.send(CLIENT, replacement)
-            pos = run_start = fend
-        if pos > run_start and sides.router is R_AMQP:
-            wire.send(CLIENT, run_data(buf, run_start, pos))
+            pos = run.start = fend
+        if pos > run.start and sides.router is R_AMQP:
+            wire.send(CLIENT, run.take(pos))
         return pos
 
     def on_open(self, perf: Open | OpenHead, raw: bytes, channel: int, now: float) -> bytes:

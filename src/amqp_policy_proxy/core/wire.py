@@ -3,9 +3,10 @@
 :class:`Wire` turns the handlers' decisions into commands: bytes for either leg (queued while
 the upstream connect is under way, dropped once a leg can no longer be written), the Close
 performatives with their bookkeeping in :class:`~.state.Sides`, transport closes, events. It
-also holds the *run*: consecutive client frames forwarded as they came accumulate as one slice
-of the original bytes, written with a single ``SendData`` before anything else is sent, so the
-order on the wire is kept and a burst of Transfers costs one write.
+also holds the client's :class:`Run`: consecutive client frames forwarded as they came
+accumulate as one slice of the original bytes, written with a single ``SendData`` before
+anything else is sent, so the order on the wire is kept and a burst of Transfers costs one
+write. The router side keeps a :class:`Run` of the router's frames the same way.
 """
 
 from __future__ import annotations
@@ -48,10 +49,45 @@ def rechannel(data: bytes, channel: int) -> bytes:
     return data[:6] + channel.to_bytes(2, "big") + data[8:]
 
 
+class Run:
+    """Consecutive frames of one leg forwarded as they came: ``buf[start:end]``, one write.
+
+    Both legs use it: the client's run (:attr:`Wire.run`, frames for the router, flushed by
+    :meth:`Wire.send` before anything else is written) and the router side's run of frames
+    for the client (``core.router_side``, which flushes it before each frame it rewrites).
+    ``start`` is -1 while the run is empty. A relay loop may hold ``start`` and ``end`` in
+    locals for speed (``core.fastpath``), and stores them back before it calls anything that
+    writes; everything else goes through the methods.
+    """
+
+    __slots__ = ("buf", "start", "end")
+
+    def __init__(self, buf: Any = b"", start: int = -1) -> None:
+        """A run over ``buf`` (the bytes of one read), empty, or starting at ``start``."""
+        self.buf = buf
+        """The read the run's frames are in (a run never spans two reads)."""
+        self.start = start
+        """Offset of the run's first byte, -1 while it is empty."""
+        self.end = start
+        """Offset one past the run's last byte."""
+
+    def extend(self, pos: int, end: int) -> None:
+        """Add the frame ``buf[pos:end]``, which follows the run (or starts it)."""
+        if self.start < 0:
+            self.start = pos
+        self.end = end
+
+    def take(self, end: int) -> bytes | memoryview:
+        """The run's bytes up to ``end`` (:func:`run_data`); the run is empty afterwards."""
+        start = self.start
+        self.start = -1
+        return run_data(self.buf, start, end)
+
+
 class Wire:
     """The output of one connection while it handles one input."""
 
-    __slots__ = ("sides", "out", "pending", "run_buf", "run_start", "run_end",
+    __slots__ = ("sides", "out", "pending", "run",
                  "amqp_header_sent", "open_sent", "container_id", "client_sealed",
                  "router_sealed")
 
@@ -67,9 +103,8 @@ class Wire:
         """The commands of the input being handled (a new list per input)."""
         self.pending: list[bytes] = []
         """Bytes for the router, queued while its connection is being made."""
-        self.run_buf: Any = b""
-        self.run_start = -1
-        self.run_end = 0
+        self.run = Run()
+        """The client's run of frames forwarded as they came (:meth:`begin_run`)."""
         self.amqp_header_sent = False
         """The client was sent an AMQP protocol header (the router's, or the proxy's own)."""
         self.open_sent = False
@@ -91,7 +126,7 @@ class Wire:
         To the client: dropped once its transport is gone. To either: dropped once the proxy
         wrote its own Close to that leg (:attr:`client_sealed`, :attr:`router_sealed`).
         """
-        if self.run_start >= 0:
+        if self.run.start >= 0:
             self.flush_run()  # earlier frames of the client's run go first
         if side is ROUTER:
             if self.router_sealed:
@@ -106,19 +141,30 @@ class Wire:
             return
         self.out.append(SendData(side, data))
 
+    def begin_run(self, buf: Any) -> Run:
+        """Start an empty client run over the read ``buf``; returns the run it replaces (a
+        read handled while another is, such as held bytes released by an admission), which
+        :meth:`end_run` puts back. What that run holds is written first: the order on the
+        wire is the order the frames came in."""
+        self.flush_run()
+        previous = self.run
+        self.run = Run(buf)
+        return previous
+
+    def end_run(self, previous: Run) -> None:
+        """Write what the current client run holds, then go back to ``previous``."""
+        self.flush_run()
+        self.run = previous
+
     def flush_run(self) -> None:
         """Write the accumulated run of client frames to the router."""
-        start = self.run_start
-        if start < 0:
-            return
-        self.run_start = -1
-        self.send(ROUTER, run_data(self.run_buf, start, self.run_end))
+        run = self.run
+        if run.start >= 0:
+            self.send(ROUTER, run.take(run.end))
 
     def extend_run(self, pos: int, end: int) -> None:
-        """Add the client frame ``run_buf[pos:end]`` to the run (it is forwarded as it came)."""
-        if self.run_start < 0:
-            self.run_start = pos
-        self.run_end = end
+        """Add the client frame ``run.buf[pos:end]`` to the run (forwarded as it came)."""
+        self.run.extend(pos, end)
 
     def take_pending(self) -> bytes:
         """Everything queued for the router while it connected (it is connected now)."""
@@ -161,7 +207,7 @@ class Wire:
 
     def close_transport(self, side: Side) -> None:
         """Close ``side``'s transport after what was written before."""
-        if self.run_start >= 0:
+        if self.run.start >= 0:
             self.flush_run()
         self.out.append(CloseTransport(side))
 
