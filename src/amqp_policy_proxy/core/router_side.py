@@ -46,6 +46,7 @@ from ..amqp.performatives import (
     Close,
     Disposition,
     Open,
+    SaslInit,
     SaslMechanisms,
     SaslOutcome,
     decode_as,
@@ -70,6 +71,7 @@ from .state import (
     R_AWAIT_HEADER,
     R_CLOSED,
     R_FAILED,
+    R_LOGIN,
     R_SASL,
     R_STOPPED,
 )
@@ -90,11 +92,17 @@ SASL_OUTCOME_RELAYED = 3
 class RouterSide(Leg):
     """The router leg of one connection."""
 
-    __slots__ = ("held", "open_seen", "sasl_relayed")
+    __slots__ = ("held", "open_seen", "sasl_relayed", "login_done", "login_failed")
 
-    def __init__(self, ctx: Context, sessions: Sessions, deliveries: Deliveries) -> None:
-        """No upstream yet."""
+    def __init__(self, ctx: Context, sessions: Sessions, deliveries: Deliveries,
+                 login_done: Callable[[float], None] | None = None,
+                 login_failed: Callable[[str, float], None] | None = None) -> None:
+        """No upstream yet. ``login_done(now)`` is called when the router accepted the
+        proxy's service identity, ``login_failed(why, now)`` when it did not (token
+        connections of ``token_authority = "proxy"``)."""
         Leg.__init__(self, ctx, sessions, deliveries)
+        self.login_done = login_done
+        self.login_failed = login_failed
         self.held: list[bytes] = []
         """Router AMQP frames received before the client's Open was decided."""
         self.open_seen = False
@@ -105,6 +113,9 @@ class RouterSide(Leg):
         """What the client still lacks of a SASL greeting (header, mechanisms) when the proxy
         must answer it itself: nothing of what the router already relayed is repeated."""
         data = b""
+        tokens = self.ctx.tokens
+        if tokens is not None and tokens.proxy:
+            return data  # the proxy's own greeting went to the client at its SASL header
         if self.sasl_relayed < SASL_HEADER_RELAYED:
             data += C.SASL_HEADER
         if self.sasl_relayed < SASL_MECHANISMS_RELAYED:
@@ -119,6 +130,15 @@ class RouterSide(Leg):
         """The router has not relayed a sasl-outcome yet."""
         return self.sasl_relayed < SASL_OUTCOME_RELAYED
 
+    def authenticating(self) -> bool:
+        """The router has not finished authenticating yet: the client's relayed SASL, or
+        the proxy's own login (``token_authority = "proxy"``)."""
+        ctx = self.ctx
+        tokens = ctx.tokens
+        if tokens is not None and tokens.proxy:
+            return not ctx.service_ok
+        return ctx.sasl_used and not ctx.sasl_ok and self.sasl_relayed < SASL_OUTCOME_RELAYED
+
     # ------------------------------------------------------------------ bytes in
 
     def data(self, data: bytes, now: float) -> None:
@@ -126,8 +146,8 @@ class RouterSide(Leg):
         state = self.sides.router
         if state in (R_STOPPED, R_CLOSED, R_FAILED):
             return
-        framed = state is R_SASL or state is R_AMQP
-        limit = PRE_OPEN_FRAME_LIMIT if state is R_SASL else self.ctx.router_frame_limit
+        framed = state is R_SASL or state is R_AMQP or state is R_LOGIN
+        limit = PRE_OPEN_FRAME_LIMIT if state is not R_AMQP else self.ctx.router_frame_limit
         self.buf = feed(self.buf, data, framed, limit, self.process, now)
 
     def process(self, buf: Any, pos: int, end: int, now: float) -> int:
@@ -146,27 +166,40 @@ class RouterSide(Leg):
             if state is R_AWAIT_HEADER or state is R_AWAIT_AMQP_HEADER:
                 if end - pos < PROTOCOL_HEADER_SIZE:
                     break
-                self._header(bytes(buf[pos : pos + PROTOCOL_HEADER_SIZE]))
+                self._header(bytes(buf[pos : pos + PROTOCOL_HEADER_SIZE]), now)
                 pos += PROTOCOL_HEADER_SIZE
                 continue
-            if state is not R_SASL or end - pos < FRAME_HEADER_SIZE:
+            if (state is not R_SASL and state is not R_LOGIN) or end - pos < FRAME_HEADER_SIZE:
                 break
             size, doff, ftype, _channel = _HDR.unpack_from(buf, pos)
             check_frame_header(size, doff, ftype, PRE_OPEN_FRAME_LIMIT)
             if end - pos < size:
                 break
             fend = pos + size
-            self._sasl_frame(buf, pos, doff, ftype, fend, now)
+            if state is R_LOGIN:
+                self._login_frame(buf, pos, doff, ftype, fend, now)
+            else:
+                self._sasl_frame(buf, pos, doff, ftype, fend, now)
             pos = fend
         return pos
 
-    def _header(self, header: bytes) -> None:
+    def _header(self, header: bytes, now: float) -> None:
         """The router's protocol header, relayed to the client.
 
         Raises:
             FramingError: not the SASL header (before SASL) or the AMQP header.
         """
         sides = self.sides
+        tokens = self.ctx.tokens
+        if tokens is not None and tokens.proxy:
+            # the proxy's own login: nothing of it is relayed to the client
+            if header == C.SASL_HEADER and sides.router is R_AWAIT_HEADER:
+                sides.to_router(R_LOGIN)
+            elif header == C.AMQP_HEADER and sides.router is R_AWAIT_AMQP_HEADER:
+                sides.to_router(R_AMQP)
+            elif self.login_failed is not None:
+                self.login_failed(f"the router answered the SASL header with {header!r}", now)
+            return
         if header == C.SASL_HEADER and sides.router is R_AWAIT_HEADER:
             sides.to_router(R_SASL)
             self.sasl_relayed = SASL_HEADER_RELAYED
@@ -209,6 +242,56 @@ class RouterSide(Leg):
                     self.ctx.sasl_failed(C.SASL_OUTCOMES.get(code, "sys"), code, now)
                 self.sides.to_router(R_AWAIT_AMQP_HEADER)
         self.wire.send(CLIENT, bytes(buf[pos:fend]))
+
+    def _login_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int,
+                     now: float) -> None:
+        """A router SASL frame of the proxy's own login (``token_authority = "proxy"``):
+        its mechanisms are answered with the service identity's sasl-init, its outcome ``ok``
+        is followed by the proxy's AMQP header (and the Open decision), anything else ends
+        the login as failed. Nothing is relayed to the client.
+
+        Raises:
+            FramingError: an AMQP frame during SASL.
+        """
+        if ftype != SASL_FRAME:
+            raise FramingError("AMQP frame during SASL negotiation")
+        body = pos + doff * DOFF_UNIT
+        if body == fend:
+            return
+        ctx = self.ctx
+        perf, _ = decode_performative(memoryview(buf)[body:fend])
+        login = ctx.service_login
+        failed = self.login_failed
+        assert failed is not None
+        if isinstance(perf, SaslMechanisms):
+            offered: Any = perf.sasl_server_mechanisms
+            if offered is not None and not isinstance(offered, str | list | tuple):
+                offered = getattr(offered, "elements", [offered])  # a symbol array
+            names = [str(m).upper() for m in (
+                offered if isinstance(offered, list | tuple) else [offered]) if m is not None]
+            if login is None:
+                failed("no service identity is configured for this upstream", now)
+            elif login.mechanism not in names:
+                failed(f"the router offers {', '.join(names) or 'no mechanism'}, not "
+                       f"{login.mechanism}", now)
+            else:
+                self.wire.send(ROUTER, frame(0, SaslInit(
+                    mechanism=login.mechanism, initial_response=login.initial_response()),
+                    ftype=SASL_FRAME))
+        elif isinstance(perf, SaslOutcome):
+            code = 0 if perf.code is None else int(perf.code)
+            if code == 0:
+                self.sides.to_router(R_AWAIT_AMQP_HEADER)
+                ctx.service_ok = True
+                self.wire.send(ROUTER, C.AMQP_HEADER)
+                if self.login_done is not None:
+                    self.login_done(now)
+            else:
+                failed(f"sasl-outcome {C.SASL_OUTCOMES.get(code, 'sys')} ({code}) for "
+                       f"{login.mechanism if login else '?'} "
+                       f"'{login.username if login else ''}'", now)
+        else:
+            failed(f"unexpected {type(perf).__name__} during the login", now)
 
     def _hold(self, buf: Any, pos: int, end: int) -> int:
         """Hold whole router frames until the client's Open is decided."""
