@@ -102,6 +102,9 @@ def sasl_outcome(code: SaslCode) -> bytes:
     return frame(0, SaslOutcome(code=int(code)), ftype=SASL_FRAME)
 
 
+#: The outcomes the proxy answers a token client with itself, encoded once.
+OUTCOME_OK = sasl_outcome(SaslCode.OK)
+OUTCOME_AUTH = sasl_outcome(SaslCode.AUTH)
 #: The proxy's SASL greeting to a token client it authenticates itself (``token_authority =
 #: "proxy"``): the SASL header and the token mechanisms.
 TOKEN_GREETING = C.SASL_HEADER + frame(
@@ -425,7 +428,7 @@ class ClientSide(Leg):
         if tokens.proxy:
             ctx.sasl_ok = True
             self.sides.to_client(C_AWAIT_AMQP_HEADER)
-            self.wire.send(CLIENT, sasl_outcome(SaslCode.OK))
+            self.wire.send(CLIENT, OUTCOME_OK)
         else:
             assert raw is not None
             self.wire.send(ROUTER, raw)
@@ -483,7 +486,7 @@ class ClientSide(Leg):
         """The outcome ``auth`` of a refused token, and the end of the client leg."""
         self.ctx.token_refusal = None
         self.sides.stop_client()
-        self.wire.send(CLIENT, sasl_outcome(SaslCode.AUTH))
+        self.wire.send(CLIENT, OUTCOME_AUTH)
         self.wire.close_transport(CLIENT)
 
     def answer_unavailable(self) -> None:

@@ -46,7 +46,6 @@ from ..amqp.performatives import (
     Close,
     Disposition,
     Open,
-    SaslInit,
     SaslMechanisms,
     SaslOutcome,
     decode_as,
@@ -87,6 +86,20 @@ FALLBACK_MECHANISMS = ("ANONYMOUS", "PLAIN")
 SASL_HEADER_RELAYED = 1
 SASL_MECHANISMS_RELAYED = 2
 SASL_OUTCOME_RELAYED = 3
+
+
+#: The mechanism names of the sasl-mechanisms frames routers sent, by frame body (the proxy's
+#: own login reads the same frame from every connection of a router).
+_MECHANISMS: dict[bytes, tuple[str, ...]] = {}
+
+
+def _mechanism_names(perf: SaslMechanisms) -> tuple[str, ...]:
+    """The upper-case mechanism names of a sasl-mechanisms (a symbol or an array of them)."""
+    offered: Any = perf.sasl_server_mechanisms
+    if offered is not None and not isinstance(offered, str | list | tuple):
+        offered = getattr(offered, "elements", [offered])  # a symbol array
+    return tuple(str(m).upper() for m in (
+        offered if isinstance(offered, list | tuple) else [offered]) if m is not None)
 
 
 class RouterSide(Leg):
@@ -259,39 +272,44 @@ class RouterSide(Leg):
         if body == fend:
             return
         ctx = self.ctx
-        perf, _ = decode_performative(memoryview(buf)[body:fend])
         login = ctx.service_login
         failed = self.login_failed
         assert failed is not None
-        if isinstance(perf, SaslMechanisms):
-            offered: Any = perf.sasl_server_mechanisms
-            if offered is not None and not isinstance(offered, str | list | tuple):
-                offered = getattr(offered, "elements", [offered])  # a symbol array
-            names = [str(m).upper() for m in (
-                offered if isinstance(offered, list | tuple) else [offered]) if m is not None]
-            if login is None:
-                failed("no service identity is configured for this upstream", now)
-            elif login.mechanism not in names:
-                failed(f"the router offers {', '.join(names) or 'no mechanism'}, not "
-                       f"{login.mechanism}", now)
-            else:
-                self.wire.send(ROUTER, frame(0, SaslInit(
-                    mechanism=login.mechanism, initial_response=login.initial_response()),
-                    ftype=SASL_FRAME))
-        elif isinstance(perf, SaslOutcome):
-            code = 0 if perf.code is None else int(perf.code)
-            if code == 0:
-                self.sides.to_router(R_AWAIT_AMQP_HEADER)
-                ctx.service_ok = True
-                self.wire.send(ROUTER, C.AMQP_HEADER)
-                if self.login_done is not None:
-                    self.login_done(now)
-            else:
-                failed(f"sasl-outcome {C.SASL_OUTCOMES.get(code, 'sys')} ({code}) for "
-                       f"{login.mechanism if login else '?'} "
-                       f"'{login.username if login else ''}'", now)
+        code = sasl_outcome_code(buf, body, fend)  # plain encodings, no decode
+        if code is None:
+            raw = bytes(buf[body:fend])
+            names = _MECHANISMS.get(raw)
+            if names is None:
+                perf, _ = decode_performative(raw)
+                if isinstance(perf, SaslOutcome):
+                    code = 0 if perf.code is None else int(perf.code)
+                elif isinstance(perf, SaslMechanisms):
+                    names = _mechanism_names(perf)
+                    if len(_MECHANISMS) < 64:  # a router sends the same few every time
+                        _MECHANISMS[raw] = names
+                else:
+                    failed(f"unexpected {type(perf).__name__} during the login", now)
+                    return
+            if names is not None:
+                if login is None:
+                    failed("no service identity is configured for this upstream", now)
+                elif login.mechanism not in names:
+                    failed(f"the router offers {', '.join(names) or 'no mechanism'}, not "
+                           f"{login.mechanism}", now)
+                else:
+                    self.wire.send(ROUTER, login.sasl_init_frame())
+                return
+        assert code is not None  # (a mechanisms frame returned above)
+        if code == 0:
+            self.sides.to_router(R_AWAIT_AMQP_HEADER)
+            ctx.service_ok = True
+            self.wire.send(ROUTER, C.AMQP_HEADER)
+            if self.login_done is not None:
+                self.login_done(now)
         else:
-            failed(f"unexpected {type(perf).__name__} during the login", now)
+            failed(f"sasl-outcome {C.SASL_OUTCOMES.get(code, 'sys')} ({code}) for "
+                   f"{login.mechanism if login else '?'} "
+                   f"'{login.username if login else ''}'", now)
 
     def _hold(self, buf: Any, pos: int, end: int) -> int:
         """Hold whole router frames until the client's Open is decided."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from ..amqp.constants import SASL_FRAME
 from ..amqp.errors import DecodeError
+from ..amqp.performatives import SaslInit
 from ..amqp.sasl_bearer import BearerResponse, parse_token_response
 from ..policy import decisions
 from ..policy.lookup import resolve_vhost
@@ -30,6 +32,7 @@ from ..tokens.config import TokenAuthConfig
 from ..tokens.errors import RejectReason, TokenRejected
 from ..tokens.jwks import JwkSet
 from ..tokens.validate import validate_token
+from .wire import frame
 
 if TYPE_CHECKING:
     from ..ingress.peer import ClientAddress
@@ -94,6 +97,22 @@ class ServiceLogin:
         if self.mechanism == "PLAIN":
             return b"\x00" + self.username.encode() + b"\x00" + self.password
         return b""
+
+    def sasl_init_frame(self) -> bytes:
+        """The whole sasl-init frame the proxy sends the router (encoded once per
+        identity)."""
+        found = _INIT_FRAMES.get(self)
+        if found is None:
+            found = frame(0, SaslInit(mechanism=self.mechanism,
+                                      initial_response=self.initial_response()),
+                          ftype=SASL_FRAME)
+            if len(_INIT_FRAMES) >= 64:  # identities change only at reloads
+                _INIT_FRAMES.clear()
+            _INIT_FRAMES[self] = found
+        return found
+
+
+_INIT_FRAMES: dict[ServiceLogin, bytes] = {}
 
 
 class TokenCheck:
