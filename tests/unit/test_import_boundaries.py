@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "amqp_policy_proxy"
-PURE = ["amqp", "core", "policy", "limits", "ingress"]
+PURE = ["amqp", "core", "policy", "limits", "ingress", "tokens"]
 PURE_FILES = [p for pkg in PURE for p in sorted((SRC / pkg).rglob("*.py"))] + [
     SRC / "eventlog" / "schema.py",
     SRC / "eventlog" / "records.py",
@@ -90,6 +90,7 @@ LAYERS: dict[str, int] = {
     "ingress": 1,
     "policy": 2,
     "limits": 3,
+    "tokens": 3,
     "core": 4,
     "eventlog": 5,
     "metrics": 5,
