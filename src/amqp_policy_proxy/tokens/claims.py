@@ -126,6 +126,22 @@ def group_for(vhost: VhostPolicy, identity: TokenIdentity) -> TokenGroup | None:
     return TokenGroup(match.group, match.how, f"group '{match.group.name}' (policy, {match.how})")
 
 
+def seconds_left(identity: TokenIdentity, config: TokenAuthConfig, now: float) -> float:
+    """Seconds until a connection with ``identity`` must be closed as expired: ``exp`` plus
+    ``expiry_grace_seconds``, less ``now``.
+
+    Args:
+        identity: the connection's identity.
+        config: ``expiry_grace_seconds``.
+        now: wall-clock seconds since the epoch (the claims' clock); add the result to the
+            shell's monotonic clock to get the connection's deadline.
+
+    Returns:
+        The seconds left (0 or less: close now).
+    """
+    return identity.expires_at + config.expiry_grace_seconds - now
+
+
 def check_username(identity_user: str, username: str | None) -> None:
     """The SASL user name a token connection gives must be empty or the token's identity
     (RabbitMQ's convention: the password is the token, the name is not trusted).

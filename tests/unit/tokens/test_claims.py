@@ -11,6 +11,7 @@ from amqp_policy_proxy.tokens.claims import (
     group_for,
     identity_from_token,
     mapping_issues,
+    seconds_left,
     token_scopes,
 )
 from amqp_policy_proxy.tokens.errors import RejectReason, TokenRejected
@@ -128,3 +129,11 @@ def test_username_empty_or_the_identity() -> None:
     with pytest.raises(TokenRejected) as info:
         check_username("alice", "admin")
     assert info.value.reason is RejectReason.USERNAME_MISMATCH
+
+
+def test_seconds_left_counts_the_grace(issuer: Issuer) -> None:
+    config = make_config(expiry_grace_seconds=5)
+    ident = identity_from_token(validate_token(issuer.token(), config, issuer.keyset(), NOW),
+                                config)
+    assert seconds_left(ident, config, NOW) == 305
+    assert seconds_left(ident, config, NOW + 310) == -5
