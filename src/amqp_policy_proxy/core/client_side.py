@@ -52,8 +52,9 @@ from ..amqp.performatives import (
     decode_performative,
 )
 from ..amqp.sasl import ANONYMOUS_USER, identity_from_sasl_init
-from ..amqp.sasl_bearer import BEARER_ERROR_CHALLENGE, TOKEN_MECHANISMS, BearerResponse
 from ..amqp.transfer import is_transfer_descriptor
+from ..tokens.sasl import MECHANISMS as TOKEN_MECHANISMS
+from ..tokens.sasl import TokenCredentials, oauthbearer_error_challenge
 from .commands import CLIENT, ROUTER, ConnectRouter, SendData
 from .context import Context
 from .deliveries import Deliveries
@@ -105,6 +106,9 @@ def sasl_outcome(code: SaslCode) -> bytes:
 #: The outcomes the proxy answers a token client with itself, encoded once.
 OUTCOME_OK = sasl_outcome(SaslCode.OK)
 OUTCOME_AUTH = sasl_outcome(SaslCode.AUTH)
+#: The error challenge of a refused OAUTHBEARER token (RFC 7628 §3.2.2).
+BEARER_CHALLENGE = frame(0, SaslChallenge(challenge=oauthbearer_error_challenge()),
+                         ftype=SASL_FRAME)
 #: The proxy's SASL greeting to a token client it authenticates itself (``token_authority =
 #: "proxy"``): the SASL header and the token mechanisms.
 TOKEN_GREETING = C.SASL_HEADER + frame(
@@ -406,7 +410,7 @@ class ClientSide(Leg):
             return
         self.token_attempt(bearer, None if tokens.proxy else bytes(buf[pos:fend]), now)
 
-    def token_attempt(self, bearer: BearerResponse, raw: bytes | None, now: float, *,
+    def token_attempt(self, bearer: TokenCredentials, raw: bytes | None, now: float, *,
                       again: bool = False) -> None:
         """Validate a sasl-init's token: accepted, the client is answered ``ok``
         (``proxy``) or its sasl-init ``raw`` goes to the router (``upstream``); refused, it
@@ -477,8 +481,7 @@ class ClientSide(Leg):
         elif mechanism.upper() == "OAUTHBEARER" and exc.reason != NO_TOKEN:
             ctx.token_refusal = exc
             ctx.linger(now)  # the client has this long to send its dummy response
-            wire.send(CLIENT, frame(0, SaslChallenge(challenge=BEARER_ERROR_CHALLENGE),
-                                    ftype=SASL_FRAME))
+            wire.send(CLIENT, BEARER_CHALLENGE)
         else:
             self._token_outcome_auth()
 

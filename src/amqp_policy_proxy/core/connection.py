@@ -36,6 +36,7 @@ from ..amqp import constants as C
 from ..amqp.constants import Condition
 from ..amqp.errors import AmqpError
 from ..policy.reasons import ConnectionDenyReason
+from ..tokens.claims import seconds_left
 from .admission import Admission, AdmissionBans, AdmissionLedger, AdmissionRates
 from .client_side import ClientSide
 from .commands import CLIENT, ROUTER, Command, Side
@@ -216,10 +217,10 @@ class ProxyConnection(Context):
         reached (up to a tenth earlier, spread by connection id so that connections opened
         together do not all close and reconnect together)."""
         token = self.token
-        if token is not None and self.tokens is not None:
-            grace = self.tokens.config.expiry_grace_seconds
-            self.set_expiry(token.identity.expires_at + grace - self.wall_offset,
-                            Condition.UNAUTHORIZED_ACCESS, TOKEN_EXPIRED, "token_expired")
+        if token is not None and self.tokens is not None:  # exp + grace, on the loop clock
+            left = seconds_left(token.identity, self.tokens.config, now + self.wall_offset)
+            self.set_expiry(now + left, Condition.UNAUTHORIZED_ACCESS, TOKEN_EXPIRED,
+                            "token_expired")
         not_after = self.tls_not_after
         if not_after is not None and (self.sasl_mechanism or "").upper() == "EXTERNAL":
             self.set_expiry(not_after - self.wall_offset, Condition.UNAUTHORIZED_ACCESS,

@@ -22,8 +22,8 @@ from .state import Sides
 from .wire import Wire
 
 if TYPE_CHECKING:
-    from ..amqp.sasl_bearer import BearerResponse
     from ..policy.model import GroupSettings, Policy, VhostPolicy
+    from ..tokens.sasl import TokenCredentials
     from .tokenauth import Rejected, ServiceLogin, TokenAuth, TokenCheck
 
 #: Largest frame accepted from the client before the proxy has advertised a max-frame-size
@@ -203,7 +203,7 @@ class Context:
         "proxy"``), given by the shell with the upstream it connected to."""
         self.service_ok = False
         """The router accepted the proxy's service identity (its sasl-outcome ``ok``)."""
-        self.token_wait: tuple[BearerResponse, bytes | None] | None = None
+        self.token_wait: tuple[TokenCredentials, bytes | None] | None = None
         """A sasl-init whose token names a ``kid`` the keys lack, waiting for the JWKS fetch
         it asked for (its token, and its frame for the router in ``upstream`` mode)."""
         self.token_refusal: Rejected | None = None

@@ -3,7 +3,7 @@ service identity it logs in to the router with, and the Open decision under a to
 
 An upstream with ``token_authority`` (docs/oauth2.md, docs/decisions/0008) makes every client
 connection a token connection: its sasl-init carries a JWT (PLAIN's password or OAUTHBEARER,
-:mod:`..amqp.sasl_bearer`), which :func:`check_token` validates with the tokens package
+:mod:`..tokens.sasl`), which :func:`check_token` validates with the tokens package
 against the keys :class:`TokenKeys` holds (the daemon's JWKS cache, fed by its fetches). The
 token's identity claim is the policy user and its claims give the groups
 (:func:`~..tokens.claims.identity_from_token`); :func:`token_open_decision` is
@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from ..amqp.constants import SASL_FRAME
-from ..amqp.errors import DecodeError
 from ..amqp.performatives import SaslInit
-from ..amqp.sasl_bearer import BearerResponse, parse_token_response
 from ..policy import decisions
 from ..policy.lookup import resolve_vhost
 from ..policy.reasons import ConnectionDenyReason
@@ -31,6 +29,7 @@ from ..tokens.claims import TokenIdentity, check_username, group_for, identity_f
 from ..tokens.config import TokenAuthConfig
 from ..tokens.errors import RejectReason, TokenRejected
 from ..tokens.jwks import JwkSet
+from ..tokens.sasl import MECHANISMS, TokenCredentials, credentials_from_sasl
 from ..tokens.validate import validate_token
 from .wire import frame
 
@@ -140,22 +139,22 @@ class Rejected(Exception):
         self.unknown_kid = unknown_kid
 
 
-def read_token(mechanism: str, response: bytes | None) -> BearerResponse:
-    """The token of a sasl-init (:func:`~..amqp.sasl_bearer.parse_token_response`).
+def read_token(mechanism: str, response: bytes | None) -> TokenCredentials:
+    """The token of a sasl-init (:func:`~..tokens.sasl.credentials_from_sasl`).
 
     Raises:
-        Rejected: ``no_token`` for another mechanism, ``malformed`` for a response that does
-            not hold one.
+        Rejected: ``no_token`` for a mechanism other than PLAIN and OAUTHBEARER, ``malformed``
+            for a response that does not hold a token.
     """
-    if mechanism.upper() not in ("PLAIN", "OAUTHBEARER"):
+    if mechanism.upper() not in MECHANISMS:
         raise Rejected(NO_TOKEN, f"mechanism {mechanism[:32]!a} carries no token")
     try:
-        return parse_token_response(mechanism, response)
-    except DecodeError as exc:
-        raise Rejected(RejectReason.MALFORMED.value, exc.description) from None
+        return credentials_from_sasl(mechanism, response)
+    except TokenRejected as exc:
+        raise Rejected(exc.reason.value, exc.detail) from None
 
 
-def check_token(auth: TokenAuth, bearer: BearerResponse, now: float,
+def check_token(auth: TokenAuth, bearer: TokenCredentials, now: float,
                 wall: float) -> TokenCheck:
     """Validate the token of a sasl-init and map it to the policy's terms.
 
@@ -176,7 +175,8 @@ def check_token(auth: TokenAuth, bearer: BearerResponse, now: float,
     try:
         token = validate_token(bearer.token, config, auth.keys.keys(now), wall)
         identity = identity_from_token(token, config)
-        check_username(identity.user, bearer.username)
+        check_username(identity.user, bearer.username)  # PLAIN's authcid
+        check_username(identity.user, bearer.authzid)  # PLAIN's authzid, OAUTHBEARER's a=
     except TokenRejected as exc:
         raise Rejected(exc.reason.value, exc.detail, kid=exc.kid,
                        unknown_kid=exc.reason is RejectReason.UNKNOWN_KID) from None
