@@ -206,3 +206,18 @@ def test_cached_keys_serve_while_the_jwks_url_is_down(proxy, issuer, jwks):
         conn.close()
     finally:
         jwks.down = False
+
+
+def test_rejections_and_the_jwks_are_on_the_metrics_endpoint(proxy, issuer, jwks):
+    from tests.integration.test_observability_e2e import scrape
+
+    with pytest.raises(ConnectionException):
+        connect(proxy, issuer.token(exp=int(time.time()) - 60)).close()
+    assert wait_for(lambda: proxy.events_of(TokenRefused))
+    samples, _ = scrape(proxy)
+    assert samples[("amqp_proxy_token_rejections_total", (("reason", "expired"),))] == 1
+    source = (("source", jwks.url),)
+    assert samples[("amqp_proxy_jwks_usable", source)] == 1
+    assert samples[("amqp_proxy_jwks_keys", source)] == 2
+    assert 0 <= samples[("amqp_proxy_jwks_age_seconds", source)] < 60
+    assert ("amqp_proxy_jwks_fetch_failures_total", source) in samples

@@ -374,3 +374,29 @@ def test_connections_without_tokens_are_unchanged():
     s = Script(POLICY)
     s.open(user="alice")
     assert s.conn.user == "alice" and s.conn.token is None
+
+
+class TestReload:
+    """A reload re-checks a token connection under its token's groups, not its user name."""
+
+    def admitted(self, issuer: Issuer) -> Script:
+        s = script(issuer)
+        s.client(C.SASL_HEADER + plain(issuer.token(now=WALL)))
+        login(s)
+        s.client(C.AMQP_HEADER + frame(0, Open(container_id="client", hostname="test")))
+        s.router(C.AMQP_HEADER + frame(0, Open(container_id="router")))
+        s.take(Side.CLIENT)
+        return s
+
+    def test_a_policy_that_keeps_the_tokens_group_keeps_the_connection(self, issuer):
+        s = self.admitted(issuer)
+        s._run(s.conn.reevaluate(POLICY, 10.0))
+        assert s.take(Side.CLIENT) == []
+        assert s.conn.group is not None and s.conn.group.name == "senders"
+
+    def test_a_policy_without_the_tokens_group_revokes_it(self, issuer):
+        s = self.admitted(issuer)
+        narrower = make_policy({"$default": {"remoteHosts": "*"}}, allowUnknownUser=False)
+        s._run(s.conn.reevaluate(narrower, 10.0))
+        closes = [p for _, p, _ in s.take(Side.CLIENT) if isinstance(p, Close)]
+        assert [c.error.description for c in closes] == ["connection disallowed by local policy"]
