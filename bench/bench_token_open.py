@@ -11,6 +11,13 @@ Also the token validation alone (``tokens.validate.validate_token``).
 
     .venv/bin/python bench/bench_token_open.py            # 3 rounds of 2,000 connections
     .venv/bin/python bench/bench_token_open.py --connections 500 --rounds 1
+    .venv/bin/python bench/bench_token_open.py --e2e      # + through real proxies to qdrouterd
+
+``--e2e`` also times whole Opens through the real daemon in front of a real qdrouterd 1.19
+(``tests/support/qdrouterd.py``; skipped without a build): a raw client writes its SASL header,
+sasl-init, AMQP header and Open in one write and times until the Open comes back, alternating
+between a proxy relaying SASL (password in the router's sasldb) and a proxy with
+``token_authority = "proxy"`` (JWKS from a file, cached), wall-clock median and p99.
 """
 
 from __future__ import annotations
@@ -119,10 +126,90 @@ def summary(samples: list[int]) -> tuple[float, float]:
     return statistics.median(ordered) / 1000, p99 / 1000
 
 
+def e2e(connections: int, issuer: Issuer) -> None:
+    """Time to Open through real proxies in front of a real qdrouterd (see the module text)."""
+    import socket
+    import tempfile
+
+    from amqp_policy_proxy.daemon.config import Address, DaemonConfig, UpstreamConfig
+    from tests.support import qdrouterd as qdr
+    from tests.support.proxy import ProxyThread
+
+    reason = qdr.unavailable_reason()
+    if reason is not None:
+        print(f"e2e skipped: {reason}")
+        return
+    work = Path(tempfile.mkdtemp(prefix="bench-token-"))
+    (work / "jwks.json").write_bytes(issuer.jwks())
+    (work / "pw").write_text("svc-secret\n")
+    realm_user = f"alice@{qdr.REALM}"
+    policy = compile_policy([(None, [["vhost", {
+        "hostname": "$default", "allowUnknownUser": False,
+        "groups": {"users": {"users": f"{realm_user}, alice", "remoteHosts": "*",
+                             "sources": "*", "targets": "*"}}}]])],
+        PolicySettings(default_vhost="$default"))
+    auth = CONFIG.model_copy(update={"jwks_file": str(work / "jwks.json"),
+                                     "token_authority": "proxy", "groups": []})
+    token = issuer.token("rsa-1", exp=int(time.time()) + 3600)
+    router = qdr.Qdrouterd({"alice": "secret", "svc": "svc-secret"}, mechs=("PLAIN",)).start()
+    plain_proxy = ProxyThread([router.address], policy=policy, kind="qdrouterd").start()
+    token_proxy = ProxyThread([], policy=policy, config=DaemonConfig(
+        upstreams=(UpstreamConfig(Address(*router.address), kind="qdrouterd",
+                                  token_authority="proxy", service_username=f"svc@{qdr.REALM}",
+                                  service_password_file=str(work / "pw")),),
+        token_auth=auth)).start()
+    opening = C.AMQP_HEADER + OPEN
+    targets = {"password (SASL relayed)": (plain_proxy.port, C.SASL_HEADER + plain_init(
+                   realm_user, "secret") + opening),
+               "token RS256 (proxy authority)": (token_proxy.port, C.SASL_HEADER + plain_init(
+                   "alice", token) + opening)}
+
+    def one(port: int, data: bytes) -> float:
+        started = time.perf_counter()
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(data)
+            got = b""
+            while True:  # until an AMQP frame holding an Open (descriptor 0x10) comes back
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise RuntimeError(f"closed before the Open: {got[-80:]!r}")
+                got += chunk
+                at = got.find(b"AMQP\x00\x01\x00\x00")
+                if at >= 0 and b"\x00\x53\x10" in got[at:]:
+                    return time.perf_counter() - started
+
+    try:
+        times: dict[str, list[float]] = {name: [] for name in targets}
+        for port, data in targets.values():
+            for _ in range(20):
+                one(port, data)  # warm up
+        for _ in range(connections):
+            for name, (port, data) in targets.items():
+                times[name].append(one(port, data))
+        base = statistics.median(times["password (SASL relayed)"])
+        base_p99 = sorted(times["password (SASL relayed)"])[int(connections * 0.99) - 1]
+        print(f"\nwall time to Open through the real daemon in front of qdrouterd 1.19 "
+              f"({connections} connections each, alternating)")
+        print(f"{'case':34} {'median ms':>10} {'p99 ms':>10} {'added median':>13} "
+              f"{'added p99':>10}")
+        for name, samples in times.items():
+            ordered = sorted(samples)
+            median, p99 = statistics.median(ordered), ordered[int(connections * 0.99) - 1]
+            print(f"{name:34} {median * 1e3:10.2f} {p99 * 1e3:10.2f} "
+                  f"{(median - base) * 1e3:13.2f} {(p99 - base_p99) * 1e3:10.2f}")
+    finally:
+        token_proxy.stop()
+        plain_proxy.stop()
+        router.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--e2e", action="store_true",
+                        help="also through real proxies in front of a real qdrouterd")
+    parser.add_argument("--e2e-connections", type=int, default=500)
     args = parser.parse_args(argv)
     issuer = Issuer()
     cache = JwksCache.from_config(CONFIG)
@@ -161,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     for alg, samples in validate.items():
         median, p99 = summary(samples)
         print(f"{'validate_token ' + alg + ' alone':34} {median:10.1f} {p99:10.1f}")
+    if args.e2e:
+        e2e(args.e2e_connections, issuer)
     return 0
 
 

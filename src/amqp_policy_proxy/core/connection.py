@@ -286,6 +286,12 @@ class ProxyConnection(Context):
         pending = self.wire.take_pending()
         if pending:
             self.wire.send(ROUTER, pending)
+        tokens = self.tokens
+        if tokens is not None and tokens.proxy and self.service_login is not None:
+            # the proxy's login pipelined behind its SASL header: its sasl-init and the AMQP
+            # header go now, not one round trip each later (the router side still checks
+            # that the router offers the mechanism, and the Open waits for its ``ok``)
+            self.wire.send(ROUTER, self.service_login.sasl_init_frame() + C.AMQP_HEADER)
         if sides.client is C_DECIDING:
             try:
                 self._decide_when_ready(now)

@@ -116,6 +116,7 @@ class RouterSide(Leg):
         Leg.__init__(self, ctx, sessions, deliveries)
         self.login_done = login_done
         self.login_failed = login_failed
+
         self.held: list[bytes] = []
         """Router AMQP frames received before the client's Open was decided."""
         self.open_seen = False
@@ -258,9 +259,10 @@ class RouterSide(Leg):
 
     def _login_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int,
                      now: float) -> None:
-        """A router SASL frame of the proxy's own login (``token_authority = "proxy"``):
-        its mechanisms are answered with the service identity's sasl-init, its outcome ``ok``
-        is followed by the proxy's AMQP header (and the Open decision), anything else ends
+        """A router SASL frame of the proxy's own login (``token_authority = "proxy"``). The
+        proxy's SASL header, sasl-init and AMQP header went to the router pipelined, at once
+        (``ProxyConnection.router_connected``): its mechanisms must offer the service
+        identity's mechanism, its outcome ``ok`` lets the Open be decided; anything else ends
         the login as failed. Nothing is relayed to the client.
 
         Raises:
@@ -296,14 +298,12 @@ class RouterSide(Leg):
                 elif login.mechanism not in names:
                     failed(f"the router offers {', '.join(names) or 'no mechanism'}, not "
                            f"{login.mechanism}", now)
-                else:
-                    self.wire.send(ROUTER, login.sasl_init_frame())
+                # else: its sasl-init went out already, pipelined (router_connected)
                 return
         assert code is not None  # (a mechanisms frame returned above)
         if code == 0:
             self.sides.to_router(R_AWAIT_AMQP_HEADER)
-            ctx.service_ok = True
-            self.wire.send(ROUTER, C.AMQP_HEADER)
+            ctx.service_ok = True  # (the proxy's AMQP header went with its sasl-init)
             if self.login_done is not None:
                 self.login_done(now)
         else:

@@ -74,17 +74,23 @@ def token_config(jwks_url: str, **changes) -> TokenAuthConfig:
     return TokenAuthConfig.model_validate(base | changes)
 
 
-@pytest.fixture
-def proxy(token_router, jwks, tmp_path: Path):
+def make_proxy(router, jwks, tmp_path: Path, **changes) -> ProxyThread:
+    """A proxy with token_authority "proxy" in front of ``router`` (``changes``: to
+    [token_auth])."""
     secret = tmp_path / "service-password"
     secret.write_text(SERVICE_PASSWORD + "\n")
     config = DaemonConfig(
-        upstreams=(UpstreamConfig(Address(*token_router.address), kind="qdrouterd",
+        upstreams=(UpstreamConfig(Address(*router.address), kind="qdrouterd",
                                   token_authority="proxy",
                                   service_username=f"{SERVICE}@{qdr.REALM}",
                                   service_password_file=str(secret)),),
-        token_auth=token_config(jwks.url))
-    with ProxyThread([], policy=POLICY, config=config, metrics=True) as p:
+        token_auth=token_config(jwks.url, **changes))
+    return ProxyThread([], policy=POLICY, config=config, metrics=True)
+
+
+@pytest.fixture
+def proxy(token_router, jwks, tmp_path: Path):
+    with make_proxy(token_router, jwks, tmp_path) as p:
         yield p
 
 
@@ -184,6 +190,7 @@ def test_expiry_closes_a_live_connection_within_a_second(proxy, issuer):
 
 
 def test_a_rotated_key_is_fetched_on_its_first_token(proxy, issuer, jwks):
+    time.sleep(0.3)  # past jwks_min_refresh_seconds since the proxy's first fetch
     before = jwks.fetches
     issuer.add_rsa("rsa-rotated")
     issuer.published.append("rsa-rotated")
@@ -195,6 +202,22 @@ def test_a_rotated_key_is_fetched_on_its_first_token(proxy, issuer, jwks):
         assert [e.user for e in proxy.events_of(ConnectionApproved)] == ["alice"]
     finally:
         issuer.published.remove("rsa-rotated")
+
+
+def test_an_unknown_kid_within_the_refresh_interval_is_refused_at_once(
+        token_router, issuer, jwks, tmp_path):
+    issuer.add_rsa("rsa-too-soon")
+    try:
+        with make_proxy(token_router, jwks, tmp_path, jwks_min_refresh_seconds=60) as proxy:
+            issuer.published.append("rsa-too-soon")  # after the proxy's first fetch
+            before = jwks.fetches
+            with pytest.raises(ConnectionException):
+                connect(proxy, issuer.token("rsa-too-soon")).close()
+            assert wait_for(lambda: [e.reason for e in proxy.events_of(TokenRefused)]
+                            == ["unknown_kid"])
+            assert jwks.fetches == before  # no fetch for it within the minimum interval
+    finally:
+        issuer.published.remove("rsa-too-soon")
 
 
 def test_cached_keys_serve_while_the_jwks_url_is_down(proxy, issuer, jwks):
