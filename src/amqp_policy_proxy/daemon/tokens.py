@@ -107,6 +107,7 @@ class TokenService:
             up: read_service_login(up) for up in config.upstreams}
         self.failures_total = 0
         self._task: asyncio.Task[None] | None = None
+        self._first: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._session: Any = None
 
@@ -133,30 +134,32 @@ class TokenService:
     # ------------------------------------------------------------------ fetching
 
     async def start(self, first_wait: float = 5.0) -> None:
-        """Start the fetch loop, having waited up to ``first_wait`` seconds for the first
-        fetch (a start with the issuer down goes on: tokens are refused as
-        ``jwks_unavailable`` until a fetch succeeds)."""
+        """Start fetching, having waited up to ``first_wait`` seconds for the first fetch (a
+        start with the issuer down or slow goes on, the fetch with it: tokens are refused as
+        ``jwks_unavailable`` until one succeeds)."""
         if self.config.jwks_url is not None:
             import aiohttp
 
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.config.jwks_fetch_timeout_seconds))
-        try:
-            await asyncio.wait_for(self.fetch_once(), first_wait)
-        except TimeoutError:
+        loop = asyncio.get_running_loop()
+        self._first = loop.create_task(self.fetch_once())
+        await asyncio.wait({self._first}, timeout=first_wait)
+        if not self._first.done():
             logger.warning("JWKS %s: the first fetch did not finish within %.0f s; going on "
                            "(tokens are refused until it does)", self.cache.source, first_wait)
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = loop.create_task(self._run())
 
     async def stop(self) -> None:
         """Stop fetching."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
+        for task in (self._first, self._task):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        self._first = self._task = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -205,6 +208,7 @@ class TokenService:
                 logger.info("JWKS %s: %d usable key%s", cache.source, len(keys),
                             "" if len(keys) == 1 else "s")
         self._feed_waiting()
+        self._wake.set()  # the loop sleeps until the next fetch the cache now says
 
     def _failed(self, why: str) -> None:
         self.failures_total += 1
