@@ -25,9 +25,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from jwt import PyJWK
-from jwt.exceptions import PyJWTError
-
 from .config import ALGORITHMS
 
 #: The algorithms of each key family: RSA keys verify RS* and PS*; an EC key only the
@@ -201,6 +198,10 @@ def _verification_key(jwk: Any, allowed: frozenset[str]) -> VerificationKey:
     if not usable:
         raise JwksError(f"{named}: none of its algorithms ({', '.join(sorted(family))}) is "
                         "in algorithms")
+    # PyJWT is imported on the first JWKS read (a proxy without tokens never loads it)
+    from jwt import PyJWK
+    from jwt.exceptions import PyJWTError
+
     try:
         # PyJWK picks an algorithm only to build the key; which ones it may verify is ours
         material = PyJWK(jwk, algorithm=min(usable)).key

@@ -26,11 +26,9 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from types import MappingProxyType
 from typing import Any
-
-from jwt.api_jws import PyJWS
-from jwt.exceptions import InvalidSignatureError, PyJWTError
 
 from .config import TokenAuthConfig
 from .errors import RejectReason, TokenRejected, shown
@@ -43,9 +41,19 @@ _R = RejectReason
 _COMPACT = re.compile(rb"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 #: Header parameters that would bring a key, or semantics, of the token's own choosing.
 FORBIDDEN_HEADERS = ("jwk", "jku", "x5u", "x5c", "crit", "b64")
-#: The one PyJWS: verification only, with the algorithm the checks above chose.
-_JWS = PyJWS()
 _JWS_OPTIONS: Any = {"verify_signature": True, "enforce_minimum_key_length": True}
+
+
+@cache
+def _jws() -> Any:
+    """The one PyJWS: verification only, with the algorithm the checks above chose.
+
+    PyJWT (and the parts of cryptography it loads, ~10 MB of RSS) is imported here, when the
+    first token is checked, so a proxy without token listeners never loads it.
+    """
+    from jwt.api_jws import PyJWS
+
+    return PyJWS()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +116,10 @@ def validate_token(token: str | bytes | bytearray | memoryview, config: TokenAut
     if alg not in key.algorithms:
         raise TokenRejected(_R.ALGORITHM_NOT_ALLOWED, f"alg '{alg}' is not one the {key.kty} "
                             f"key '{shown(kid)}' may verify")
+    from jwt.exceptions import InvalidSignatureError, PyJWTError
+
     try:
-        decoded = _JWS.decode_complete(raw, key.key, algorithms=[alg], options=_JWS_OPTIONS)
+        decoded = _jws().decode_complete(raw, key.key, algorithms=[alg], options=_JWS_OPTIONS)
     except InvalidSignatureError:
         raise TokenRejected(_R.BAD_SIGNATURE, f"the signature does not verify with key "
                             f"'{shown(kid)}'") from None
