@@ -211,7 +211,8 @@ def end_to_end_argv(tmp_path: Path, fixtures: Path) -> tuple[list[str], Path]:
     policy.write_text('[["vhost", {"hostname": "v1", "maxConnections": 5, '
                       '"maxConnectionsPerUser": 3, "maxConnectionsPerHost": 2}]]')
     whatif = tmp_path / "whatif.yaml"
-    whatif.write_text("- [vhost, {hostname: v1, maxConnections: 2}]\n")
+    whatif.write_text("- [vhost, {hostname: v1, maxConnections: 2,\n"
+                      "    groups: {all: {users: '*', remoteHosts: '*'}}}]\n")
     out = tmp_path / "out"
     return ["--events", str(ev), "--policy", str(policy), "--out", str(out),
             "--from", "2026-11-21T10:00:00Z", "--to", "2026-11-21T10:05:00Z",
@@ -240,6 +241,14 @@ def check_csv_answers(out: Path) -> None:
     assert len(rows) == 8
     assert [(r["vhost"], r["scope"], r["key"], r["would_deny"])
             for r in _csv(out / "whatif.csv")] == [("v1", "vhost", "v1", "1")]
+    # the one connection the exact replay denies: c5, while c3 and c4 hold both slots
+    assert [(r["ts"], r["conn_id"], r["user"], r["remote_host"], r["vhost"], r["reason"],
+             r["limit"]) for r in _csv(out / "whatif_denied.csv")] == [
+        ("2026-11-21T10:02:20.000Z", "c5", "alice", "10.0.0.1", "v1", "vhost_limit",
+         "maxConnections 2 (vhost 'v1') reached")]
+    summary = json.loads((out / "whatif_summary.json").read_text())
+    assert (summary["denied"], summary["by_reason"], summary["by_vhost"]) == (
+        1, {"vhost_limit": 1}, {"v1": 1})
     recs = _csv(out / "recommendations.csv")
     assert list(recs[0]) == ["vhost", "group", "setting", "current", "recommended", "change"]
     assert {(r["setting"], r["current"], r["recommended"], r["change"]) for r in recs} == {

@@ -77,6 +77,8 @@ class ReportData:
     """Connections the what-if policy would have denied."""
     whatif_replayed: list[str] = field(default_factory=list)
     """Vhosts that needed a replay."""
+    whatif_reasons: dict[str, int] = field(default_factory=dict)
+    """Connections the what-if policy would have denied, per reason (QDR's words)."""
     admin_actions: list[dict[str, Any]] = field(default_factory=list)
     """Rows of admin_actions.csv: the operators' changes through the admin interface, oldest
     first (``targets`` joined with spaces)."""
@@ -411,6 +413,12 @@ def write_report(out_dir: str, data: ReportData) -> str:
         add(f"<p>{data.whatif_total:,} connections would have been denied. Vhosts replayed "
             f"(the others could not have been denied): "
             f"{_esc(', '.join(data.whatif_replayed)) or 'none'}.</p>")
+        if data.whatif_reasons:
+            add(_table([{"reason": k, "denied": v} for k, v in data.whatif_reasons.items()],
+                       ["reason", "denied"]))
+        add("<p>Every denied connection (time, user, host, vhost, limit and reason): "
+            "<code>whatif_denied.csv</code>; totals: <code>whatif_totals.csv</code>, "
+            "<code>whatif_summary.json</code>.</p>")
         add(_img(charts.get("whatif"), "what-if denials"))
         add(_table(data.whatif, ["vhost", "scope", "key", "would_deny"]))
     add("</body></html>\n")
