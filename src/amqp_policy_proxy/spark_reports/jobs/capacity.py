@@ -45,7 +45,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -59,6 +59,7 @@ from amqp_policy_proxy.spark_reports.limits import (
     load_checked_limits,
     load_checked_policy,
 )
+from amqp_policy_proxy.spark_reports.rule import Rule, RuleError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -160,6 +161,12 @@ class Options:
     """``--master`` as given, or ``None`` (default ``local[*]`` unless under spark-submit)."""
     whatif_policy: Policy | None = None
     """The whole compiled ``--whatif`` policy (the exact replay decides with it)."""
+    policy_path: str | None = None
+    """``--policy`` as given (the recommended policy is a copy of it)."""
+    policy_whole: Policy | None = None
+    """The whole compiled ``--policy`` (its connection rates, for the recommendations)."""
+    rule: Rule = field(default_factory=lambda: Rule())
+    """``--percentile`` and ``--headroom``: how limits are recommended."""
 
 
 def parse_timestamp(text: str) -> int:
@@ -213,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", required=True, metavar="DIR",
                    help="event log root (DIR/dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl)")
     p.add_argument("--policy", metavar="PATH",
-                   help="policy file or directory with the configured limits (headroom)")
+                   help="policy file or directory with the configured limits (headroom, "
+                        "current values; the recommended policy/ is a copy of it)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--from", dest="start", metavar="TS",
                    help="window start, inclusive (ISO 8601, UTC if no offset); "
@@ -232,6 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "remote_host, reason, limit, enforcement, the daemon's log line), "
                         "whatif_totals.csv and whatif_summary.json (per reason and vhost) "
                         "and whatif.csv (per vhost, user and host)")
+    p.add_argument("--percentile", default="99.9", metavar="P",
+                   help="recommendation rule: the P-th nearest-rank percentile (0 < P <= 100) "
+                        "of each key's per-bucket peaks (--grid; default 1m: per-minute) over "
+                        "the window, per proxy process; default 99.9")
+    p.add_argument("--headroom", default="1.25", metavar="FACTOR",
+                   help="recommendation rule: recommended = ceil(percentile x FACTOR), at "
+                        "least 1 (default 1.25). The recommendations are written as "
+                        "recommendations.csv (each setting with its evidence: the key that "
+                        "decided, its percentile, its peak and when), policy/ (a copy of "
+                        "--policy with the changed limits, same files; without --policy a "
+                        "new policy/recommended.json) and policy.diff (unified diff against "
+                        "--policy)")
     p.add_argument("--master", metavar="URL",
                    help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit, "
                         "spark-submit's --master)")
@@ -259,12 +279,18 @@ def parse_options(argv: list[str]) -> Options:
     grid = parse_grid(a.grid)
     if "://" not in a.events and not os.path.exists(a.events):
         raise UsageError(f"--events {a.events}: no such file or directory")
-    policy = _load_policy(a.policy) if a.policy else None
+    try:
+        rule = Rule.parse(a.percentile, a.headroom)
+    except RuleError as e:
+        raise UsageError(str(e)) from None
+    policy_whole = _load_whole_policy(a.policy) if a.policy else None
+    policy = limits_from_policy(policy_whole) if policy_whole is not None else None
     whatif_policy = _load_whole_policy(a.whatif) if a.whatif else None
     whatif = limits_from_policy(whatif_policy) if whatif_policy is not None else None
     return Options(events=a.events, out=a.out, policy=policy, whatif=whatif, start_us=start,
                    end_us=end, grid_us=grid, grid_label=a.grid.strip(), master=a.master,
-                   whatif_policy=whatif_policy)
+                   whatif_policy=whatif_policy, policy_path=a.policy,
+                   policy_whole=policy_whole, rule=rule)
 
 
 def _load_policy(path: str) -> ConnectionLimits:
@@ -697,7 +723,7 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         lap("concurrency")
 
         headroom = branches.start("headroom", _headroom_tables, spark, opts, out, report,
-                                  summary, conc, peaks, pairs)
+                                  summary, conc, peaks, pairs, sweep, events)
         notes_whatif: list[str] = []
         if opts.whatif_policy is not None:
             notes_whatif = _whatif_tables(out, report, summary, branches, sweep, events,
@@ -790,14 +816,14 @@ def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
 
 def _headroom_tables(spark: SparkSession, opts: Options, out: str, report: Any,
                      summary: dict[str, Any], conc: DataFrame, peaks: DataFrame,
-                     pairs: DataFrame) -> list[str]:
-    """Write headroom (table and CSV) and recommendations.csv; fill and draw the headroom
-    section. Returns the notes for the page."""
+                     pairs: DataFrame, sweep: Any, events: DataFrame) -> list[str]:
+    """Write headroom (table and CSV), recommendations.csv, the recommended policy and its
+    diff; fill and draw the headroom section. Returns the notes for the page."""
     from pyspark.sql import functions as F
 
     from amqp_policy_proxy.spark_reports import html, schemas
     from amqp_policy_proxy.spark_reports.common import local_table
-    from amqp_policy_proxy.spark_reports.headroom import headroom, limit_tables, recommendations
+    from amqp_policy_proxy.spark_reports.headroom import headroom, limit_tables
 
     notes = []
     lt = limit_tables(spark, opts.policy) if opts.policy is not None else None
@@ -813,15 +839,71 @@ def _headroom_tables(spark: SparkSession, opts: Options, out: str, report: Any,
     else:
         hr = _write_parquet(local_table(spark, [], schemas.HEADROOM), out, "headroom")
         notes.append("No --policy: no headroom; recommendations have no current value.")
-    rec = recommendations(peaks, pairs, lt)
-    rec_rows: list[dict[str, Any]] = []
-    summary["rows"]["recommendations"] = write_csv(
-        rec, os.path.join(out, "recommendations.csv"), ["vhost", "group", "setting"], rec_rows)
-    report.recommendations = rec_rows
+    notes += _recommendation_outputs(opts, out, report, summary, pairs, sweep, events)
     report.headroom_top = _top_per_scope(
         hr, [F.col("utilisation").desc_nulls_last(), "vhost", "key"])
     html.draw_section(out, report, "headroom")
     return notes
+
+
+def _recommendation_outputs(opts: Options, out: str, report: Any, summary: dict[str, Any],
+                            pairs: DataFrame, sweep: Any, events: DataFrame) -> list[str]:
+    """Recommend every setting by ``opts.rule`` (:mod:`..advice`), write
+    recommendations.csv, ``policy/`` and policy.diff (:mod:`..policy_writer`). Returns the
+    notes for the page."""
+    from amqp_policy_proxy.spark_reports import policy_writer as pw
+    from amqp_policy_proxy.spark_reports.advice import key_percentiles, open_rates, recommend
+    from amqp_policy_proxy.spark_reports.headroom import limit_tables
+
+    spark = pairs.sparkSession
+    fleet = bool(getattr(opts, "fleet", False))  # see _whatif_tables
+    lt = limit_tables(spark, opts.policy) if opts.policy is not None else None
+    values = key_percentiles(sweep, opts.rule, fleet)
+    rates = open_rates(events, sweep.window, opts.rule, fleet)
+    rows = [r.asDict() for r in recommend(values, pairs, lt, opts.rule, rates)
+            .orderBy("vhost", "group", "setting").collect()]
+    values.unpersist()
+    rates.unpersist()
+    rows = pw.with_rate_currents(rows, opts.policy_whole)
+    for r in rows:
+        if r["peak_ts"] is not None:
+            r["peak_ts"] = _fmt_us(int(r["peak_ts"].timestamp() * 1_000_000))
+    cols = list(RECOMMENDATION_COLUMNS)
+    with open(os.path.join(out, "recommendations.csv"), "w", newline="",
+              encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow(["" if r[c] is None else r[c] for c in cols])
+    summary["rows"]["recommendations"] = len(rows)
+    report.recommendations = rows
+    report.recommendation_rule = opts.rule.text()
+    changes = [pw.Change(r["vhost"], r["group"], r["setting"], int(r["recommended"]),
+                         r["current"]) for r in rows]
+    if opts.policy_path is not None:
+        written = pw.write_policy(opts.policy_path, changes, out)
+    else:
+        written = pw.new_policy(changes, _logged_groups(pairs), out)
+    report.policy_diff = written.diff
+    report.policy_files = written.files
+    summary["rows"]["policy_changes"] = len(written.applied)
+    return []
+
+
+def _logged_groups(pairs: DataFrame) -> dict[str, dict[str, list[str]]]:
+    """Per vhost, per group, the users the log shows connected under it."""
+    from pyspark.sql import functions as F
+
+    out: dict[str, dict[str, list[str]]] = {}
+    for r in (pairs.where(F.col("group").isNotNull() & F.col("user").isNotNull())
+              .groupBy("vhost", "group").agg(F.collect_set("user").alias("users")).collect()):
+        out.setdefault(r["vhost"], {})[r["group"]] = sorted(r["users"])
+    return out
+
+
+#: Columns of recommendations.csv: the contract's six, then the evidence.
+RECOMMENDATION_COLUMNS = ("vhost", "group", "setting", "current", "recommended", "change",
+                          "rule", "basis_scope", "basis", "percentile", "peak", "peak_ts")
 
 
 #: What ``--whatif`` writes (removed by a run without it, so that no stale what-if remains).
