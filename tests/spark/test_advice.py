@@ -215,3 +215,24 @@ def test_diff_applies_without_final_newline(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (work / "p.json").read_text() == (out / "policy" / "p.json").read_text()
+
+
+def test_diff_shows_only_changed_lines(tmp_path):
+    """A long policy whose lines repeat (a ``remoteHosts`` per group): the diff holds the
+    changed line and its context, not unchanged lines marked as changed."""
+    import json
+
+    groups = {f"g{i}": {"users": [f"u{i}"], "remoteHosts": "*", "sources": "*",
+                        "maxConnectionsPerUser": 5} for i in range(60)}
+    src = tmp_path / "p.json"
+    src.write_text(json.dumps([["vhost", {"hostname": "v", "maxConnections": 9,
+                                          "groups": groups}]], indent=1) + "\n")
+    assert len(src.read_text().splitlines()) > 300
+    out = tmp_path / "out"
+    write_policy(src, [Change("v", "", "maxConnections", 4, 9),
+                       Change("v", "g30", "maxConnectionsPerUser", 2, 5)], out)
+    diff = (out / "policy.diff").read_text().splitlines()
+    assert [d for d in diff if d[:1] in "+-" and d[:3] not in ("+++", "---")] == [
+        '-   "maxConnections": 9,', '+   "maxConnections": 4,',
+        '-     "maxConnectionsPerUser": 5', '+     "maxConnectionsPerUser": 2']
+    assert check(out / "policy").returncode == 0

@@ -260,12 +260,32 @@ def _yaml_text(original: str, content: Any) -> str:
 def unified_diff(old: str, new: str, name: str) -> str:
     """``diff -u a/NAME b/NAME`` of two texts, as ``patch -p1`` reads it (a last line
     without a newline is marked ``\\ No newline at end of file``)."""
-    out = []
-    for line in difflib.unified_diff(old.splitlines(keepends=True),
-                                     new.splitlines(keepends=True),
-                                     fromfile=f"a/{name}", tofile=f"b/{name}"):
-        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(out)
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    # difflib.unified_diff's matcher treats lines repeated in more than 1 % of a file of 200+
+    # lines as junk ("remoteHosts": "*" in every group), and then shows unchanged lines as
+    # changed: match without that heuristic, then format the hunks as diff -u does.
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    out = [f"--- a/{name}\n", f"+++ b/{name}\n"]
+    for group in matcher.get_grouped_opcodes(3):
+        i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
+        out.append(f"@@ -{_range(i1, i2)} +{_range(j1, j2)} @@\n")
+        for tag, x1, x2, y1, y2 in group:
+            if tag == "equal":
+                out += [" " + line for line in a[x1:x2]]
+                continue
+            out += ["-" + line for line in a[x1:x2]]
+            out += ["+" + line for line in b[y1:y2]]
+    if len(out) == 2:
+        return ""
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                   for line in out)
+
+
+def _range(start: int, stop: int) -> str:
+    # a hunk's line range as diff -u writes it (1-based; an empty range names the line before)
+    n = stop - start
+    first = start + 1 if n else start
+    return str(first) if n == 1 else f"{first},{n}"
 
 
 def write_policy(policy_path: str | os.PathLike[str], changes: Iterable[Change],
