@@ -924,8 +924,8 @@ def _whatif_tables(out: str, report: Any, summary: dict[str, Any], branches: _Br
 
     assert opts.whatif_policy is not None
     # Fleet-wide limits (one shared ledger) replay per vhost across the proxies and compare
-    # with fleet-wide peaks; per-process limits per (proxy, vhost). The fleet-awareness work
-    # (issue 32) names the option; until then the limits are per process.
+    # with fleet-wide peaks; per-process limits per (proxy, vhost). ``Options.fleet`` comes
+    # with the report's fleet awareness; without it the limits are per process.
     fleet = bool(getattr(opts, "fleet", False))
     if fleet:
         peaks = conc.where(F.col("scope").isin("vhost", "user", "remote_host")).select(
