@@ -104,8 +104,11 @@ LAYERS: dict[str, int] = {
     "__init__": -1,
 }
 #: What the capacity reports may import from the proxy (they run on Spark executors, far from a
-#: running daemon): the event-log schema, the policy and the host-name resolver.
-SPARK_REPORTS_MAY_IMPORT = {"eventlog", "policy", "resolver", "spark_reports", "__init__"}
+#: running daemon): the event-log schema, the policy, the host-name resolver and the sans-IO
+#: connection ledger and rate buckets of ``limits`` (the exact what-if replays the log through
+#: them, spark_reports/replay.py).
+SPARK_REPORTS_MAY_IMPORT = {"eventlog", "policy", "limits", "resolver", "spark_reports",
+                            "__init__"}
 
 
 def _unit(path: Path) -> str:
