@@ -38,7 +38,7 @@ from .config import BindError, DaemonConfig, UpstreamConfig
 from .drain import StopRequest, drain_connections, log_stop
 from .health import Probes, readiness
 from .ledgers import Ledgers
-from .outputs import LedgerFigures, start_outputs
+from .outputs import LedgerFigures, proxy_info_header, start_outputs
 from .pacing import PacedCloser
 from .preauth import PreauthBudget
 from .probe import UpstreamProber
@@ -420,9 +420,15 @@ class Daemon:
             ConfigError: the event-log directory; BindError: the metrics address.
         """
         out = start_outputs(self.config, lambda: self.snapshots.current,
-                            self.probes.health, self.probes.ready)
+                            self.probes.health, self.probes.ready,
+                            header=proxy_info_header(self.config, self._proxy_id))
         self.registry, self.observer = out.registry, out.observer
         self.writer, self.metrics_server = out.writer, out.metrics_server
+
+    def _proxy_id(self) -> str:
+        """This proxy's name in the fleet ledger once it started, else ``""``."""
+        fleet = self.ledgers.fleet
+        return fleet.settings.proxy_id if fleet is not None else ""
 
     def status_line(self) -> str:
         """One-line status for systemd ``STATUS=`` (:func:`.snapshots.status_line`)."""
