@@ -29,7 +29,6 @@ from collections.abc import Iterable, Iterator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.window import Window
 
 from amqp_policy_proxy.spark_reports.common import LIMIT_SCOPES, US_PER_MS, local_table
 from amqp_policy_proxy.spark_reports.events import Sweep, scope_keys
@@ -263,11 +262,15 @@ def whatif(sweep: Sweep, alt: LimitTables, binding: DataFrame) -> DataFrame:
             F.lit(True).alias(f"f_{scope}"))
         lim = lim.join(b, (lim["vhost"] == b["b_vhost"]) & (lim[scope] == b["b_key"]),
                        "left").drop("b_vhost", "b_key")
-    # g numbers the replay groups (proxy, vhost): 1.. in (proxy_ix, vhost_id) order.
-    g = F.dense_rank().over(Window.orderBy("proxy_ix", "vhost_id")).cast("long")
-    combos = lim.where(F.col("f_vhost") | F.col("f_user") | F.col("f_remote_host")).select(
+    binding_rows = lim.where(F.col("f_vhost") | F.col("f_user") | F.col("f_remote_host")).select(
         "combo", "proxy_ix", "vhost_id", "user_id", "remote_host_id", "max_connections",
-        "per_user", "per_host", g.alias("g")).collect()
+        "per_user", "per_host").collect()
+    # g numbers the replay groups (proxy, vhost): 1.. in (proxy_ix, vhost_id) order, here on
+    # the driver (the rows are collected anyway; a window over them would have no partition).
+    numbers = {pv: i for i, pv in enumerate(sorted({(r["proxy_ix"], r["vhost_id"])
+                                                    for r in binding_rows}), 1)}
+    combos = [r.asDict() | {"g": numbers[(r["proxy_ix"], r["vhost_id"])]}
+              for r in binding_rows]
     # One row per key combination that binds (small): the replay looks up ids and limits
     # here, so the shuffled and sorted rows carry 4 columns, not 10.
     info = {r["combo"]: (r["proxy_ix"], r["vhost_id"], r["user_id"], r["remote_host_id"],

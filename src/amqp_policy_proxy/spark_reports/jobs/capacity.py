@@ -155,6 +155,8 @@ class Options:
     """``--grid`` as given."""
     master: str | None
     """``--master`` as given, or ``None`` (default ``local[*]`` unless under spark-submit)."""
+    fleet: bool = False
+    """``--fleet``: every proxy of the log enforces its limits with the others (one fleet)."""
 
 
 def parse_timestamp(text: str) -> int:
@@ -222,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", metavar="URL",
                    help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit, "
                         "spark-submit's --master)")
+    p.add_argument("--fleet", action="store_true",
+                   help="limits are fleet-wide: sum all the proxies of the log before "
+                        "comparing with a limit (headroom, recommendations). Default: as "
+                        "the event log records it (schema 4 proxy_info: proxies sharing a "
+                        "[ledger] are summed per fleet, the others count alone; logs "
+                        "without it: per proxy process)")
     return p
 
 
@@ -249,7 +257,8 @@ def parse_options(argv: list[str]) -> Options:
     policy = _load_policy(a.policy) if a.policy else None
     whatif = _load_policy(a.whatif) if a.whatif else None
     return Options(events=a.events, out=a.out, policy=policy, whatif=whatif, start_us=start,
-                   end_us=end, grid_us=grid, grid_label=a.grid.strip(), master=a.master)
+                   end_us=end, grid_us=grid, grid_label=a.grid.strip(), master=a.master,
+                   fleet=a.fleet)
 
 
 def _load_policy(path: str) -> ConnectionLimits:
@@ -523,6 +532,7 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         prepare_sweep,
         proxy_columns,
     )
+    from amqp_policy_proxy.spark_reports.fleet import limit_scope
     from amqp_policy_proxy.spark_reports.headroom import limit_tables
     from amqp_policy_proxy.spark_reports.whatif import whatif, whatif_candidates
 
@@ -620,9 +630,13 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         branches.start("denials_traffic", _side_tables, side, events_path, events_schema,
                        window, out, report, summary)
 
+        # Which proxies are summed before a limit: per proxy, per recorded fleet, --fleet.
+        scope = limit_scope(spark, events, opts.fleet)
+        report.limit_scope = scope.text
+        summary["limits"] = scope.summary
         # Without --from the window starts at the first event: nothing can precede it.
-        sweep = prepare_sweep(events, window, carried=opts.start_us is not None) \
-            .persist(events)
+        sweep = prepare_sweep(events, window, carried=opts.start_us is not None,
+                              domains=scope.domains, fleet=scope.fleet).persist(events)
         sweep.keyed.count()
         lap("sweep_inputs")
 
@@ -881,16 +895,15 @@ def _concurrency_extracts(out: str, report: Any, window: ReportWindow, conc: Dat
 def _whatif_extracts(out: str, report: Any, wi: DataFrame) -> None:
     """Fill and draw the what-if section: the 50 keys with the most denials and the total."""
     from pyspark.sql import functions as F
-    from pyspark.sql.window import Window
 
     from amqp_policy_proxy.spark_reports import html
 
-    total = F.sum("would_deny").over(Window.partitionBy(F.lit(1)))
-    rows_w = (wi.select("*", total.alias("_total"))
-              .orderBy(F.col("would_deny").desc(), "vhost", "scope", "key").limit(50)
+    # The total as a plain aggregation: a window over the whole table (a constant partition
+    # key is optimised away) would run on one task and log a WindowExec warning.
+    report.whatif_total = int(wi.agg(F.sum("would_deny")).collect()[0][0] or 0)
+    rows_w = (wi.orderBy(F.col("would_deny").desc(), "vhost", "scope", "key").limit(50)
               .collect())
-    report.whatif_total = int(rows_w[0]["_total"]) if rows_w else 0
-    report.whatif = [{k: v for k, v in r.asDict().items() if k != "_total"} for r in rows_w]
+    report.whatif = [r.asDict() for r in rows_w]
     html.draw_section(out, report, "whatif")
 
 
