@@ -290,6 +290,11 @@ def read_events(spark: SparkSession, path: str, scan_from_us: int | None = None,
                 scan_to_us: int | None = None) -> DataFrame:
     """Read the event log with the explicit schema, pruning ``dt``/``hour`` partitions.
 
+    A local partitioned log is listed hour by hour (:mod:`..layout`): a compacted hour
+    (``report compact``) is read from its Parquet files, every other hour from its JSON Lines
+    files, with the same columns and the same rows either way. Any other path (a flat
+    directory, one file, ``hdfs://``, ``s3a://``) is read as JSON Lines as a whole.
+
     Args:
         spark: the session.
         path: event log root (partitioned layout), a flat directory or a file.
@@ -299,26 +304,76 @@ def read_events(spark: SparkSession, path: str, scan_from_us: int | None = None,
 
     Returns:
         The raw records (every field of the schema, ``dt``, ``hour``) plus ``proxy``:
-        ``<host>-<pid>`` from the file name ``events-<host>-<pid>.jsonl``, ``""`` for files
-        not named that way (they count as one proxy).
+        ``<host>-<pid>`` from the file name ``events-<host>-<pid>.jsonl`` (for compacted
+        hours, stored with each record), ``""`` for files not named that way (they count as
+        one proxy).
+
+    Raises:
+        UsageError: a compaction marker of the log is unreadable.
     """
     from pyspark.sql import functions as F
 
+    from amqp_policy_proxy.spark_reports import layout
     from amqp_policy_proxy.spark_reports.schemas import event_log_schema
 
-    df = spark.read.schema(event_log_schema()).json(path)
+    first = last = None
     dtc, hour = F.col("dt"), F.col("hour")
     cond = None
     if scan_from_us is not None:
         d0, h0 = _date_hour(scan_from_us)
+        first = (d0, h0)
         cond = (dtc > F.lit(d0)) | ((dtc == F.lit(d0)) & (hour.isNull() | (hour >= h0)))
     if scan_to_us is not None:
         d1, h1 = _date_hour(scan_to_us - 1)
+        last = (d1, h1)
         c = (dtc < F.lit(d1)) | ((dtc == F.lit(d1)) & (hour.isNull() | (hour <= h1)))
         cond = c if cond is None else cond & c
+    try:
+        hours = layout.list_hours(path) if layout.is_local(path) else []
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not hours:
+        df = _with_proxy(spark.read.schema(event_log_schema()).json(path))
+    else:
+        root = layout.local_path(path)
+        wanted = [h for h in hours if layout.in_range(h, first, last)]
+        jsonl = [os.path.join(h.path, n) for h in wanted for n in h.live_jsonl]
+        parquet = [os.path.join(h.path, n) for h in wanted for n in h.live_parquet]
+        parts = []
+        if jsonl:
+            parts.append(_with_proxy(spark.read.schema(event_log_schema())
+                                     .option("basePath", root).json(jsonl)))
+        if parquet:
+            parts.append(spark.read.schema(compacted_schema()).option("basePath", root)
+                         .parquet(*parquet))
+        if not parts:
+            from amqp_policy_proxy.spark_reports.common import local_table
+
+            return local_table(spark, [], compacted_schema())
+        df = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     if cond is not None:
         df = df.where(dtc.isNull() | cond)
-    return df.withColumn("proxy", proxy_from_file_name(F.col("_metadata.file_name")))
+    return df
+
+
+def compacted_schema() -> Any:
+    """The columns of :func:`read_events`: the event log schema (``dt``, ``hour`` last) with
+    ``proxy`` before the partition columns, as compacted hours store them."""
+    from pyspark.sql import types as T
+
+    from amqp_policy_proxy.spark_reports.schemas import event_log_schema
+
+    fields = event_log_schema(partitions=False).fields + [
+        T.StructField("proxy", T.StringType(), True)]
+    return T.StructType(fields + event_log_schema().fields[-2:])
+
+
+def _with_proxy(df: DataFrame) -> DataFrame:
+    # JSON Lines: the proxy comes from the file name; columns in compacted_schema() order.
+    from pyspark.sql import functions as F
+
+    return df.withColumn("proxy", proxy_from_file_name(F.col("_metadata.file_name"))).select(
+        *compacted_schema().fieldNames())
 
 
 def proxy_from_file_name(name: Any) -> Any:
