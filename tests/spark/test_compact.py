@@ -8,6 +8,7 @@ with it), and reruns it: no record is lost or doubled at any point.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import signal
@@ -63,10 +64,12 @@ def test_compaction_commits_closed_hours_only_and_is_idempotent(spark, tmp_path)
     assert job.compact(spark, str(root), grace=3600, now=now)["hours"] == []
     # a file the proxy created in a compacted hour later stays readable, and is compacted next
     late = after[0]
-    line = ('{"schema_version":4,"event":"connection_denied","ts":"%s","conn_id":"x1",'
-            '"vhost":"iot","group":null,"user":null,"remote_host":"10.9.9.9",'
-            '"listener":"0.0.0.0:5672","reason":"no_vhost","condition":"c","description":"d"}\n'
-            % late.start.strftime("%Y-%m-%dT%H:59:59.999Z"))
+    record = {"schema_version": 4, "event": "connection_denied",
+              "ts": late.start.strftime("%Y-%m-%dT%H:59:59.999Z"), "conn_id": "x1",
+              "vhost": "iot", "group": None, "user": None, "remote_host": "10.9.9.9",
+              "listener": "0.0.0.0:5672", "reason": "no_vhost", "condition": "c",
+              "description": "d"}
+    line = json.dumps(record) + "\n"
     (Path(late.path) / "events-late-7.jsonl").write_text(line)
     grown = _records(spark, root)
     assert sum(grown.values()) == sum(before.values()) + 1
