@@ -129,7 +129,7 @@ def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for flag in ("--events", "--policy", "--out", "--from", "--to", "--grid", "--whatif",
-                 "--master"):
+                 "--master", "--fleet"):
         assert flag in out
 
 
