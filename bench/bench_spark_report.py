@@ -13,10 +13,15 @@ process with ``--master local[2]``, ``--policy`` and ``--whatif``, and measures:
 
 Prints one ``RESULT`` line and writes ``bench/results/spark_report.json``.
 
+With ``--parquet`` the log is first compacted (``amqp-policy-proxy report compact``, timed on
+its own: ``compact_s``) into a copy, ``DATA/events-parquet`` (reused when present), and the
+report reads the Parquet hours.
+
 Usage::
 
     .venv/bin/python bench/bench_spark_report.py                 # 10M events, reused if present
     .venv/bin/python bench/bench_spark_report.py --events 1000000 --data /tmp/ev1m
+    .venv/bin/python bench/bench_spark_report.py --events 1000000 --data /tmp/ev1m --parquet
 """
 
 from __future__ import annotations
@@ -128,17 +133,49 @@ def ensure_data(args: argparse.Namespace) -> Path:
     return data
 
 
-def run(args: argparse.Namespace, data: Path) -> dict:
-    """Run the job once under the monitor and return the measurements."""
-    out = Path(args.out)
-    argv = ["--events", str(data / "events"), "--policy", str(data / "policy.json"),
-            "--out", str(out), "--master", args.master]
-    if not args.no_whatif:
-        argv += ["--whatif", str(data / "whatif.json")]
+def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"),
                                                       env.get("PYTHONPATH")]))
     env.setdefault("PYSPARK_PYTHON", sys.executable)
+    return env
+
+
+def ensure_parquet(args: argparse.Namespace, data: Path) -> tuple[Path, float | None]:
+    """Compact a copy of the log into ``data/events-parquet`` unless it is there already.
+
+    Returns:
+        The compacted log and the wall seconds of the compaction (None when reused).
+    """
+    target = data / "events-parquet"
+    done = target / "compacted.json"
+    if done.exists():
+        print(f"reusing {target}", file=sys.stderr)
+        return target, None
+    if target.exists():
+        subprocess.run(["rm", "-rf", str(target)], check=True)
+    subprocess.run(["cp", "-r", str(data / "events"), str(target)], check=True)
+    t = time.monotonic()
+    subprocess.run([sys.executable, "-m", "amqp_policy_proxy", "report", "compact",
+                    "--events", str(target), "--master", args.master], check=True,
+                   env=_env())
+    seconds = time.monotonic() - t
+    done.write_text(json.dumps({"compact_s": round(seconds, 1)}))
+    return target, seconds
+
+
+def run(args: argparse.Namespace, data: Path, events: Path | None = None) -> dict:
+    """Run the job once under the monitor and return the measurements.
+
+    Args:
+        events: the event log to read (default ``data/events``, the JSON Lines).
+    """
+    out = Path(args.out)
+    argv = ["--events", str(events or data / "events"), "--policy", str(data / "policy.json"),
+            "--out", str(out), "--master", args.master]
+    if not args.no_whatif:
+        argv += ["--whatif", str(data / "whatif.json")]
+    env = _env()
     code = ("import sys; from amqp_policy_proxy.spark_reports.jobs.capacity import main; "
             f"sys.exit(main({argv!r}))")
     busy0, t0 = _busy_seconds(), time.monotonic()
@@ -162,8 +199,11 @@ def run(args: argparse.Namespace, data: Path) -> dict:
     m = re.search(r"capacity report written to .* in ([\d.]+) s \((\{.*\})\)", log)
     stages = json.loads(m.group(2).replace("'", '"')) if m else {}
     n_events = sum(1 for f in (data / "events").rglob("*.jsonl") for _ in open(f, "rb"))
+    in_mib = sum(f.stat().st_size for f in (events or data / "events").rglob("*")
+                 if f.is_file()) / 2**20
     return {
         "events": n_events,
+        "format": "parquet" if events is not None else "jsonl",
         "master": args.master,
         "wall_s": round(wall, 1),
         "report_s": float(m.group(1)) if m else None,
@@ -173,6 +213,7 @@ def run(args: argparse.Namespace, data: Path) -> dict:
         "peak_rss_mib": round(mon.peak_rss / 2**20),
         "peak_rss_mib_by_process": {k: round(v / 2**20) for k, v in mon.peak_by_kind.items()},
         "others_busy_cores": round(max(0.0, busy - cpu) / wall, 2),
+        "input_mib": round(in_mib, 1),
         "cores": os.cpu_count(),
         "loadavg_end": Path("/proc/loadavg").read_text().split()[:3],
         "output_mib": round(sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
@@ -192,21 +233,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--days", type=int, default=7)
     ap.add_argument("--proxies", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--schema-version", type=int, choices=[1, 2], default=2,
+    ap.add_argument("--schema-version", type=int, choices=[1, 2, 3, 4], default=2,
                     help="event log schema of the generated log (1: the mix of the figures "
                          "before the audit trail, comparable with them)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--no-whatif", action="store_true", help="leave out --whatif")
+    ap.add_argument("--parquet", action="store_true",
+                    help="compact a copy of the log first (report compact) and read Parquet")
     args = ap.parse_args(argv)
     data = ensure_data(args)
-    res = run(args, data)
+    events, compact_s = (ensure_parquet(args, data) if args.parquet else (None, None))
+    res = run(args, data, events)
+    res["compact_s"] = None if compact_s is None else round(compact_s, 1)
     (BENCH / "results").mkdir(exist_ok=True)
     (BENCH / "results" / "spark_report.json").write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res["stages_s"]), file=sys.stderr)
-    print(f"RESULT spark_report events={res['events']} master={res['master']} "
+    target = 60 if args.parquet else 180  # the 10M goals (issue 32: 60 s from Parquet)
+    print(f"RESULT spark_report events={res['events']} format={res['format']} "
+          f"master={res['master']} compact={res['compact_s']}s "
           f"wall={res['wall_s']}s cpu={res['cpu_s']}s peak_rss={res['peak_rss_mib']}MiB "
           f"{res['peak_rss_mib_by_process']} others_busy_cores={res['others_busy_cores']} "
-          f"target<180s {'OK' if res['wall_s'] < 180 else 'MISSED'}")
+          f"target<{target}s {'OK' if res['wall_s'] < target else 'MISSED'}")
     return 0
 
 

@@ -28,8 +28,8 @@ The model, per proxy fleet:
   before the first record); connections open at the end have no close.
 - ``conn_id`` counters are per proxy process and start at 1 on each, so conn_ids repeat across
   proxies, as the Spark job must handle.
-- Schema 3 (the default, as the daemon writes it; 2 writes the same records with that
-  number): an ``auth_decision`` for every Open decision
+- Schema 4 (the default, as the daemon writes it: a ``proxy_info`` line, ledger ``local``,
+  at the top of every file; 3 and 2 write the rest with that number): an ``auth_decision`` for every Open decision
   (admitted or denied at the Open), a few ``shadow_denied`` links (0.5 % of connections) and
   one ``admin_action`` per proxy and day. ``--schema-version 1`` writes the older mix (no
   audit records), whose figures bench/README.md reports for earlier runs: at the same
@@ -219,11 +219,16 @@ ADMIN = ('{"schema_version":%d,"event":"admin_action","ts":"%s","conn_id":"","vh
          '"group":null,"user":null,"remote_host":null,"listener":null,"action":"%s","uid":0,'
          '"pid":%d,"peer":"unix","selector":"vhost=%s","targets":["%s"],"result":"ok",'
          '"count":0,"description":""}\n')
+#: Schema 4: the first line of every file, as the daemon's sink writes it. The generated
+#: proxies enforce their limits each on its own (no ledger): ``local``.
+PROXY_INFO = ('{"schema_version":%d,"event":"proxy_info","ts":"%s","conn_id":"","vhost":null,'
+              '"group":null,"user":null,"remote_host":null,"listener":null,"ledger":"local",'
+              '"fleet":null,"proxy_id":""}\n')
 
 
 def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: int,
              seed: int, start: dt.date, limit_scale: float = 1.0,
-             schema_version: int = 3) -> int:
+             schema_version: int = 4) -> int:
     """Write the event log and return the number of events written.
 
     Args:
@@ -238,8 +243,9 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         limit_scale: multiplies the limits each proxy enforces (see :func:`fleet_policy`).
         schema_version: the ``schema_version`` the records carry; 2 or later writes the
             audit records too (``auth_decision``, ``shadow_denied``, ``admin_action``); 1 the
-            older mix. Version 3 (the default, what the daemon writes) adds event types the
-            generator does not write, so its records are version 2's with the new number.
+            older mix. Version 3 adds event types (``sasl_failed``, ``revoked``); version 4
+            (the default, what the daemon writes) a ``proxy_info`` line at the top of every
+            file.
 
     Returns:
         The exact number of lines written.
@@ -520,6 +526,9 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
             for p, lines in by_proxy.items():
                 host, pid = proxy_names[p]
                 with open(os.path.join(d, f"events-{host}-{pid}.jsonl"), "w") as f:
+                    if sv >= 4:
+                        f.write(PROXY_INFO % (sv, lines[0][lines[0].index('"ts":"') + 6:][:24]))
+                        written += 1
                     f.writelines(lines)
                 written += len(lines)
     return written
@@ -592,8 +601,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="scale the limits the proxies enforce (and --policy-out writes)")
     ap.add_argument("--policy-out", metavar="PATH",
                     help="also write the QDR policy file the proxies enforce")
-    ap.add_argument("--schema-version", type=int, choices=[1, 2, 3], default=3,
-                    help="3 (default) or 2: with the audit records; 1: the older mix")
+    ap.add_argument("--schema-version", type=int, choices=[1, 2, 3, 4], default=4,
+                    help="4 (default): with a proxy_info line per file; 3 or 2: with the "
+                         "audit records; 1: the older mix")
     ap.add_argument("--whatif-out", metavar="PATH",
                     help="also write a tighter what-if policy (limits x0.5 of that)")
     args = ap.parse_args(argv)

@@ -199,8 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true",
                          help="print the decision as one JSON object")
 
-    report = add("report", help="Spark capacity reports from the event log")
-    report.add_argument("kind", choices=["capacity"])
+    report = add("report", help="Spark capacity reports from the event log; compact: its "
+                                "closed hours to Parquet")
+    report.add_argument("kind", choices=["capacity", "compact"])
     report.add_argument("args", nargs=argparse.REMAINDER)
 
     def admin_options(sp: argparse.ArgumentParser) -> None:
@@ -653,13 +654,17 @@ def _explain_token(args: argparse.Namespace, policy: Any, config: Any) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """``report capacity ...``: delegate to the Spark job's own argument parser."""
+    """``report capacity ...`` / ``report compact ...``: delegate to the Spark job's own
+    argument parser."""
     try:
-        from .spark_reports.jobs.capacity import main as capacity_main
+        if args.kind == "compact":
+            from .spark_reports.jobs.compact import main as job_main
+        else:
+            from .spark_reports.jobs.capacity import main as job_main
     except ImportError as exc:
         print(f"error: Spark reports need the 'spark' extra (pyspark): {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    return int(capacity_main(args.args))
+    return int(job_main(args.args))
 
 
 def _admin(args: argparse.Namespace) -> Any:

@@ -112,6 +112,11 @@ def test_metrics_and_event_log_after_real_traffic(broker_address, policy_path, t
     records = [json.loads(line) for f in sorted(Path(events_dir).rglob("*.jsonl"))
                for line in f.read_text().splitlines()]
     names = [r["event"] for r in records]
+    # schema 4: every file starts with the writer's proxy_info (no [ledger]: local limits)
+    for f in Path(events_dir).rglob("*.jsonl"):
+        first = json.loads(f.read_text().splitlines()[0])
+        assert (first["event"], first["ledger"], first["fleet"]) == ("proxy_info", "local", None)
+    assert names.count(schema.PROXY_INFO) == len(list(Path(events_dir).rglob("*.jsonl")))
     assert names.count(schema.CONNECTION_OPENED) == 2
     assert names.count(schema.CONNECTION_DENIED) == 2
     assert names.count(schema.CONNECTION_CLOSED) == 2
@@ -123,7 +128,7 @@ def test_metrics_and_event_log_after_real_traffic(broker_address, policy_path, t
                        ("deny", "unknown_user")]
     for r in records:
         allowed = set(schema.COMMON_FIELDS) | set(schema.EVENT_FIELDS[r["event"]])
-        assert set(r) <= allowed and r["schema_version"] == schema.SCHEMA_VERSION == 3
+        assert set(r) <= allowed and r["schema_version"] == schema.SCHEMA_VERSION == 4
         assert not {"password", "initial_response", "response"} & set(r)
         assert "secret" not in [v for v in r.values() if isinstance(v, str)]
     closed = [r for r in records if r["event"] == schema.CONNECTION_CLOSED and r["user"] == "alice"]

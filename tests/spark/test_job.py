@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -128,7 +129,7 @@ def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for flag in ("--events", "--policy", "--out", "--from", "--to", "--grid", "--whatif",
-                 "--master", "--percentile", "--headroom"):
+                 "--master", "--percentile", "--headroom", "--fleet"):
         assert flag in out
     # every new output is named where its option is described
     for output in ("recommendations.csv", "policy/", "policy.diff", "whatif_denied.csv",
@@ -366,3 +367,20 @@ def test_runtime_failure_exits_1(spark, fixtures, tmp_path, monkeypatch):
 
     monkeypatch.setattr(capacity, "run_report", boom)
     assert main(["--events", str(fixtures), "--out", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("extra", [[], ["--fleet"]])
+def test_no_window_without_a_partition_key(fixtures, tmp_path, extra):
+    """A whole report run (``amqp-policy-proxy report capacity`` in a subprocess, its own JVM
+    with Spark's default console logging at WARN) logs no ``WindowExec`` warning: no window
+    of the report runs without a partition key, on all rows in one task."""
+    argv, out = end_to_end_argv(tmp_path, fixtures)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(capacity.__file__).resolve().parents[3]), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "amqp_policy_proxy", "report", "capacity",
+                          *argv, *extra, "--master", "local[2]"], capture_output=True,
+                         text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    check_csv_answers(out)
+    assert "WindowExec" not in run.stderr, [
+        line for line in run.stderr.splitlines() if "WindowExec" in line][:5]

@@ -267,3 +267,22 @@ class AdminAction:
     """The operator's reason (sent to closed clients), or the error."""
     vhost: str | None = None
     """The vhost of a pause, resume or close by vhost."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ProxyInfo:
+    """Which proxy process writes an event-log file and how it enforces its limits
+    (``proxy_info``, the first record of every event-log file since schema 4). Written by the
+    daemon's event-log sink; not tied to a connection."""
+
+    at: float
+    """Loop-clock seconds."""
+    ledger: str
+    """``local``: this process counts its own connections (no ``[ledger]``); ``fleet``: the
+    counts are shared by every proxy of ``fleet`` (``[ledger]``), so limits are fleet-wide."""
+    proxy_id: str
+    """The proxy's name in the fleet (``[ledger] proxy_id``, workers add ``/wN``); ``""``
+    without a ledger."""
+    fleet: str | None = None
+    """The fleet's name: the ledger's store without credentials (``redis://HOST:PORT/DB``,
+    ``unix:///path``, ``auto@HOST`` for a private store); None without a ledger."""

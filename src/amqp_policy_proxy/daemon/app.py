@@ -34,11 +34,12 @@ from ..policy.naming import Naming
 from ..policy.reasons import ConnectionDenyReason
 from . import systemd
 from .bans import BanService
+from .compaction import Compactor, compact_command
 from .config import BindError, DaemonConfig, UpstreamConfig
 from .drain import StopRequest, drain_connections, log_stop
 from .health import Probes, readiness
 from .ledgers import Ledgers
-from .outputs import LedgerFigures, start_outputs
+from .outputs import LedgerFigures, proxy_info_header, start_outputs
 from .pacing import PacedCloser
 from .preauth import PreauthBudget
 from .probe import UpstreamProber
@@ -110,6 +111,8 @@ class Daemon:
         self.metrics_server: Any = None
         self.observer: Any = None
         self.writer: Any = None
+        self.compactor: Compactor | None = None
+        """``[event_log] compact_after``: the compaction schedule (worker 0 only), else None."""
         self.tls = TlsContexts(config)
         """The listeners' and upstreams' TLS contexts (:mod:`.tls`)."""
         self.paused_vhosts: set[str] = set()
@@ -446,9 +449,19 @@ class Daemon:
             ConfigError: the event-log directory; BindError: the metrics address.
         """
         out = start_outputs(self.config, lambda: self.snapshots.current,
-                            self.probes.health, self.probes.ready)
+                            self.probes.health, self.probes.ready,
+                            header=proxy_info_header(self.config, self._proxy_id))
         self.registry, self.observer = out.registry, out.observer
         self.writer, self.metrics_server = out.writer, out.metrics_server
+        after = self.config.event_log_compact_after
+        if self.config.event_log_dir and after is not None and not self.config.worker:
+            self.compactor = Compactor(compact_command(self.config.event_log_dir, after))
+            self.compactor.start()
+
+    def _proxy_id(self) -> str:
+        """This proxy's name in the fleet ledger once it started, else ``""``."""
+        fleet = self.ledgers.fleet
+        return fleet.settings.proxy_id if fleet is not None else ""
 
     def status_line(self) -> str:
         """One-line status for systemd ``STATUS=`` (:func:`.snapshots.status_line`)."""
@@ -502,7 +515,11 @@ class Daemon:
         log_stop(self.stopping.reason, open_at_stop, cut, time.monotonic() - began)
 
     async def _stop_outputs(self) -> None:
-        """Stop the event-log writer (flushing it) and the metrics endpoint."""
+        """Stop the compaction schedule, the event-log writer (flushing it) and the metrics
+        endpoint."""
+        if self.compactor is not None:
+            await self.compactor.stop()
+            self.compactor = None
         if self.writer is not None:
             await asyncio.to_thread(self.writer.stop)
             self.writer = None

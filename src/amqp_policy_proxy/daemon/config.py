@@ -228,6 +228,9 @@ class DaemonConfig:
     event_log_queue: int = 10000
     event_log_retention_days: int | None = None
     """Delete event log day partitions older than this many days; None keeps them all."""
+    event_log_compact_after: float | None = None
+    """``[event_log] compact_after``: compact hours (``report compact``) once they ended this
+    many seconds ago; None: never."""
     handshake_seconds: float = 10.0
     shutdown_grace_seconds: float = 30.0
     connect_timeout_seconds: float = 5.0
@@ -443,6 +446,7 @@ if TYPE_CHECKING:  # what the values are; pydantic reads the bounds made below
     Processes = int
     Budget = int
     Seconds = float
+    CompactSeconds = float
     Milliseconds = float
     ClosesPerSecond = float
 else:
@@ -454,6 +458,7 @@ else:
     Processes = _number(int, ge=1)
     Budget = _number(int, gt=0, unit="bytes")
     Seconds = _number(float, gt=0, unit="seconds")
+    CompactSeconds = _number(float, ge=60, unit="seconds")
     Milliseconds = _number(float, gt=0, unit="milliseconds")
     ClosesPerSecond = _number(float, gt=0, unit="closes per second")
 
@@ -652,6 +657,17 @@ class EventLogTable(_Table):
     retention_days: Days | None = None
     """Delete dt=YYYY-MM-DD partitions older than this many days (at start and daily after UTC
     midnight; never the current one). Absent: keep everything."""
+    compact_after: CompactSeconds | None = None
+    """Turn each hour of JSON Lines into Parquet once it ended this many seconds ago (at least
+    60): the daemon runs "amqp-policy-proxy report compact --grace N" in a subprocess a
+    minute after it starts and then every hour (needs the spark extra). Absent: never."""
+
+    @model_validator(mode="after")
+    def _compact_needs_a_directory(self) -> EventLogTable:
+        if self.compact_after is not None and self.directory is None:
+            raise PydanticCustomError("event_log_compact", "compact_after needs directory "
+                                      "(the event log to compact)", {})
+        return self
 
 
 class TimeoutsTable(_Table):
@@ -920,6 +936,7 @@ class ConfigFile(_Table):
             event_log_dir=self.event_log.directory,
             event_log_queue=self.event_log.queue_size,
             event_log_retention_days=self.event_log.retention_days,
+            event_log_compact_after=self.event_log.compact_after,
             handshake_seconds=self.timeouts.handshake_seconds,
             shutdown_grace_seconds=self.timeouts.shutdown_grace_seconds,
             connect_timeout_seconds=self.timeouts.connect_seconds,

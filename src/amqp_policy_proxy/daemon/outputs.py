@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..metrics.exposition import MetricsServer
     from ..metrics.observer import MetricsObserver
 
-__all__ = ["LedgerFigures", "Outputs", "start_outputs"]
+__all__ = ["LedgerFigures", "Outputs", "fleet_name", "proxy_info_header", "start_outputs"]
 
 Probe = Callable[[], tuple[bool, str]]
 """A probe endpoint's answer: ``(ok, why)``."""
@@ -43,13 +43,17 @@ class Outputs:
 
 
 def start_outputs(config: DaemonConfig, snapshot: Callable[[], MetricsSnapshot | None],
-                  health: Probe, ready: Probe) -> Outputs:
+                  health: Probe, ready: Probe,
+                  header: Callable[[str], dict[str, Any]] | None = None) -> Outputs:
     """Build the metrics registry and observer, start the event-log writer and the metrics
     endpoint as ``config`` asks.
 
     Args:
         snapshot: the live figures' source (the empty snapshot is served until it has one).
         health: ``/healthz``; ready: ``/readyz`` (:class:`~.health.Probes`).
+        header: the first record of every event-log file (``proxy_info``), given the ``ts``
+            of the file's first record (:class:`~..eventlog.sinks.FileEventSink`); default
+            :func:`proxy_info_header` of ``config``.
 
     Raises:
         ConfigError: the event-log directory cannot be created or written
@@ -71,7 +75,9 @@ def start_outputs(config: DaemonConfig, snapshot: Callable[[], MetricsSnapshot |
         from ..eventlog.writer import EventLogWriter
 
         writer = EventLogWriter(
-            FileEventSink(config.event_log_dir), max_queue=config.event_log_queue,
+            FileEventSink(config.event_log_dir,
+                          header=header or proxy_info_header(config, lambda: "")),
+            max_queue=config.event_log_queue,
             on_drop=observer.event_log_dropped, on_error=observer.event_log_errors,
             retention_days=config.event_log_retention_days,
         )
@@ -92,6 +98,60 @@ def start_outputs(config: DaemonConfig, snapshot: Callable[[], MetricsSnapshot |
                 writer.stop()
             raise BindError.of(config.source, "metrics.address", addr, exc) from None
     return Outputs(registry, observer, writer, server)
+
+
+def fleet_name(url: str, host: str | None = None) -> str:
+    """Return the name of the fleet a ``[ledger] url`` makes: the proxies sharing one store.
+
+    Credentials are left out (the name goes into the event log). A unix socket or a private
+    store (``auto``) is local to its host, so the host name is part of the name.
+
+    Args:
+        url: ``redis://[user:password@]HOST:PORT/DB``, ``rediss://...``, ``unix:///path``
+            or ``auto``.
+        host: the host name for local stores; default :func:`socket.gethostname`.
+
+    Returns:
+        e.g. ``redis://10.0.0.5:6379/0``, ``unix:///run/redis.sock@host1``, ``auto@host1``.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    here = socket.gethostname() if host is None else host
+    if url == "auto":
+        return f"auto@{here}"
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}@{here}"
+    netloc = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{netloc}{parts.path}"
+
+
+def proxy_info_header(config: DaemonConfig,
+                      proxy_id: Callable[[], str]) -> Callable[[str], dict[str, Any]]:
+    """Return the header function of the event-log files: a ``proxy_info`` record (schema 4).
+
+    ``ledger`` is ``fleet`` when ``config`` has a ``[ledger]`` (limits are counted in the
+    shared store, so they are fleet-wide), else ``local``.
+
+    Args:
+        config: the daemon's configuration.
+        proxy_id: returns the proxy's name in the fleet when a file is created (the ledger
+            names itself when it starts, after the event log); ``""`` falls back to
+            ``[ledger] proxy_id``.
+
+    Returns:
+        A function of the file's first ``ts``, returning the record.
+    """
+    from ..eventlog import schema
+    from ..eventlog.records import proxy_info_record
+
+    ledger = config.ledger
+    if ledger is None:
+        return lambda ts: proxy_info_record(ts, ledger=schema.LEDGER_LOCAL, proxy_id="")
+    name = fleet_name(ledger.url)
+    return lambda ts: proxy_info_record(ts, ledger=schema.LEDGER_FLEET, fleet=name,
+                                        proxy_id=proxy_id() or ledger.proxy_id)
 
 
 class LedgerFigures(LedgerObserver):

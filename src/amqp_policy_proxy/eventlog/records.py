@@ -1,4 +1,4 @@
-"""Sans-IO. Maps core events to event log records, schema v2 (docs/observability.md, "Event log").
+"""Sans-IO. Maps core events to event log records, schema v4 (docs/observability.md, "Event log").
 
 No I/O and no clock reads: the wall-clock offset comes in as an argument (the daemon computes
 ``time.time() - loop.time()``), so the same event always gives the same record.
@@ -21,7 +21,7 @@ from typing import Any, get_args, get_type_hints
 from amqp_policy_proxy.core import events
 from amqp_policy_proxy.eventlog import schema
 
-__all__ = ["format_ts", "to_record"]
+__all__ = ["format_ts", "proxy_info_record", "to_record"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -81,6 +81,7 @@ _EVENT_NAMES: dict[type, str] = {
     events.AdminAction: schema.ADMIN_ACTION,
     events.Revoked: schema.REVOKED,
     events.SaslFailed: schema.SASL_FAILED,
+    events.ProxyInfo: schema.PROXY_INFO,
 }
 
 #: How a value of each schema type becomes JSON, as an expression of the value ``{0}``. A
@@ -123,7 +124,7 @@ def _builder(event_type: type, name: str) -> Callable[[Any, float], dict[str, An
     costs what one hand-written dict display would: for a ``link_denied``::
 
         def build(event, wall_offset):
-            record = {"schema_version": 3, "event": "link_denied",
+            record = {"schema_version": 4, "event": "link_denied",
                       "ts": format_ts(event.at + wall_offset), "conn_id": str(event.conn_id),
                       "vhost": None if event.vhost is None else str(event.vhost), ...}
             if event.balancer_host is not None:
@@ -166,7 +167,7 @@ _BUILDERS: dict[type, Callable[[Any, float], dict[str, Any]]] = {
 
 
 def to_record(event: object, *, wall_offset: float) -> dict[str, Any] | None:
-    """Map one core event to a schema-v2 event log record, ready for ``json.dumps``.
+    """Map one core event to a schema-v4 event log record, ready for ``json.dumps``.
 
     The record has exactly the schema's common fields (in
     :data:`~amqp_policy_proxy.eventlog.schema.COMMON_FIELDS` order), then ``balancer_host``
@@ -194,3 +195,32 @@ def to_record(event: object, *, wall_offset: float) -> dict[str, Any] | None:
     if build is None:
         return None
     return build(event, wall_offset)
+
+
+def proxy_info_record(ts: str, *, ledger: str, proxy_id: str,
+                      fleet: str | None = None) -> dict[str, Any]:
+    """Return the ``proxy_info`` record that opens an event-log file (schema 4).
+
+    Built by the same builder as every other record (:class:`~amqp_policy_proxy.core.events.ProxyInfo`),
+    with ``ts`` given as written (the ``ts`` of the file's first record, so that the header
+    falls in the file's own hour).
+
+    Args:
+        ts: a schema ``ts`` (``YYYY-MM-DDTHH:MM:SS.mmmZ``).
+        ledger: ``local`` or ``fleet`` (:data:`~amqp_policy_proxy.eventlog.schema.LEDGER_LOCAL`,
+            :data:`~amqp_policy_proxy.eventlog.schema.LEDGER_FLEET`).
+        proxy_id: the proxy's name in its fleet (``""`` without a ledger).
+        fleet: the fleet's name (None without a ledger).
+
+    Returns:
+        The record, ready for ``json.dumps``.
+
+    Raises:
+        ValueError: ``ledger`` is neither ``local`` nor ``fleet``.
+    """
+    if ledger not in (schema.LEDGER_LOCAL, schema.LEDGER_FLEET):
+        raise ValueError(f"ledger must be local or fleet, got {ledger!r}")
+    record = _BUILDERS[events.ProxyInfo](
+        events.ProxyInfo(at=0.0, ledger=ledger, proxy_id=proxy_id, fleet=fleet), 0.0)
+    record["ts"] = ts
+    return record

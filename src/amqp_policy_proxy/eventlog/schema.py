@@ -1,4 +1,4 @@
-"""Event log schema, version 3 (docs/observability.md, "Event log"). Dependency-free.
+"""Event log schema, version 4 (docs/observability.md, "Event log"). Dependency-free.
 
 This module is the single source of truth for event names and field names. It is imported by
 the daemon's writer and by ``spark_reports`` (which builds its explicit Spark schemas from it),
@@ -10,7 +10,7 @@ line. ``ts`` is UTC RFC 3339 with milliseconds, e.g. ``2026-11-21T11:42:00.123Z`
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The ``schema_version`` of every record written. History (each version reads the ones before
 it; a field is never removed or retyped, only added):
 
@@ -26,6 +26,11 @@ it; a field is never removed or retyped, only added):
   a valid version-3 record. Token connections (docs/oauth2.md) add values, no field: the
   ``close_reason`` ``token_expired`` and, as ``sasl_failed`` ``reason``, the reasons the
   proxy refuses a token for (``expired``, ``bad_audience``, ``unknown_kid``...).
+* 4: adds the ``proxy_info`` record, the first line of every file: whether the writing
+  process enforces its limits alone (``ledger`` ``local``) or with a fleet (``fleet``: the
+  Redis ledger; ``fleet`` names the fleet, ``proxy_id`` the proxy in it). The capacity
+  report sums the proxies of a fleet before comparing with a limit. Every version-3 record is
+  a valid version-4 record; files without it (older logs) are read as ``local``.
 """
 
 # Event names (the ``event`` field).
@@ -47,6 +52,8 @@ SASL_FAILED = "sasl_failed"
 """A failed authentication attempt (since version 3)."""
 REVOKED = "revoked"
 """A reload's policy no longer admits an open connection or allows a link (since version 3)."""
+PROXY_INFO = "proxy_info"
+"""The first record of every file: the writing proxy and its ledger mode (since version 4)."""
 
 EVENT_NAMES: tuple[str, ...] = (
     CONNECTION_OPENED,
@@ -62,12 +69,14 @@ EVENT_NAMES: tuple[str, ...] = (
     ADMIN_ACTION,
     REVOKED,
     SASL_FAILED,
+    PROXY_INFO,
 )
 
 #: The schema version that introduced each event (readers of older logs expect none of the
 #: newer ones).
 EVENT_SINCE: dict[str, int] = {name: 1 for name in EVENT_NAMES} | {
     AUTH_DECISION: 2, SHADOW_DENIED: 2, ADMIN_ACTION: 2, REVOKED: 3, SASL_FAILED: 3,
+    PROXY_INFO: 4,
 }
 
 #: Fields present in every record, with their JSON type. ``vhost``, ``group``, ``user`` may be
@@ -121,7 +130,12 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     ADMIN_ACTION: {"action": "string", "uid": "long", "pid": "long", "peer": "string",
                    "selector": "string", "targets": "array<string>", "result": "string",
                    "count": "long", "description": "string"},
+    PROXY_INFO: {"ledger": "string", "fleet": "string", "proxy_id": "string"},
 }
+
+#: ``ledger`` values of ``proxy_info``: limits enforced by the process alone, or by the fleet.
+LEDGER_LOCAL = "local"
+LEDGER_FLEET = "fleet"
 
 #: ``decision`` values of ``auth_decision``.
 DECISIONS: tuple[str, ...] = ("allow", "deny")

@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -223,6 +223,11 @@ class FileEventSink:
         host: host name for the file name; default :func:`socket.gethostname`. Characters
             outside ``[A-Za-z0-9._-]`` become ``_``.
         pid: process id for the file name; default :func:`os.getpid`.
+        header: called with the ``ts`` of a file's first record when this sink creates the
+            file (or finds it empty), returning the record written before it: the daemon's
+            ``proxy_info`` record (schema 4, :func:`~.records.proxy_info_record`), so every
+            file says how its writer enforces limits. Header lines are not counted as
+            written records. None: no header.
     """
 
     def __init__(
@@ -231,6 +236,7 @@ class FileEventSink:
         *,
         host: str | None = None,
         pid: int | None = None,
+        header: Callable[[str], Mapping[str, Any]] | None = None,
     ) -> None:
         self.directory = Path(directory)
         """The event log root."""
@@ -240,6 +246,7 @@ class FileEventSink:
         """The pid part of the file names."""
         self._file: IO[str] | None = None
         self._partition: tuple[str, str] | None = None
+        self._header = header
 
     def path_for(self, ts: str) -> Path:
         """Return the file a record with this ``ts`` goes to.
@@ -357,6 +364,7 @@ class FileEventSink:
         written = 0
         lines: list[str] = []
         partition: tuple[str, str] | None = None
+        first_ts = ""
         for record in records:
             try:
                 record_partition = self._partition_of(record.get("ts"))
@@ -365,19 +373,23 @@ class FileEventSink:
                 logger.error("event log record rejected (bad ts or not serialisable): %r", record)
                 continue
             if partition is not None and record_partition != partition:
-                written += self._append(partition, lines)
+                written += self._append(partition, lines, first_ts)
                 lines = []
+            if not lines:
+                first_ts = record["ts"]
             partition = record_partition
             lines.append(line)
         if partition is not None:
-            written += self._append(partition, lines)
+            written += self._append(partition, lines, first_ts)
         return written
 
-    def _append(self, partition: tuple[str, str], lines: list[str]) -> int:
+    def _append(self, partition: tuple[str, str], lines: list[str], first_ts: str) -> int:
         try:
             if partition != self._partition or self._file is None:
                 self._switch(partition)
             assert self._file is not None
+            if self._header is not None and self._file.tell() == 0:
+                self._file.write(dumps_record(self._header(first_ts)) + "\n")
             self._file.write("\n".join(lines) + "\n")
         except OSError:
             self._discard_file()

@@ -75,11 +75,12 @@ def key_percentiles(sweep: Sweep, rule: Rule, fleet: bool = False) -> DataFrame:
     w = sweep.window
     keys = sweep.keys
     if not fleet:
-        # Every key seen on several proxies gets one id per proxy instead of its fleet-wide
-        # one (no per-proxy running sums).
+        # Every key seen in several limit domains (a proxy counting alone, or a fleet that
+        # recorded its shared ledger) gets one id per domain instead of its fleet-wide one
+        # (no per-domain running sums).
         for sc in LIMIT_SCOPES:
             many = F.col(f"{sc}_np") >= 2
-            pid = -(F.shiftleft(F.col(f"{sc}_id"), PROXY_BITS) + F.col("proxy_ix")) - 1
+            pid = -(F.shiftleft(F.col(f"{sc}_id"), PROXY_BITS) + F.col("domain_ix")) - 1
             keys = (keys.withColumn(f"{sc}_pix", F.lit(None).cast("int"))
                     .withColumn(f"{sc}_pid", F.when(many, pid))
                     .withColumn(f"{sc}_id", F.when(~many, F.col(f"{sc}_id"))))

@@ -19,9 +19,10 @@ the semantics for readers. In short, all figures are numbers of connections:
   **every** bucket of the window, zero buckets included, for every key with at least one
   connection in the window (rank ``ceil(p * N / 100)`` of the ``N`` sorted samples).
 - ``peak`` is the highest sample, ``peak_ts`` the earliest instant it was reached.
-- Limits are enforced by each proxy process on its own connections, so headroom,
-  recommendations and the what-if use the highest concurrency within one proxy
-  (``proxy_peak``), while the concurrency table is fleet-wide.
+- Limits are enforced per limit domain (:mod:`.fleet`): a proxy process alone, or the
+  proxies of a fleet sharing a ledger together, so headroom, recommendations and the
+  what-if use the highest concurrency within one domain (``proxy_peak``), while the
+  concurrency table is fleet-wide.
 
 The only driver-side work is the one-row query of :func:`events.proxy_columns`.
 """
@@ -361,8 +362,9 @@ def name_keys(stats: DataFrame, keys: DataFrame, scopes: Iterable[str] = SCOPES)
 
     Returns:
         ``scope``, ``vhost``, ``key``, ``peak``, ``p50``, ``p95``, ``p99``, ``peak_ts``,
-        ``proxy_peak`` (highest concurrency within one proxy process; null for groups,
-        which have no limit), ``low``.
+        ``proxy_peak`` (highest concurrency within one limit domain: a proxy process, or a
+        fleet, see :func:`events.connection_keys`; null for groups, which have no limit),
+        ``low``.
     """
     names = scope_keys(keys, scopes)
     # One aggregation (not a union of two filtered branches, which would compute the whole

@@ -79,8 +79,8 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True,
             (:mod:`.replay`) resolves each connection's vhost from it.
 
     Returns:
-        Only ``connection_opened``, ``connection_closed``, ``connection_denied`` and
-        ``admin_action`` records with a parsable ``ts`` (see ``drop_unparsed``), with columns ``proxy``, ``event``, ``t_us`` (long),
+        Only ``connection_opened``, ``connection_closed``, ``connection_denied``,
+        ``admin_action`` and ``proxy_info`` records with a parsable ``ts`` (see ``drop_unparsed``), with columns ``proxy``, ``event``, ``t_us`` (long),
         ``conn_id``, ``vhost``, ``group``, ``user``, ``remote_host``, ``reason``,
         ``opened_us`` (long, closes only: ``opened_ts``, else ``ts - duration_seconds``),
         ``duration_seconds``, ``bytes_in``, ``bytes_out``, ``transfers_in``,
@@ -90,10 +90,12 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True,
         that no two combinations share a hash and falls back to comparing the strings if
         they ever do), and ``admin``: an ``admin_action`` record's own fields as one JSON
         object (null for every other record: one column that costs the connection records
-        nothing but its null; :func:`.traffic.admin_actions` reads it).
+        nothing but its null; :func:`.traffic.admin_actions` reads it), and
+        ``limit_domain``: a ``proxy_info`` record's (schema 4) ``fleet:<fleet>`` or
+        ``local``, null for every other record (:func:`limit_domains` reads it).
     """
     events: tuple[str, ...] = (ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED,
-                               ev.CONNECTION_DENIED, ev.ADMIN_ACTION)
+                               ev.CONNECTION_DENIED, ev.ADMIN_ACTION, ev.PROXY_INFO)
     if hostnames:
         events += (ev.AUTH_DECISION,)
     t_us = F.unix_micros(F.expr("try_cast(ts AS TIMESTAMP)"))
@@ -112,9 +114,33 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True,
                    F.to_json(F.struct(*ADMIN_FIELDS))).alias("admin"),
             (F.when(F.col("event") == ev.AUTH_DECISION, F.col("hostname")) if hostnames
              else F.lit(None).cast("string")).alias("hostname"),
+            F.when(F.col("event") == ev.PROXY_INFO, _limit_domain()).alias("limit_domain"),
         )
     )
     return out.where(F.col("t_us").isNotNull()) if drop_unparsed else out
+
+
+def _limit_domain() -> Column:
+    # A proxy_info record's limit domain: "fleet:<name>" for fleet-wide limits, else "local".
+    return F.when(F.col("ledger") == ev.LEDGER_FLEET,
+                  F.concat(F.lit("fleet:"), F.coalesce(F.col("fleet"), F.lit("")))
+                  ).otherwise(F.lit(ev.LEDGER_LOCAL))
+
+
+def limit_domains(events: DataFrame) -> DataFrame:
+    """Return how each proxy of the log enforces its limits, from its ``proxy_info`` records.
+
+    Args:
+        events: output of :func:`prepare_events`.
+
+    Returns:
+        ``proxy``, ``limit_domain``: ``fleet:<fleet name>`` when the proxy counted its
+        connections in a fleet ledger (limits fleet-wide), ``local`` when alone; one row per
+        proxy with a ``proxy_info`` record (schema 4; a proxy without one, from an older
+        log, has no row and counts as ``local``). Small: one row per proxy process.
+    """
+    return (events.where(F.col("event") == ev.PROXY_INFO).groupBy("proxy")
+            .agg(F.max("limit_domain").alias("limit_domain")))
 
 
 def _combo_hash() -> Column:
@@ -127,14 +153,17 @@ def event_time_range_columns() -> list[Column]:
 
     Also usable as observed metrics (``DataFrame.observe``) of a query that writes the
     prepared events, so that the range costs no second pass (nulls are ignored).
-    ``min_us`` and ``max_us`` leave ``admin_action`` and ``auth_decision`` records out. ``skipped`` counts the
+    ``min_us`` and ``max_us`` leave ``admin_action``, ``auth_decision`` and ``proxy_info``
+    records out. ``skipped`` counts the
     records without a ``t_us``: with
     ``prepare_events(drop_unparsed=False)``, the lines that are not JSON objects or have no
     ``event`` and the connection records whose ``ts`` does not parse (a line cut short by a
     crash, a hand edit). The report leaves them out and says how many there were.
     """
-    # the window is the connection records' (an admin action alone does not make one)
-    t_us = F.when(~F.col("event").isin(ev.ADMIN_ACTION, ev.AUTH_DECISION), F.col("t_us"))
+    # the window is the connection records' (an admin action, an Open's decision or a file
+    # header alone does not make one)
+    t_us = F.when(~F.col("event").isin(ev.ADMIN_ACTION, ev.AUTH_DECISION, ev.PROXY_INFO),
+                  F.col("t_us"))
     return [F.min(t_us).alias("min_us"), F.max(t_us).alias("max_us"),
             F.count(F.when(F.col("t_us").isNull(), F.lit(1))).alias("skipped")]
 
@@ -256,7 +285,8 @@ def _window_records(events: DataFrame, window: ReportWindow, event: str) -> Data
 
 #: Scope index in the low bits of a key id.
 _SCOPE_INDEX = {s: i for i, s in enumerate(SCOPES)}
-#: Per-proxy ids are ``-(id << PROXY_BITS | proxy_ix) - 1``.
+#: Per-domain ids (a key's count within one limit domain: a proxy, or a fleet) are
+#: ``-(id << PROXY_BITS | domain_ix) - 1``.
 PROXY_BITS = 20
 #: A limited key seen on 2..PROXY_COLUMNS proxies gets its per-proxy levels as that many
 #: conditional running sums in the sweep's own window (no extra rows); a key seen on more
@@ -264,8 +294,40 @@ PROXY_BITS = 20
 PROXY_COLUMNS = 8
 
 
+#: Keys are numbered within this many hash buckets (one window per bucket, never one window
+#: over the whole key table, which Spark would run on a single task): a key's number is
+#: ``rank within its bucket * ID_BUCKETS + bucket``, unique and at most about ``ID_BUCKETS``
+#: above the dense numbering.
+ID_BUCKETS = 16
+#: The ``domain`` of every proxy when all the proxies of a log form one fleet (``--fleet``).
+ONE_FLEET = "fleet"
+
+
+def bucketed_number(cols: Iterable[str]) -> Column:
+    """Return a 0-based number of each distinct value of ``cols``, without a global window.
+
+    The rows are spread over :data:`ID_BUCKETS` window partitions by a hash of ``cols``
+    (nulls marked, so ``(a, null)`` and ``(null, a)`` differ) and ranked within each, so the
+    window always has a partition key: equal values get the same number, distinct values
+    distinct numbers (``rank * ID_BUCKETS + bucket``). Not dense, not in sort order.
+
+    Args:
+        cols: the columns that make a value (at least one).
+
+    Returns:
+        A ``long`` column.
+    """
+    cols = tuple(cols)
+    bucket = F.pmod(F.xxhash64(*[F.coalesce(F.col(c).cast("string"), F.lit("\u0000"))
+                                 for c in cols]), F.lit(ID_BUCKETS))
+    rank = F.dense_rank().over(Window.partitionBy(bucket).orderBy(
+        *[F.col(c).asc_nulls_first() for c in cols]))
+    return ((rank - 1) * ID_BUCKETS + bucket).cast("long")
+
+
 def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False,
-                    carried: bool = True) -> DataFrame:
+                    carried: bool = True, domains: DataFrame | None = None,
+                    fleet: bool = False) -> DataFrame:
     """Number the keys of every scope, for the connections in the window.
 
     Args:
@@ -275,18 +337,25 @@ def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False
             grouping by the ``combo`` hash (the fallback after a hash collision, see
             :meth:`Sweep.persist`).
         carried: as for :func:`connection_changes`.
+        domains: which proxies enforce their limits together: ``proxy``, ``domain`` (string),
+            one row per proxy whose limits are fleet-wide (the proxies of a fleet share a
+            ``domain``). A proxy not listed enforces its limits alone (its own domain).
+            ``None``: every proxy alone.
+        fleet: every proxy of the log is in one fleet (``--fleet``; ``domains`` is ignored).
 
     Returns:
         One row per distinct (``proxy``, ``vhost``, ``group``, ``user``, ``remote_host``)
         of the connections in :func:`connection_changes`, with its ``combo`` (the hash, or a
-        row number when ``exact``), ``clash`` (true when two combinations share the hash),
-        ``proxy_ix`` (0-based), the fleet-wide key ids ``vhost_id``, ``group_id``,
-        ``user_id``, ``remote_host_id`` (null when the key is null; positive, unique across
-        scopes), and for each limited scope ``s``: ``s_np`` (the number of proxies the key
-        was seen on), ``s_pix`` (this proxy's 0-based index among them, when
-        ``2 <= s_np <= PROXY_COLUMNS``) and ``s_pid`` (a negative per-proxy key id, when
-        ``s_np > PROXY_COLUMNS``). With one proxy the per-proxy peak is the fleet-wide one.
-        Small: its size depends on the population, not on the number of events.
+        number when ``exact``), ``clash`` (true when two combinations share the hash),
+        ``proxy_ix`` (a small number per proxy, 0-based, not dense), ``domain`` and
+        ``domain_ix`` (the proxy's limit domain: itself, or its fleet), the fleet-wide key
+        ids ``vhost_id``, ``group_id``, ``user_id``, ``remote_host_id`` (null when the key is
+        null; positive, unique across scopes), and for each limited scope ``s``: ``s_np``
+        (the number of limit domains the key was seen in), ``s_pix`` (this domain's 0-based
+        index among them, when ``2 <= s_np <= PROXY_COLUMNS``) and ``s_pid`` (a negative
+        per-domain key id, when ``s_np > PROXY_COLUMNS``). With one domain (one proxy, or
+        one fleet) the per-domain peak is the fleet-wide one. Small: its size depends on the
+        population, not on the number of events. No window of it lacks a partition key.
     """
     cols = ("proxy", *_DIMS)
     records = _window_records(events, window, ev.CONNECTION_OPENED).select("combo", *cols) \
@@ -295,9 +364,8 @@ def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False
     if carried:
         records = records.unionByName(open_at_start(events, window).select("combo", *cols))
     if exact:
-        n = F.row_number().over(Window.orderBy(*[F.col(c).asc_nulls_first() for c in cols]))
         combos = records.select(*cols).distinct().select(
-            n.cast("long").alias("combo"), *cols, F.lit(False).alias("clash"))
+            bucketed_number(cols).alias("combo"), *cols, F.lit(False).alias("clash"))
     else:
         # Group by the hash *and* the strings: only fixed-width aggregation buffers, so Spark
         # hash-aggregates (string buffers such as first() forced a sort of every record).
@@ -305,17 +373,29 @@ def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False
         distinct = records.select("combo", *cols).distinct()
         rows_per_hash = F.count(F.lit(1)).over(Window.partitionBy("combo"))
         combos = distinct.select("combo", *cols, (rows_per_hash > 1).alias("clash"))
+    if fleet:
+        combos = combos.select("*", F.lit(ONE_FLEET).alias("domain"))
+    else:
+        own = F.concat(F.lit("proxy:"), F.col("proxy"))
+        if domains is None:
+            combos = combos.select("*", own.alias("domain"))
+        else:
+            d = domains.select(F.col("proxy").alias("d_proxy"), F.col("domain").alias("d_dom"))
+            combos = combos.join(F.broadcast(d), combos["proxy"] == d["d_proxy"], "left") \
+                .select(*combos.columns, F.coalesce(F.col("d_dom"), own).alias("domain"))
     ids = []
     for scope in SCOPES:
         keycols = ["vhost"] if scope == "vhost" else ["vhost", scope]
-        rank = F.dense_rank().over(Window.orderBy(*[F.col(c).asc_nulls_first()
-                                                    for c in keycols]))
         ok = F.col("vhost").isNotNull() & F.col(scope).isNotNull()
-        ids.append(F.when(ok, rank * len(SCOPES) + _SCOPE_INDEX[scope]).cast("long")
-                   .alias(f"{scope}_id"))
-    proxy_ix = (F.dense_rank().over(Window.orderBy("proxy")) - 1).cast("long").alias("proxy_ix")
-    k = combos.select(*cols, "combo", "clash", proxy_ix, *ids)
-    local = [(F.dense_rank().over(Window.partitionBy(f"{sc}_id").orderBy("proxy_ix")) - 1)
+        ids.append(F.when(ok, (bucketed_number(keycols) + 1) * len(SCOPES)
+                          + _SCOPE_INDEX[scope]).cast("long").alias(f"{scope}_id"))
+    # One fleet: the domain is a constant (numbering it would be a window whose partition
+    # key Spark folds away).
+    domain_ix = F.lit(0).cast("long") if fleet else bucketed_number(["domain"])
+    k = combos.select(*cols, "combo", "clash", "domain",
+                      bucketed_number(["proxy"]).alias("proxy_ix"),
+                      domain_ix.alias("domain_ix"), *ids)
+    local = [(F.dense_rank().over(Window.partitionBy(f"{sc}_id").orderBy("domain_ix")) - 1)
              .alias(f"{sc}_lix") for sc in LIMIT_SCOPES]
     k = k.select("*", *local)
     more = []
@@ -328,7 +408,7 @@ def connection_keys(events: DataFrame, window: ReportWindow, exact: bool = False
         np_, ix = F.col(f"{sc}_np"), F.col(f"{sc}_lix")
         out.append(F.when((np_ >= 2) & (np_ <= PROXY_COLUMNS), ix).cast("int")
                    .alias(f"{sc}_pix"))
-        pid = -(F.shiftleft(F.col(f"{sc}_id"), PROXY_BITS) + F.col("proxy_ix")) - 1
+        pid = -(F.shiftleft(F.col(f"{sc}_id"), PROXY_BITS) + F.col("domain_ix")) - 1
         out.append(F.when(np_ > PROXY_COLUMNS, pid).alias(f"{sc}_pid"))
     return k.select(*[c for c in k.columns if not c.endswith("_lix")], *out)
 
@@ -411,6 +491,10 @@ class Sweep:
     """The report window."""
     carried: bool = True
     """Whether connections open since before the window were looked for."""
+    domains: DataFrame | None = None
+    """The proxies whose limits are fleet-wide and their fleet (see :func:`connection_keys`)."""
+    fleet: bool = False
+    """Every proxy of the log in one fleet (``--fleet``)."""
 
     def persist(self, events: DataFrame) -> Sweep:
         """Return a copy with ``keys`` and ``keyed`` persisted (call :meth:`unpersist`).
@@ -428,18 +512,19 @@ class Sweep:
         keys = self.keys.persist()
         if keys.where(F.col("clash")).limit(1).count() == 0:
             return Sweep(self.changes, keys, keyed_changes(self.changes, keys).persist(),
-                         self.window, self.carried)
+                         self.window, self.carried, self.domains, self.fleet)
         logger.warning("key combination hashes collide: numbering them exactly")
         keys.unpersist()
-        exact = connection_keys(events, self.window, exact=True,
-                                carried=self.carried).persist()
+        exact = connection_keys(events, self.window, exact=True, carried=self.carried,
+                                domains=self.domains, fleet=self.fleet).persist()
         keyed = keyed_changes(self.changes, exact, exact=True).persist()
         changes = self.changes.drop("combo").join(
             F.broadcast(exact.select("combo", *[F.col(c).alias(f"e_{c}")
                                                 for c in ("proxy", *_DIMS)])),
             [self.changes[c].eqNullSafe(F.col(f"e_{c}")) for c in ("proxy", *_DIMS)],
         ).drop(*[f"e_{c}" for c in ("proxy", *_DIMS)])
-        return Sweep(changes, exact, keyed, self.window, self.carried)
+        return Sweep(changes, exact, keyed, self.window, self.carried, self.domains,
+                     self.fleet)
 
     def unpersist(self) -> None:
         """Release what :meth:`persist` cached."""
@@ -447,22 +532,26 @@ class Sweep:
         self.keys.unpersist()
 
 
-def prepare_sweep(events: DataFrame, window: ReportWindow, carried: bool = True) -> Sweep:
+def prepare_sweep(events: DataFrame, window: ReportWindow, carried: bool = True,
+                  domains: DataFrame | None = None, fleet: bool = False) -> Sweep:
     """Build the sweep inputs.
 
     Args:
         events: output of :func:`prepare_events`.
         window: the report window.
         carried: as for :func:`connection_changes`.
+        domains: which proxies enforce fleet-wide limits together, as for
+            :func:`connection_keys` (``None``: each proxy alone).
+        fleet: all proxies in one fleet (``--fleet``).
 
     Returns:
         The changes, the key table and the keyed changes (nothing cached: see
         :meth:`Sweep.persist`).
     """
     changes = connection_changes(events, window, carried)
-    keys = connection_keys(events, window, carried=carried)
+    keys = connection_keys(events, window, carried=carried, domains=domains, fleet=fleet)
     return Sweep(changes=changes, keys=keys, keyed=keyed_changes(changes, keys),
-                 window=window, carried=carried)
+                 window=window, carried=carried, domains=domains, fleet=fleet)
 
 
 def name_ids(df: DataFrame, keys: DataFrame, scopes: Iterable[str] = SCOPES) -> DataFrame:

@@ -33,6 +33,11 @@ SECTIONS: tuple[str, ...] = ("concurrency", "headroom", "denials", "traffic", "w
 _DRAW_LOCK = threading.Lock()
 
 
+#: The default :attr:`ReportData.limit_scope`: every proxy enforces its limits alone.
+PER_PROXY_LIMITS = ("Limits apply per proxy process (each counts its own connections), so "
+                    "headroom and recommendations use per-proxy peaks.")
+
+
 @dataclass
 class ReportData:
     """The small extracts the page and its charts are made of."""
@@ -47,6 +52,9 @@ class ReportData:
     """Window end (exclusive), RFC 3339."""
     notes: list[str] = field(default_factory=list)
     """Warnings shown at the top."""
+    limit_scope: str = PER_PROXY_LIMITS
+    """Which peaks the limits were compared with (per proxy process, or fleet-wide), shown at
+    the top and in the headroom section."""
     concurrency_top: list[dict[str, Any]] = field(default_factory=list)
     """Concurrency rows (vhost, user, host scopes) with the highest peaks."""
     concurrency_all: dict[str, int] = field(default_factory=dict)
@@ -239,7 +247,7 @@ def _section_charts(data: ReportData, img_dir: str, section: str) -> dict[str, s
         return {"headroom": chart_bars(
             [f"{r['scope']} {r['vhost']}/{r['key']}" for r in top],
             [100 * (r.get("utilisation") or 0) for r in top],
-            "Closest to their limits (per-proxy peak / limit)", "utilisation %", img_dir,
+            "Closest to their limits (peak / limit)", "utilisation %", img_dir,
             "headroom", limit_line=100.0)}
     if section == "denials":
         out = {"denials": chart_lines(data.denials, "Connection denials by reason",
@@ -353,8 +361,8 @@ def write_report(out_dir: str, data: ReportData) -> str:
     add(f"<p>Event log <code>{_esc(data.source)}</code>; window {_esc(data.window_start)} "
         f"to {_esc(data.window_end)} (end exclusive, UTC); grid {_esc(data.grid)}. "
         "Percentiles are nearest-rank over every grid bucket of the window (zero buckets "
-        "included); a bucket's sample is the maximum concurrency within it. Limits apply "
-        "per proxy process, so headroom and recommendations use per-proxy peaks.</p>")
+        "included); a bucket's sample is the maximum concurrency within it. "
+        f"{_esc(data.limit_scope)}</p>")
     for n in data.notes:
         add(f"<p class=note>{_esc(n)}</p>")
 
@@ -369,6 +377,7 @@ def write_report(out_dir: str, data: ReportData) -> str:
     add(_table(data.concurrency_top[:30], cols))
 
     add("<h2>2. Headroom</h2>")
+    add(f"<p class=limits>{_esc(data.limit_scope)}</p>")
     add(_img(charts.get("headroom"), "headroom"))
     for s, rows in data.headroom_top.items():
         add(f"<h3>{_esc(s)}</h3>")
@@ -393,7 +402,8 @@ def write_report(out_dir: str, data: ReportData) -> str:
 
     add("<h2>5. Recommendations</h2>")
     add(f"<p>recommended = {_esc(data.recommendation_rule)}, at least 1, at most 65535 "
-        "(connection rates: 1000000), per proxy process; each row names the key that "
+        "(connection rates: 1000000), of the samples the limit is checked against (per "
+        "proxy process or fleet-wide, as for the headroom); each row names the key that "
         "decided it (<i>basis</i>), its percentile, its peak and when (see "
         "docs/spark-reports.md).</p>")
     lowered = sum(1 for r in data.recommendations if r.get("change") == "lower")

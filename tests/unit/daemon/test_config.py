@@ -542,3 +542,16 @@ def test_check_refuses_workers_without_a_ledger(confdir: Path,
     path.write_text(MINIMAL + "[daemon]\nworkers = 2\n")
     assert main(["check", "--as-user", ME, "--config", str(path)]) == EXIT_CONFIG
     assert "needs a [ledger]" in capsys.readouterr().out
+
+
+def test_event_log_compact_after(confdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """[event_log] compact_after: off by default, seconds (at least 60), needs a directory."""
+    assert load_daemon_config(write(confdir, BASE)).event_log_compact_after is None
+    path = write(confdir, BASE + '[event_log]\ndirectory = "ev"\ncompact_after = 900\n')
+    assert load_daemon_config(path).event_log_compact_after == 900.0
+    for text, said in (('directory = "ev"\ncompact_after = 30\n', "compact_after"),
+                       ("compact_after = 900\n", "compact_after needs directory")):
+        bad = write(confdir, BASE + "[event_log]\n" + text)
+        assert main(["check", "--as-user", ME, "--config", str(bad)]) == EXIT_CONFIG
+        out = capsys.readouterr().out
+        assert said in out and "event_log" in out, out

@@ -46,7 +46,8 @@ WHO: dict[str, Any] = {
     "listener": "0.0.0.0:5672",
 }  # fmt: skip
 
-NULLABLE = {"vhost", "group", "user", "address", "reason", "hostname", "role", "uid", "pid"}
+NULLABLE = {"vhost", "group", "user", "address", "reason", "hostname", "role", "uid", "pid",
+            "fleet"}
 
 EVENTS = {
     schema.CONNECTION_OPENED: ConnectionApproved(
@@ -94,6 +95,8 @@ EVENTS = {
         conn_id="c1", at=1000.0, **WHO, kind="link", reason="target", mode="enforce",
         role="sender", address="orders.new",
     ),
+    schema.PROXY_INFO: ev.ProxyInfo(at=1000.0, ledger="fleet", fleet="redis://10.0.0.5:6379/0",
+                                    proxy_id="px-1"),
     schema.ADMIN_ACTION: AdminAction(
         at=1000.0, action="connections_close", uid=0, pid=4242, peer="unix",
         selector="user=alice", targets=("c1", "c7"), result="ok", count=2,
@@ -111,7 +114,7 @@ def check_record(record: dict[str, Any]) -> None:
     assert list(record) == expected  # exactly these fields, in schema order
     types = {**schema.COMMON_FIELDS, **{f: schema.OPTIONAL_FIELDS[f] for f in optional},
              **schema.EVENT_FIELDS[name]}
-    reloaded = name in (schema.POLICY_RELOADED, schema.ADMIN_ACTION)
+    reloaded = name in (schema.POLICY_RELOADED, schema.ADMIN_ACTION, schema.PROXY_INFO)
     for field_name, kind in types.items():
         value = record[field_name]
         if value is None:
@@ -160,7 +163,7 @@ def test_every_core_event_type_is_covered():
 
 def test_connection_opened_exact():
     assert to_record(EVENTS[schema.CONNECTION_OPENED], wall_offset=OFFSET) == {
-        "schema_version": 3,
+        "schema_version": 4,
         "event": "connection_opened",
         "ts": "2026-11-21T11:42:00.000Z",
         "conn_id": "c1",
@@ -218,16 +221,16 @@ def test_policy_reloaded_has_no_connection_fields():
 def test_audit_records_exact():
     common = {"ts": "2026-11-21T11:42:00.000Z", "conn_id": "c1", **WHO}
     assert to_record(EVENTS[schema.AUTH_DECISION], wall_offset=OFFSET) == {
-        "schema_version": 3, "event": "auth_decision", **common, "decision": "allow",
+        "schema_version": 4, "event": "auth_decision", **common, "decision": "allow",
         "reason": "user_limit", "enforcement": "shadow",
         "rule": "maxConnectionsPerUser 2 (group 'g1') reached", "hostname": "vh1.example",
     }
     assert to_record(EVENTS[schema.SHADOW_DENIED], wall_offset=OFFSET) == {
-        "schema_version": 3, "event": "shadow_denied", **common, "kind": "link",
+        "schema_version": 4, "event": "shadow_denied", **common, "kind": "link",
         "reason": "target", "role": "sender", "address": "orders",
     }
     assert to_record(EVENTS[schema.ADMIN_ACTION], wall_offset=OFFSET) == {
-        "schema_version": 3, "event": "admin_action", "ts": "2026-11-21T11:42:00.000Z",
+        "schema_version": 4, "event": "admin_action", "ts": "2026-11-21T11:42:00.000Z",
         "conn_id": "", "vhost": None, "group": None, "user": None, "remote_host": None,
         "listener": None, "action": "connections_close", "uid": 0, "pid": 4242,
         "peer": "unix", "selector": "user=alice", "targets": ["c1", "c7"], "result": "ok",
@@ -275,7 +278,8 @@ def test_upstream_connect_failed_is_not_a_record():
 
 
 @pytest.mark.parametrize("name", [n for n in schema.EVENT_NAMES
-                                  if n not in (schema.POLICY_RELOADED, schema.ADMIN_ACTION)])
+                                  if n not in (schema.POLICY_RELOADED, schema.ADMIN_ACTION,
+                                               schema.PROXY_INFO)])
 def test_a_proxied_connection_records_the_balancer_after_the_common_fields(name):
     event = dataclasses.replace(EVENTS[name], remote_host="192.0.2.7", balancer_host="10.0.0.2")
     record = to_record(event, wall_offset=OFFSET)
@@ -288,7 +292,7 @@ def test_a_proxied_connection_records_the_balancer_after_the_common_fields(name)
 def test_schema_versions_2_and_3_only_add():
     """A version-1 reader that ignores unknown fields reads version 2; version 3 adds values
     only (the ban actions and the close reason banned); Spark reads every one."""
-    assert schema.SCHEMA_VERSION == 3
+    assert schema.SCHEMA_VERSION == 4
     assert {"ban", "unban", "ban_expired", "quarantine"} <= set(schema.ADMIN_ACTIONS)
     assert "banned" in schema.CLOSE_REASONS
     assert "balancer_host" not in schema.COMMON_FIELDS
@@ -394,3 +398,17 @@ def test_records_module_reads_no_clock_and_does_no_io():
             assert node.attr not in {"now", "utcnow", "today", "time", "monotonic"}, node.attr
         elif isinstance(node, ast.Name):
             assert node.id not in {"open", "print"}, node.id
+
+
+def test_version_4_adds_the_proxy_info_header_only():
+    """Version 4 adds one record, ``proxy_info`` (no field of an older record changes)."""
+    assert schema.EVENT_SINCE[schema.PROXY_INFO] == 4
+    assert [n for n, v in schema.EVENT_SINCE.items() if v == 4] == [schema.PROXY_INFO]
+    record = records.proxy_info_record("2026-11-21T10:00:00.123Z", ledger="local", proxy_id="")
+    check_record(record)
+    assert record == {"schema_version": 4, "event": "proxy_info",
+                      "ts": "2026-11-21T10:00:00.123Z", "conn_id": "", "vhost": None,
+                      "group": None, "user": None, "remote_host": None, "listener": None,
+                      "ledger": "local", "fleet": None, "proxy_id": ""}
+    with pytest.raises(ValueError):
+        records.proxy_info_record("2026-11-21T10:00:00.123Z", ledger="redis", proxy_id="")

@@ -276,3 +276,32 @@ def test_memory_sink_open_and_prune():
     assert sink.prune(dt.date(2026, 11, 20)) == 1
     assert [r["ts"] for r in sink.records] == ["2026-11-20T10:00:00.000Z"]
     assert sink.opened
+
+
+def test_every_new_file_starts_with_the_header(tmp_path):
+    """Schema 4: the sink writes its header (the daemon's proxy_info record) as the first line
+    of every file it creates, with the ts of the file's first record; not when it appends to
+    a file that already has lines; header lines are not counted as records written."""
+    from amqp_policy_proxy.eventlog.records import proxy_info_record
+
+    def header(ts: str) -> dict[str, object]:
+        return proxy_info_record(ts, ledger="fleet", fleet="redis://r:6379/0", proxy_id="p1")
+
+    sink = FileEventSink(tmp_path, host="h", pid=1, header=header)
+    assert sink.write([rec("2026-11-21T10:59:59.900Z", "c1"), rec("2026-11-21T11:00:00.100Z", "c2"),
+                       rec("2026-11-21T11:00:01.000Z", "c3")]) == 3
+    assert sink.write([rec("2026-11-21T11:00:02.000Z", "c4")]) == 1
+    sink.close()
+    ten = read_lines(tmp_path / "dt=2026-11-21" / "hour=10" / "events-h-1.jsonl")
+    eleven = read_lines(tmp_path / "dt=2026-11-21" / "hour=11" / "events-h-1.jsonl")
+    assert [(r["event"], r["ts"], r.get("fleet")) for r in ten] == [
+        ("proxy_info", "2026-11-21T10:59:59.900Z", "redis://r:6379/0"),
+        ("connection_opened", "2026-11-21T10:59:59.900Z", None)]
+    assert [r["event"] for r in eleven] == ["proxy_info"] + ["connection_opened"] * 3
+    assert eleven[0]["ts"] == "2026-11-21T11:00:00.100Z"
+    # a restarted sink appending to the same (non-empty) file writes no second header
+    again = FileEventSink(tmp_path, host="h", pid=1, header=header)
+    assert again.write([rec("2026-11-21T11:30:00.000Z", "c5")]) == 1
+    again.close()
+    eleven = read_lines(tmp_path / "dt=2026-11-21" / "hour=11" / "events-h-1.jsonl")
+    assert [r["event"] for r in eleven].count("proxy_info") == 1 and len(eleven) == 5

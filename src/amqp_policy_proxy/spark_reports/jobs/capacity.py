@@ -167,6 +167,8 @@ class Options:
     """The whole compiled ``--policy`` (its connection rates, for the recommendations)."""
     rule: Rule = field(default_factory=lambda: Rule())
     """``--percentile`` and ``--headroom``: how limits are recommended."""
+    fleet: bool = False
+    """``--fleet``: every proxy of the log enforces its limits with the others (one fleet)."""
 
 
 def parse_timestamp(text: str) -> int:
@@ -255,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", metavar="URL",
                    help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit, "
                         "spark-submit's --master)")
+    p.add_argument("--fleet", action="store_true",
+                   help="limits are fleet-wide: sum all the proxies of the log before "
+                        "comparing with a limit (headroom, recommendations). Default: as "
+                        "the event log records it (schema 4 proxy_info: proxies sharing a "
+                        "[ledger] are summed per fleet, the others count alone; logs "
+                        "without it: per proxy process)")
     return p
 
 
@@ -290,7 +298,7 @@ def parse_options(argv: list[str]) -> Options:
     return Options(events=a.events, out=a.out, policy=policy, whatif=whatif, start_us=start,
                    end_us=end, grid_us=grid, grid_label=a.grid.strip(), master=a.master,
                    whatif_policy=whatif_policy, policy_path=a.policy,
-                   policy_whole=policy_whole, rule=rule)
+                   policy_whole=policy_whole, rule=rule, fleet=a.fleet)
 
 
 def _load_policy(path: str) -> ConnectionLimits:
@@ -337,6 +345,11 @@ def read_events(spark: SparkSession, path: str, scan_from_us: int | None = None,
                 scan_to_us: int | None = None) -> DataFrame:
     """Read the event log with the explicit schema, pruning ``dt``/``hour`` partitions.
 
+    A local partitioned log is listed hour by hour (:mod:`..layout`): a compacted hour
+    (``report compact``) is read from its Parquet files, every other hour from its JSON Lines
+    files, with the same columns and the same rows either way. Any other path (a flat
+    directory, one file, ``hdfs://``, ``s3a://``) is read as JSON Lines as a whole.
+
     Args:
         spark: the session.
         path: event log root (partitioned layout), a flat directory or a file.
@@ -346,26 +359,76 @@ def read_events(spark: SparkSession, path: str, scan_from_us: int | None = None,
 
     Returns:
         The raw records (every field of the schema, ``dt``, ``hour``) plus ``proxy``:
-        ``<host>-<pid>`` from the file name ``events-<host>-<pid>.jsonl``, ``""`` for files
-        not named that way (they count as one proxy).
+        ``<host>-<pid>`` from the file name ``events-<host>-<pid>.jsonl`` (for compacted
+        hours, stored with each record), ``""`` for files not named that way (they count as
+        one proxy).
+
+    Raises:
+        UsageError: a compaction marker of the log is unreadable.
     """
     from pyspark.sql import functions as F
 
+    from amqp_policy_proxy.spark_reports import layout
     from amqp_policy_proxy.spark_reports.schemas import event_log_schema
 
-    df = spark.read.schema(event_log_schema()).json(path)
+    first = last = None
     dtc, hour = F.col("dt"), F.col("hour")
     cond = None
     if scan_from_us is not None:
         d0, h0 = _date_hour(scan_from_us)
+        first = (d0, h0)
         cond = (dtc > F.lit(d0)) | ((dtc == F.lit(d0)) & (hour.isNull() | (hour >= h0)))
     if scan_to_us is not None:
         d1, h1 = _date_hour(scan_to_us - 1)
+        last = (d1, h1)
         c = (dtc < F.lit(d1)) | ((dtc == F.lit(d1)) & (hour.isNull() | (hour <= h1)))
         cond = c if cond is None else cond & c
+    try:
+        hours = layout.list_hours(path) if layout.is_local(path) else []
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not hours:
+        df = _with_proxy(spark.read.schema(event_log_schema()).json(path))
+    else:
+        root = layout.local_path(path)
+        wanted = [h for h in hours if layout.in_range(h, first, last)]
+        jsonl = [os.path.join(h.path, n) for h in wanted for n in h.live_jsonl]
+        parquet = [os.path.join(h.path, n) for h in wanted for n in h.live_parquet]
+        parts = []
+        if jsonl:
+            parts.append(_with_proxy(spark.read.schema(event_log_schema())
+                                     .option("basePath", root).json(jsonl)))
+        if parquet:
+            parts.append(spark.read.schema(compacted_schema()).option("basePath", root)
+                         .parquet(*parquet))
+        if not parts:
+            from amqp_policy_proxy.spark_reports.common import local_table
+
+            return local_table(spark, [], compacted_schema())
+        df = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     if cond is not None:
         df = df.where(dtc.isNull() | cond)
-    return df.withColumn("proxy", proxy_from_file_name(F.col("_metadata.file_name")))
+    return df
+
+
+def compacted_schema() -> Any:
+    """The columns of :func:`read_events`: the event log schema (``dt``, ``hour`` last) with
+    ``proxy`` before the partition columns, as compacted hours store them."""
+    from pyspark.sql import types as T
+
+    from amqp_policy_proxy.spark_reports.schemas import event_log_schema
+
+    fields = event_log_schema(partitions=False).fields + [
+        T.StructField("proxy", T.StringType(), True)]
+    return T.StructType(fields + event_log_schema().fields[-2:])
+
+
+def _with_proxy(df: DataFrame) -> DataFrame:
+    # JSON Lines: the proxy comes from the file name; columns in compacted_schema() order.
+    from pyspark.sql import functions as F
+
+    return df.withColumn("proxy", proxy_from_file_name(F.col("_metadata.file_name"))).select(
+        *compacted_schema().fieldNames())
 
 
 def proxy_from_file_name(name: Any) -> Any:
@@ -579,6 +642,7 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         prepare_sweep,
         proxy_columns,
     )
+    from amqp_policy_proxy.spark_reports.fleet import limit_scope
 
     for key, value in RUNTIME_CONF.items():
         spark.conf.set(key, value)
@@ -678,9 +742,13 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         branches.start("denials_traffic", _side_tables, side, events_path, events_schema,
                        window, out, report, summary)
 
+        # Which proxies are summed before a limit: per proxy, per recorded fleet, --fleet.
+        scope = limit_scope(spark, events, opts.fleet)
+        report.limit_scope = scope.text
+        summary["limits"] = scope.summary
         # Without --from the window starts at the first event: nothing can precede it.
-        sweep = prepare_sweep(events, window, carried=opts.start_us is not None) \
-            .persist(events)
+        sweep = prepare_sweep(events, window, carried=opts.start_us is not None,
+                              domains=scope.domains, fleet=scope.fleet).persist(events)
         sweep.keyed.count()
         lap("sweep_inputs")
 
@@ -856,7 +924,7 @@ def _recommendation_outputs(opts: Options, out: str, report: Any, summary: dict[
     from amqp_policy_proxy.spark_reports.headroom import limit_tables
 
     spark = pairs.sparkSession
-    fleet = bool(getattr(opts, "fleet", False))  # see _whatif_tables
+    fleet = opts.fleet  # --fleet; recorded fleets are the sweep's limit domains
     lt = limit_tables(spark, opts.policy) if opts.policy is not None else None
     values = key_percentiles(sweep, opts.rule, fleet)
     rates = open_rates(events, sweep.window, opts.rule, fleet)
@@ -924,9 +992,9 @@ def _whatif_tables(out: str, report: Any, summary: dict[str, Any], branches: _Br
 
     assert opts.whatif_policy is not None
     # Fleet-wide limits (one shared ledger) replay per vhost across the proxies and compare
-    # with fleet-wide peaks; per-process limits per (proxy, vhost). ``Options.fleet`` comes
-    # with the report's fleet awareness; without it the limits are per process.
-    fleet = bool(getattr(opts, "fleet", False))
+    # with fleet-wide peaks; per-process limits per (proxy, vhost). Only --fleet makes the
+    # replay fleet-wide (fleets recorded in the log are still replayed per proxy process).
+    fleet = opts.fleet
     if fleet:
         peaks = conc.where(F.col("scope").isin("vhost", "user", "remote_host")).select(
             "scope", "vhost", "key", "peak")
@@ -1043,16 +1111,15 @@ def _concurrency_extracts(out: str, report: Any, window: ReportWindow, conc: Dat
 def _whatif_extracts(out: str, report: Any, wi: DataFrame) -> None:
     """Fill and draw the what-if section: the 50 keys with the most denials and the total."""
     from pyspark.sql import functions as F
-    from pyspark.sql.window import Window
 
     from amqp_policy_proxy.spark_reports import html
 
-    total = F.sum("would_deny").over(Window.partitionBy(F.lit(1)))
-    rows_w = (wi.select("*", total.alias("_total"))
-              .orderBy(F.col("would_deny").desc(), "vhost", "scope", "key").limit(50)
+    # The total as a plain aggregation: a window over the whole table (a constant partition
+    # key is optimised away) would run on one task and log a WindowExec warning.
+    report.whatif_total = int(wi.agg(F.sum("would_deny")).collect()[0][0] or 0)
+    rows_w = (wi.orderBy(F.col("would_deny").desc(), "vhost", "scope", "key").limit(50)
               .collect())
-    report.whatif_total = int(rows_w[0]["_total"]) if rows_w else 0
-    report.whatif = [{k: v for k, v in r.asDict().items() if k != "_total"} for r in rows_w]
+    report.whatif = [r.asDict() for r in rows_w]
     html.draw_section(out, report, "whatif")
 
 
