@@ -2,7 +2,8 @@
 
 Layer: the capacity reports, run on Spark (the ``report capacity`` subcommand or
 ``spark-submit``), never imported by the daemon. Builds on :mod:`.common` and :mod:`.events`
-(the prepared records, :func:`events.records_in_window` and :func:`events.connection_changes`).
+(the prepared records, :func:`events.records_in_window` and :func:`events.open_at_start`):
+the level is counted as the concurrency sweep counts it (docs/spark-reports.md).
 
 The rule is the one of RabbitMQ's cluster-operator alert ``HighConnectionChurn``, applied to
 the event log instead of scraped counters: a key churns when its connection opens plus closes
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
@@ -33,7 +34,7 @@ from amqp_policy_proxy.spark_reports.common import (
     bucket_index,
     micros_to_timestamp,
 )
-from amqp_policy_proxy.spark_reports.events import connection_changes, records_in_window
+from amqp_policy_proxy.spark_reports.events import open_at_start, records_in_window
 
 #: The scopes churn is computed for, and the record column that is the key of each.
 CHURN_SCOPES: tuple[str, ...] = ("vhost", "remote_host")
@@ -59,13 +60,6 @@ class ChurnRule:
             raise ValueError("the churn minimum of connections must not be negative")
 
 
-def _keyed(df: DataFrame, scope: str) -> DataFrame:
-    # One row per record and scope: (scope, vhost, key, ...). The vhost scope's key is the vhost.
-    key = F.col("vhost") if scope == "vhost" else F.col(scope)
-    return df.where(F.col("vhost").isNotNull() & key.isNotNull()).select(
-        F.lit(scope).alias("scope"), "vhost", key.alias("key"), "*")
-
-
 def churn_rates(events: DataFrame, window: ReportWindow, rule: ChurnRule = ChurnRule(),
                 carried: bool = True) -> DataFrame:
     """Compute the churn of every vhost and (vhost, client host) per minute, with its flags.
@@ -88,25 +82,37 @@ def churn_rates(events: DataFrame, window: ReportWindow, rule: ChurnRule = Churn
         the rule's ratio and minimum) and ``flagged`` (the minute belongs to a run of at
         least ``rule.sustain_minutes`` consecutive ``over`` minutes).
     """
-    m = bucket_index(F.col("t_us"), US_PER_MINUTE).alias("minute")
-    parts = []
-    for scope in CHURN_SCOPES:
-        opens = _keyed(records_in_window(events, window, ev.CONNECTION_OPENED), scope).select(
-            "scope", "vhost", "key", m, F.lit(1).alias("o"), F.lit(0).alias("c"),
-            F.lit(0).alias("d"))
-        closes = _keyed(records_in_window(events, window, ev.CONNECTION_CLOSED), scope).select(
-            "scope", "vhost", "key", m, F.lit(0).alias("o"), F.lit(1).alias("c"),
-            F.lit(0).alias("d"))
-        # The level comes from the sweep's own changes (+1 open, -1 close, +1 at the window
-        # start for the connections open since before it).
-        level = _keyed(connection_changes(events, window, carried), scope).select(
-            "scope", "vhost", "key", m, F.lit(0).alias("o"), F.lit(0).alias("c"),
-            F.col("d").cast("int").alias("d"))
-        parts += [opens, closes, level]
-    rows = parts[0]
-    for p in parts[1:]:
-        rows = rows.unionByName(p)
-    per_min = rows.groupBy("scope", "vhost", "key", "minute").agg(
+    w0 = F.lit(window.start_us)
+    one, zero = F.lit(1), F.lit(0)
+
+    def change(t: Column, d: int, o: int, c: int) -> Column:
+        return F.struct(t.alias("t_us"), F.lit(d).alias("d"), F.lit(o).alias("o"),
+                        F.lit(c).alias("c"))
+
+    # One pass per event, as the sweep's changes: +1 per open, -1 per close, +1 at the window
+    # start for a close opened before it (and for the connections of open_at_start).
+    cols = ("vhost", "remote_host")
+    opens = records_in_window(events, window, ev.CONNECTION_OPENED).select(
+        *cols, F.col("t_us"), one.alias("d"), one.alias("o"), zero.alias("c"))
+    early = F.col("opened_us") < window.start_us
+    closes = records_in_window(events, window, ev.CONNECTION_CLOSED).select(
+        *cols, F.explode(F.array(
+            change(F.col("t_us"), -1, 0, 1),
+            change(F.when(early, w0), 1, 0, 0))).alias("x")
+    ).select(*cols, "x.t_us", "x.d", "x.o", "x.c").where(F.col("t_us").isNotNull())
+    rows = opens.unionByName(closes)
+    if carried:
+        rows = rows.unionByName(open_at_start(events, window).select(
+            *cols, w0.alias("t_us"), one.alias("d"), zero.alias("o"), zero.alias("c")))
+    keyed = rows.where(F.col("vhost").isNotNull()).select(
+        "vhost", bucket_index(F.col("t_us"), US_PER_MINUTE).alias("minute"), "d", "o", "c",
+        F.explode(F.array(
+            F.struct(F.lit("vhost").alias("scope"), F.col("vhost").alias("key")),
+            F.struct(F.lit("remote_host").alias("scope"), F.col("remote_host").alias("key")),
+        )).alias("k")).select(F.col("k.scope").alias("scope"), "vhost",
+                              F.col("k.key").alias("key"), "minute", "d", "o", "c") \
+        .where(F.col("key").isNotNull())
+    per_min = keyed.groupBy("scope", "vhost", "key", "minute").agg(
         F.sum("o").cast("long").alias("opens"), F.sum("c").cast("long").alias("closes"),
         F.sum("d").cast("long").alias("net"))
     by_key = Window.partitionBy("scope", "vhost", "key").orderBy("minute")
