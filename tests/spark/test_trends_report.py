@@ -180,3 +180,26 @@ def test_the_page_in_headless_chromium(planted):
             assert len(page.eval_on_selector_all("section#forecast img", "els => els")) == 6
         finally:
             browser.close()
+
+
+def test_without_chromium_the_browser_test_skips_unless_required(monkeypatch):
+    import tests.spark.test_trends_report as me
+
+    monkeypatch.setattr(me, "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setattr(me.shutil, "which", lambda name: None)
+    monkeypatch.delenv("AMQP_PROXY_REQUIRE_CHROMIUM", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="is not installed"):
+        me._chromium_or_skip()
+    monkeypatch.setenv("AMQP_PROXY_REQUIRE_CHROMIUM", "1")
+    with pytest.raises(pytest.fail.Exception, match="AMQP_PROXY_REQUIRE_CHROMIUM is set"):
+        me._chromium_or_skip()
+
+
+@pytest.mark.parametrize("extra", [
+    ["--churn-for", "90s"], ["--churn-for", "0m"], ["--churn-ratio", "0"],
+    ["--churn-min-connections", "-1"], ["--storm-factor", "-2"], ["--storm-floor", "0"],
+    ["--storm-gap", "5x"], ["--forecast-days", "0"], ["--forecast-keys", "0"],
+])
+def test_bad_trend_options_exit_2(fixtures, tmp_path, capsys, extra):
+    assert main(["--events", str(fixtures), "--out", str(tmp_path), *extra]) == 2
+    assert "error" in capsys.readouterr().err
