@@ -415,7 +415,8 @@ STAGES = {
     "html_concurrency": "concurrency charts",
     "headroom": "headroom and recommendations",
     "html_whatif": "what-if charts",
-    "trends": "churn, storms and forecasts",
+    "trends": "churn and storms",
+    "forecast": "forecast",
 }
 
 
@@ -624,6 +625,9 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         side = _side_session(spark)
         branches.start("denials_traffic", _side_tables, side, events_path, events_schema,
                        window, out, report, summary)
+        # Churn and storms need only the events too (issue 32).
+        trends = branches.start("trends", _trend_tables, _side_session(spark), opts,
+                                events_path, events_schema, window, out, report, summary)
 
         # Without --from the window starts at the first event: nothing can precede it.
         sweep = prepare_sweep(events, window, carried=opts.start_us is not None) \
@@ -639,6 +643,8 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         tl = _write_parquet(name_ids(timeline(dense, window), sweep.keys, DENSE_SCOPES), out,
                             "timeline")
         conc_dense = name_keys(concurrency_stats(dense, window), sweep.keys, DENSE_SCOPES)
+        forecast = branches.start("forecast", _forecast_tables, opts, out, report, summary,
+                                  tl)
         lap("dense_timeline")
         conc_sparse = concurrency(sweep, SPARSE_SCOPES)
         saved = {k: spark.conf.get(k, None) for k in SWEEP_CONF}
@@ -671,8 +677,6 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
 
         headroom = branches.start("headroom", _headroom_tables, spark, opts, out, report,
                                   summary, conc, peaks, pairs)
-        trends = branches.start("trends", _trend_tables, _side_session(spark), opts,
-                                events_path, events_schema, window, out, report, summary, tl)
         notes_whatif: list[str] = []
         if opts.whatif is not None:
             alt = limit_tables(spark, opts.whatif)
@@ -692,7 +696,8 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         lap("whatif")
         branches.join()
         lap("branches_wait")
-        report.notes += notes_bad + headroom.result() + notes_whatif + trends.result()
+        report.notes += notes_bad + headroom.result() + notes_whatif + trends.result() \
+            + forecast.result()
     finally:
         branches.join(raise_error=False)  # after a failure: let the branches end first
         for df in cached:
@@ -1033,12 +1038,11 @@ def _write_json(path: str, rows: list[dict[str, Any]]) -> None:
 
 def _trend_tables(spark: SparkSession, opts: Options, events_path: str, events_schema: Any,
                   window: ReportWindow, out: str, report: Any, summary: dict[str, Any],
-                  tl: DataFrame) -> list[str]:
-    """Write the churn, storm and forecast outputs and fill their page sections.
+                  ) -> list[str]:
+    """Write the churn and storm outputs and fill and draw their page section.
 
-    Runs on a branch thread with its own session: the churn rates and periods, the storms
-    and their rate limits from the work table, the forecast from the (small) hourly peaks of
-    the timeline, fitted on the driver. Returns the notes for the page.
+    Runs on a branch thread with its own session, from the work table (beside the main
+    chain, from its start). Returns the notes for the page.
     """
     from pyspark.sql import functions as F
 
@@ -1098,20 +1102,31 @@ def _trend_tables(spark: SparkSession, opts: Options, events_path: str, events_s
                          f">= {t.storm_floor}, gaps under {t.storm_gap_seconds} s merged")
     html.draw_section(out, report, "storms")
     part("storms")
-
-    report.forecast_days = t.forecast_days
-    for name in ("forecast.csv", "forecast_limits.csv", "forecast.json"):
-        if os.path.exists(os.path.join(out, name)):  # an earlier run's
-            os.remove(os.path.join(out, name))
-    if t.forecast_days is not None:
-        notes += _forecast(opts, window, out, report, summary, tl)
-    html.draw_section(out, report, "forecast")
-    part("forecast")
     return notes
 
 
-def _forecast(opts: Options, window: ReportWindow, out: str, report: Any,
-              summary: dict[str, Any], tl: DataFrame) -> list[str]:
+def _forecast_tables(opts: Options, out: str, report: Any, summary: dict[str, Any],
+                     tl: DataFrame) -> list[str]:
+    """Write forecast.csv, forecast_limits.csv and forecast.json (unless ``--no-forecast``);
+    fill and draw the forecast section. Returns the notes for the page.
+
+    Runs on a branch thread as soon as the timeline is written: Spark reduces it to hourly
+    peaks, the model runs on the driver (:mod:`..forecast`).
+    """
+    from amqp_policy_proxy.spark_reports import html
+
+    report.forecast_days = opts.trends.forecast_days
+    for name in ("forecast.csv", "forecast_limits.csv", "forecast.json"):
+        if os.path.exists(os.path.join(out, name)):  # an earlier run's
+            os.remove(os.path.join(out, name))
+    notes = [] if opts.trends.forecast_days is None else _forecast(opts, out, report,
+                                                                   summary, tl)
+    html.draw_section(out, report, "forecast")
+    return notes
+
+
+def _forecast(opts: Options, out: str, report: Any, summary: dict[str, Any],
+              tl: DataFrame) -> list[str]:
     """Forecast the vhosts and groups; write forecast.csv, forecast_limits.csv, forecast.json."""
     from pyspark.sql import functions as F
 
