@@ -171,7 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--policy", metavar="PATH", help="policy file or directory")
     pg.add_argument("--config", metavar="FILE",
                     help="daemon config (TOML): its [policy] path and settings are used")
-    explain.add_argument("--user", required=True)
+    explain.add_argument("--user", help="the authenticated user (required unless --token)")
+    explain.add_argument("--token", metavar="FILE",
+                         help="a JWT (OAuth 2.0 access token) in FILE ('-': stdin): show its "
+                              "claims, the [token_auth] mapping to the user and groups, the "
+                              "token's validity and the decision for its identity (needs "
+                              "--config with [token_auth])")
     explain.add_argument("--host", required=True, metavar="IP", type=_ip_arg,
                          help="the client's IP address")
     explain.add_argument("--vhost")
@@ -497,6 +502,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if (args.address is None) != (args.role is None):
         print("error: --address and --role go together")
         return EXIT_CONFIG
+    if args.token is not None:
+        return _explain_token(args, policy, config if args.config else None)
+    if args.user is None:
+        print("error: --user (or --token FILE) is required")
+        return EXIT_CONFIG
     if args.delivery_address is not None and args.role != "receiver":
         print("error: --delivery-address needs --address and --role receiver")
         return EXIT_CONFIG
@@ -524,6 +534,122 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         print(result.render())
     return EXIT_OK if result.allowed else EXIT_DENY
+
+
+def _explain_token(args: argparse.Namespace, policy: Any, config: Any) -> int:
+    """``explain --token FILE``: the token's header and claims, whether the proxy accepts it
+    now (against the ``[token_auth]`` JWKS: the file, or one fetch of the URL), the user and
+    groups its claims give, then the decision for that identity as ``explain --user`` shows
+    it (with the token's group where a ``[[token_auth.groups]]`` rule decides the vhost).
+    Exit 0 accepted and allowed, 3 refused or denied, 2 usage or configuration error."""
+    import pathlib
+
+    from .core.tokenauth import token_open_decision
+    from .policy.decisions import OpenAllowed
+    from .policy.explain import explain
+    from .tokens.claims import identity_from_token, mapping_issues
+    from .tokens.errors import TokenRejected
+    from .tokens.jwks import JwksError, parse_jwks, read_jwks_file
+    from .tokens.validate import unverified_header, validate_token
+
+    auth = None if config is None else config.token_auth
+    if auth is None:
+        print("error: --token needs --config FILE with a [token_auth] table")
+        return EXIT_CONFIG
+    try:
+        raw = (sys.stdin.read() if args.token == "-"
+               else pathlib.Path(args.token).read_text(encoding="ascii")).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        print(f"error: --token {args.token}: cannot read: {why}")
+        return EXIT_CONFIG
+    try:
+        if auth.jwks_file is not None:
+            keys = read_jwks_file(auth.jwks_file, algorithms=auth.algorithms,
+                                  max_bytes=auth.jwks_max_bytes)
+        else:
+            import urllib.request
+
+            with urllib.request.urlopen(auth.jwks_url,  # noqa: S310 (https, or loopback http)
+                                        timeout=auth.jwks_fetch_timeout_seconds) as response:
+                keys = parse_jwks(response.read(auth.jwks_max_bytes + 1),
+                                  algorithms=auth.algorithms, max_bytes=auth.jwks_max_bytes,
+                                  source=auth.jwks_url)
+    except (JwksError, OSError) as exc:
+        print(f"error: the [token_auth] JWKS: {exc}")
+        return EXIT_CONFIG
+    out: dict[str, Any] = {"policy_digest": policy.digest,
+                           "token_authority": auth.token_authority}
+    lines: list[str] = []
+    try:
+        header = dict(unverified_header(raw, auth.max_token_bytes))
+    except TokenRejected as exc:
+        header = {}
+        lines.append(f"token: REFUSED ({exc.reason.value}): {exc.detail}")
+        out.update(accepted=False, reason=exc.reason.value)
+    if header:
+        lines.append(f"header: alg {header.get('alg')!s}, kid {header.get('kid')!s}")
+        out["header"] = header
+    verdict = None
+    if "accepted" not in out:
+        try:
+            verdict = validate_token(raw, auth, keys, time.time())
+        except TokenRejected as exc:
+            lines.append(f"token: REFUSED ({exc.reason.value}): {exc.detail}")
+            out.update(accepted=False, reason=exc.reason.value)
+    if verdict is None:
+        out["lines"] = lines
+        print(json.dumps(out, indent=2, default=str) if args.json else "\n".join(lines))
+        return EXIT_DENY
+    claims = dict(verdict.claims)
+    identity = identity_from_token(verdict, auth)
+    left = verdict.expires_at - time.time()
+    lines.append(f"token: accepted (issuer {verdict.issuer}, {verdict.algorithm}, key "
+                 f"{verdict.kid}); expires in {left:.0f} s (+{auth.expiry_grace_seconds:g} s "
+                 "grace): the connection is closed then unless renewed")
+    lines.append("claims: " + json.dumps(claims, sort_keys=True, default=str))
+    lines.append(f"user: '{identity.user}' (claim {auth.identity_claim})")
+    lines.append("scopes: " + (", ".join(sorted(identity.scopes)) or "(none)")
+                 + (f" (prefix '{auth.scope_prefix}' removed)" if auth.scope_prefix else ""))
+    for vhost_name, group in identity.groups.items():
+        lines.append(f"mapping: vhost '{vhost_name}' -> group '{group}' (scope "
+                     f"'{identity.matched[vhost_name]}')")
+    if not identity.groups:
+        lines.append("mapping: no [[token_auth.groups]] rule matches: the policy's own users "
+                     "lists, '*' and $default apply")
+    lines.extend(f"mapping issue: {issue}" for issue in mapping_issues(auth, policy))
+    decision = token_open_decision(policy, hostname=args.vhost, identity=identity,
+                                   remote_host=args.host)
+    explained = policy
+    if isinstance(decision, OpenAllowed) and decision.vhost.hostname in identity.groups:
+        # the token's group, as if the policy listed the user in it (for the link checks)
+        vhost = replace(decision.vhost, user_groups={
+            **decision.vhost.user_groups, identity.user: decision.group.name})
+        explained = replace(policy, vhosts={**policy.vhosts, vhost.hostname: vhost})
+    result = explain(explained, user=identity.user, host=args.host, vhost=args.vhost,
+                     address=args.address, role=args.role, qos=args.qos, subject=args.subject,
+                     wall_now=time.time(), delivery_address=args.delivery_address)
+    lines.append(f"open: {'ALLOW' if isinstance(decision, OpenAllowed) else 'DENY'}: "
+                 f"{decision.rule}")
+    allowed = isinstance(decision, OpenAllowed) and result.allowed
+    rendered, steps = result.render(), list(result.lines)
+    if explained is not policy and decision.vhost is not None:  # where the group came from
+        listed = f"group: user '{identity.user}' is listed in the users of group"
+        vhost_name = decision.vhost.hostname
+        mapped = (f"group: '{identity.groups[vhost_name]}' from the token (scope "
+                  f"'{identity.matched[vhost_name]}', [[token_auth.groups]])")
+        rendered = "\n".join(mapped if line.startswith(listed) else line
+                              for line in rendered.split("\n"))
+        steps = [mapped if line.startswith(listed) else line for line in steps]
+    if args.json:
+        out.update(accepted=True, user=identity.user, expires_at=verdict.expires_at,
+                   claims=claims, scopes=sorted(identity.scopes), groups=dict(identity.groups),
+                   allowed=allowed, open_rule=decision.rule, steps=steps, lines=lines)
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print("\n".join(lines))
+        print(rendered)
+    return EXIT_OK if allowed else EXIT_DENY
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -128,8 +128,12 @@ def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for flag in ("--events", "--policy", "--out", "--from", "--to", "--grid", "--whatif",
-                 "--master"):
+                 "--master", "--percentile", "--headroom"):
         assert flag in out
+    # every new output is named where its option is described
+    for output in ("recommendations.csv", "policy/", "policy.diff", "whatif_denied.csv",
+                   "whatif_totals.csv", "whatif_summary.json"):
+        assert output in " ".join(out.split()), output
 
 
 def test_console_script_runs_the_job(fixtures, tmp_path):
@@ -211,7 +215,8 @@ def end_to_end_argv(tmp_path: Path, fixtures: Path) -> tuple[list[str], Path]:
     policy.write_text('[["vhost", {"hostname": "v1", "maxConnections": 5, '
                       '"maxConnectionsPerUser": 3, "maxConnectionsPerHost": 2}]]')
     whatif = tmp_path / "whatif.yaml"
-    whatif.write_text("- [vhost, {hostname: v1, maxConnections: 2}]\n")
+    whatif.write_text("- [vhost, {hostname: v1, maxConnections: 2,\n"
+                      "    groups: {all: {users: '*', remoteHosts: '*'}}}]\n")
     out = tmp_path / "out"
     return ["--events", str(ev), "--policy", str(policy), "--out", str(out),
             "--from", "2026-11-21T10:00:00Z", "--to", "2026-11-21T10:05:00Z",
@@ -240,11 +245,26 @@ def check_csv_answers(out: Path) -> None:
     assert len(rows) == 8
     assert [(r["vhost"], r["scope"], r["key"], r["would_deny"])
             for r in _csv(out / "whatif.csv")] == [("v1", "vhost", "v1", "1")]
+    # the one connection the exact replay denies: c5, while c3 and c4 hold both slots
+    assert [(r["ts"], r["conn_id"], r["user"], r["remote_host"], r["vhost"], r["reason"],
+             r["limit"]) for r in _csv(out / "whatif_denied.csv")] == [
+        ("2026-11-21T10:02:20.000Z", "c5", "alice", "10.0.0.1", "v1", "vhost_limit",
+         "maxConnections 2 (vhost 'v1') reached")]
+    summary = json.loads((out / "whatif_summary.json").read_text())
+    assert (summary["denied"], summary["by_reason"], summary["by_vhost"]) == (
+        1, {"vhost_limit": 1}, {"v1": 1})
     recs = _csv(out / "recommendations.csv")
-    assert list(recs[0]) == ["vhost", "group", "setting", "current", "recommended", "change"]
-    assert {(r["setting"], r["current"], r["recommended"], r["change"]) for r in recs} == {
+    assert list(recs[0]) == ["vhost", "group", "setting", "current", "recommended", "change",
+                             "rule", "basis_scope", "basis", "percentile", "peak", "peak_ts"]
+    counts = [r for r in recs if "Rate" not in r["setting"]]
+    assert {(r["setting"], r["current"], r["recommended"], r["change"]) for r in counts} == {
         ("maxConnections", "5", "4", "lower"), ("maxConnectionsPerUser", "3", "3", "keep"),
         ("maxConnectionsPerHost", "2", "3", "raise")}
+    # the evidence: p99.9 of 5 per-minute peaks is the 5th (the highest), x 1.25 rounded up
+    v1 = next(r for r in recs if r["setting"] == "maxConnections")
+    assert (v1["rule"], v1["basis_scope"], v1["basis"], v1["percentile"], v1["peak"],
+            v1["peak_ts"]) == ("ceil(p99.9 of the per-bucket peak x 1.25)", "vhost", "v1",
+                               "3", "3", "2026-11-21T10:02:20.000Z")
 
 
 def test_end_to_end(spark, fixtures, tmp_path, caplog):
@@ -285,7 +305,21 @@ def test_end_to_end(spark, fixtures, tmp_path, caplog):
     assert "3 records of the event log were skipped" in html
     assert "1 recommendation(s) would <b>lower</b> a configured limit" in html
     assert ("<tr class=lower><td>v1</td><td></td><td>maxConnections</td><td>5</td><td>4</td>"
-            "<td>lower</td></tr>") in html
+            "<td>lower</td><td>v1</td><td>3</td><td>3</td><td>2026-11-21T10:02:20.000Z</td>"
+            "</tr>") in html
+    # the recommended policy: a copy of --policy that check accepts, and its diff
+    checked = subprocess.run([sys.executable, "-m", "amqp_policy_proxy", "check", "--policy",
+                              str(out / "policy")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    assert (out / "policy.diff").read_text().splitlines()[2:] == [
+        "@@ -1 +1 @@",
+        '-[["vhost", {"hostname": "v1", "maxConnections": 5, "maxConnectionsPerUser": 3, '
+        '"maxConnectionsPerHost": 2}]]',
+        "\\ No newline at end of file",
+        '+[["vhost", {"hostname": "v1", "maxConnections": 4, "maxConnectionsPerUser": 3, '
+        '"maxConnectionsPerHost": 3}]]',
+        "\\ No newline at end of file"]
+    assert "<pre class=diff>" in html
     images = re.findall(r'<img src="([^"]+)"', html)
     assert "img/concurrency.png" in images and "img/whatif.png" in images
     for src in images:

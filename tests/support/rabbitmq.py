@@ -116,6 +116,8 @@ class RabbitMQ:
             one a deployment guide shows; it must put ``listeners.tcp.1`` on ``host:port``.
             By default: that listener, ``amqp1_0.default_user = guest`` and
             ``amqp1_0.default_vhost = /``. File logging at ``info`` is added either way.
+        plugins: the plugins enabled (``enabled_plugins``), e.g. with
+            ``rabbitmq_auth_backend_oauth2`` for OAuth 2.0 tokens.
 
     Attributes:
         host, port: where the AMQP listener is (``port`` is known from construction on).
@@ -132,7 +134,9 @@ class RabbitMQ:
         port: int | None = None,
         keep_workdir: bool = False,
         config: str | None = None,
+        plugins: tuple[str, ...] = ("rabbitmq_amqp1_0",),
     ) -> None:
+        self.plugins = plugins
         self.host = host
         self.port = port if port is not None else free_port(host)
         self.keep_workdir = keep_workdir
@@ -326,7 +330,7 @@ class RabbitMQ:
         self._dist_port = free_port(self.host)
         self._epmd_port = free_port(self.host)
         ip_tuple = "{" + ",".join(self.host.split(".")) + "}"
-        (work / "enabled_plugins").write_text("[rabbitmq_amqp1_0].\n")
+        (work / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         config = self.config
         if config is None:
             config = (f"listeners.tcp.1 = {self.host}:{self.port}\n"

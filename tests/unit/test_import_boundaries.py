@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "amqp_policy_proxy"
-PURE = ["amqp", "core", "policy", "limits", "ingress"]
+PURE = ["amqp", "core", "policy", "limits", "ingress", "tokens"]
 PURE_FILES = [p for pkg in PURE for p in sorted((SRC / pkg).rglob("*.py"))] + [
     SRC / "eventlog" / "schema.py",
     SRC / "eventlog" / "records.py",
@@ -90,6 +90,7 @@ LAYERS: dict[str, int] = {
     "ingress": 1,
     "policy": 2,
     "limits": 3,
+    "tokens": 3,
     "core": 4,
     "eventlog": 5,
     "metrics": 5,
@@ -103,8 +104,11 @@ LAYERS: dict[str, int] = {
     "__init__": -1,
 }
 #: What the capacity reports may import from the proxy (they run on Spark executors, far from a
-#: running daemon): the event-log schema, the policy and the host-name resolver.
-SPARK_REPORTS_MAY_IMPORT = {"eventlog", "policy", "resolver", "spark_reports", "__init__"}
+#: running daemon): the event-log schema, the policy, the host-name resolver and the sans-IO
+#: connection ledger and rate buckets of ``limits`` (the exact what-if replays the log through
+#: them, spark_reports/replay.py).
+SPARK_REPORTS_MAY_IMPORT = {"eventlog", "policy", "limits", "resolver", "spark_reports",
+                            "__init__"}
 
 
 def _unit(path: Path) -> str:

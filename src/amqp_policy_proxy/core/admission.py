@@ -50,6 +50,7 @@ from .rules import MessageRules
 from .sessions import Sessions
 from .shadow import in_shadow, shadowed, verb
 from .state import C_DENIED, C_OPENED
+from .tokenauth import open_decision
 from .wire import error, frame
 
 if TYPE_CHECKING:
@@ -213,9 +214,7 @@ class Admission(Room):
                 ConnectionDenyReason.UNKNOWN_USER if ctx.vhost else ConnectionDenyReason.NO_VHOST,
                 "no authenticated user name", hostname, now)
             return False
-        decision = decisions.approve_open(
-            policy, hostname=hostname, user=user, remote_host=ctx.client_address
-        )
+        decision = open_decision(ctx, policy, hostname)  # (a token's groups: .tokenauth)
         vhost = ctx.vhost = decision.vhost
         ctx.group = decision.group
         if vhost is not None and vhost.hostname in self.paused:

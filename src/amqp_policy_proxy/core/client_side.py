@@ -19,6 +19,7 @@ from typing import Any
 from ..amqp import accel
 from ..amqp import constants as C
 from ..amqp.canonical import check_performative
+from ..amqp.codec import symbol_array
 from ..amqp.constants import (
     AMQP_FRAME,
     CLOSE_CODE,
@@ -42,7 +43,9 @@ from ..amqp.performatives import (
     EMPTY_CLOSE_BODIES,
     Close,
     Open,
+    SaslChallenge,
     SaslInit,
+    SaslMechanisms,
     SaslOutcome,
     Transfer,
     decode_as,
@@ -50,15 +53,18 @@ from ..amqp.performatives import (
 )
 from ..amqp.sasl import ANONYMOUS_USER, identity_from_sasl_init
 from ..amqp.transfer import is_transfer_descriptor
+from ..tokens.sasl import MECHANISMS as TOKEN_MECHANISMS
+from ..tokens.sasl import TokenCredentials, oauthbearer_error_challenge
 from .commands import CLIENT, ROUTER, ConnectRouter, SendData
 from .context import Context
 from .deliveries import Deliveries
-from .events import ConnectionDenyReason, ProtocolViolation
+from .events import ConnectionDenyReason, ProtocolViolation, SaslFailed, TokenRefused
 from .fastpath import FastPath
 from .framebuf import feed
 from .leg import Leg
 from .sessions import SESSION_HANDLERS, Sessions
 from .state import (
+    C_AWAIT_AMQP_HEADER,
     C_AWAIT_HEADER,
     C_AWAIT_OPEN,
     C_CLOSING,
@@ -72,6 +78,7 @@ from .state import (
     R_CONNECTING,
     ClientState,
 )
+from .tokenauth import NO_TOKEN, Rejected, check_token, read_token
 from .wire import error, frame
 
 logger = logging.getLogger(__name__)
@@ -94,6 +101,19 @@ _MODE_OF = {
 def sasl_outcome(code: SaslCode) -> bytes:
     """A sasl-outcome frame with ``code`` (Part 5 §5.3.3.6)."""
     return frame(0, SaslOutcome(code=int(code)), ftype=SASL_FRAME)
+
+
+#: The outcomes the proxy answers a token client with itself, encoded once.
+OUTCOME_OK = sasl_outcome(SaslCode.OK)
+OUTCOME_AUTH = sasl_outcome(SaslCode.AUTH)
+#: The error challenge of a refused OAUTHBEARER token (RFC 7628 §3.2.2).
+BEARER_CHALLENGE = frame(0, SaslChallenge(challenge=oauthbearer_error_challenge()),
+                         ftype=SASL_FRAME)
+#: The proxy's SASL greeting to a token client it authenticates itself (``token_authority =
+#: "proxy"``): the SASL header and the token mechanisms.
+TOKEN_GREETING = C.SASL_HEADER + frame(
+    0, SaslMechanisms(sasl_server_mechanisms=symbol_array(list(TOKEN_MECHANISMS))),
+    ftype=SASL_FRAME)
 
 
 class ClientSide(Leg):
@@ -164,7 +184,10 @@ class ClientSide(Leg):
         first byte after the state stopped reading).
         """
         sides = self.sides
+        ctx = self.ctx
         while pos < end:
+            if ctx.token_wait is not None:
+                return pos  # the rest waits with the token for the JWKS fetch
             state = sides.client
             if state is C_OPENED:
                 # The admitted steady state; returns at a partial frame, a frame it leaves to
@@ -251,10 +274,22 @@ class ClientSide(Leg):
         """
         sides = self.sides
         state = sides.client
+        tokens = self.ctx.tokens
         if state is C_AWAIT_HEADER:
             if header == C.SASL_HEADER:
                 self.ctx.sasl_used = True
                 sides.to_client(C_SASL)
+                if tokens is not None and tokens.proxy:
+                    # the proxy authenticates the client itself, and logs in to the router
+                    # with its own SASL header (queued until the upstream is up)
+                    sides.to_router(R_CONNECTING)
+                    self.wire.out.append(ConnectRouter())
+                    self.wire.send(CLIENT, TOKEN_GREETING)
+                    self.wire.send(ROUTER, header)
+                    return
+            elif header == C.AMQP_HEADER and tokens is not None:
+                self._refuse_token(Rejected(NO_TOKEN, "the client skipped SASL"), "", now)
+                return
             elif header == C.AMQP_HEADER:
                 # no SASL: user anonymous, as in QDR
                 self.ctx.sasl_user = ANONYMOUS_USER
@@ -268,9 +303,19 @@ class ClientSide(Leg):
             self.wire.send(ROUTER, header)
             return
         if state in CLIENT_SASL and header == C.AMQP_HEADER:
+            if tokens is not None and tokens.proxy:
+                if state is not C_AWAIT_AMQP_HEADER:
+                    raise FramingError("AMQP header before the sasl-outcome")
+                # the proxy answers it: the router's own AMQP header follows its login
+                sides.to_client(C_AWAIT_OPEN)
+                self.wire.send(CLIENT, header)
+                self.wire.amqp_header_sent = True
+                return
             sides.to_client(C_AWAIT_OPEN)
             self.wire.send(ROUTER, header)
             return
+        if state is C_UNAVAILABLE and header == C.AMQP_HEADER and self.ctx.sasl_ok:
+            return  # a token client told there is no upstream right after its outcome
         raise FramingError(f"unexpected protocol header {header!r}")
 
     def _sasl_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int, now: float) -> None:
@@ -299,6 +344,9 @@ class ClientSide(Leg):
                 init = (str(perf.mechanism or ""), perf.initial_response)
             elif code != Descriptor.SASL_RESPONSE:
                 raise IllegalStateError(f"client sent {Descriptor(code).name} during SASL")
+        if self.ctx.tokens is not None:
+            self._token_sasl_frame(init, buf, pos, fend, now)
+            return
         if init is not None:
             ctx = self.ctx
             if ctx.sasl_user is not None or ctx.sasl_init_seen:
@@ -323,8 +371,130 @@ class ClientSide(Leg):
                 return
         self.wire.send(ROUTER, bytes(buf[pos:fend]))
 
+    # ------------------------------------------------------------------ token connections
+
+    def _token_sasl_frame(self, init: tuple[str, Any] | None, buf: Any, pos: int, fend: int,
+                          now: float) -> None:
+        """A SASL frame of a token connection (:mod:`.tokenauth`): the sasl-init's token is
+        validated by the proxy (``proxy``: then answered by it; ``upstream``: then relayed
+        to the router, which must accept it too); a sasl-response is the dummy answer to the
+        proxy's error challenge, or (``upstream``) relayed to the router.
+
+        Raises:
+            IllegalStateError: a second sasl-init, or a sasl-response the proxy did not ask
+                for (``proxy``).
+        """
+        ctx = self.ctx
+        tokens = ctx.tokens
+        assert tokens is not None
+        if init is None:  # a sasl-response
+            refusal = ctx.token_refusal
+            if refusal is not None:
+                self._token_outcome_auth()
+                return
+            if tokens.proxy or not ctx.sasl_init_seen:
+                raise IllegalStateError("sasl-response without a challenge")
+            self.wire.send(ROUTER, bytes(buf[pos:fend]))
+            return
+        if ctx.sasl_init_seen:
+            raise IllegalStateError("second sasl-init")
+        ctx.sasl_init_seen = True
+        ctx.sasl_mechanism = init[0]
+        if self.sides.client is C_UNAVAILABLE:
+            self.answer_unavailable()
+            return
+        try:
+            bearer = read_token(init[0], init[1])
+        except Rejected as exc:
+            self._refuse_token(exc, init[0], now)
+            return
+        self.token_attempt(bearer, None if tokens.proxy else bytes(buf[pos:fend]), now)
+
+    def token_attempt(self, bearer: TokenCredentials, raw: bytes | None, now: float, *,
+                      again: bool = False) -> None:
+        """Validate a sasl-init's token: accepted, the client is answered ``ok``
+        (``proxy``) or its sasl-init ``raw`` goes to the router (``upstream``); refused, it
+        gets the outcome ``auth``. A token with a ``kid`` the keys lack waits for the JWKS
+        fetch it asks for (once: ``again`` is the retry after it)."""
+        ctx = self.ctx
+        tokens = ctx.tokens
+        assert tokens is not None
+        try:
+            check = check_token(tokens, bearer, now, now + ctx.wall_offset)
+        except Rejected as exc:
+            if exc.unknown_kid and not again and tokens.keys.unknown_kid(exc.kid, now):
+                ctx.token_wait = (bearer, raw)
+                return
+            self._refuse_token(exc, bearer.mechanism, now)
+            return
+        ctx.token = check
+        ctx.sasl_user = check.identity.user
+        if tokens.proxy:
+            ctx.sasl_ok = True
+            self.sides.to_client(C_AWAIT_AMQP_HEADER)
+            self.wire.send(CLIENT, OUTCOME_OK)
+        else:
+            assert raw is not None
+            self.wire.send(ROUTER, raw)
+
+    def keys_changed(self, now: float) -> None:
+        """The JWKS fetch a waiting token asked for is over (keys or not): validate it again
+        (refused now if its ``kid`` is still unknown), then go on with what the client sent
+        meanwhile."""
+        ctx = self.ctx
+        wait, ctx.token_wait = ctx.token_wait, None
+        if wait is None:
+            return
+        if self.sides.client is C_UNAVAILABLE:
+            self.answer_unavailable()
+            return
+        self.token_attempt(*wait, now, again=True)
+        if self.buf and self._mode() != _NONE:
+            kept, self.buf = bytes(self.buf), bytearray()
+            self.data(kept, now)
+
+    def _refuse_token(self, exc: Rejected, mechanism: str, now: float) -> None:
+        """Refuse a token connection (docs/oauth2.md): one log line (never the token), the
+        ``TokenRefused`` event (the rejections counter) and the ``sasl_failed`` record with the
+        reason; the router gets nothing of the sasl-init and its leg is closed. The client
+        gets the outcome ``auth`` (code 1), after the JSON error challenge and its dummy
+        response for OAUTHBEARER (RFC 7628 §3.2.2); one that skipped SASL gets the SASL
+        header (the only protocol offered) and is closed."""
+        ctx = self.ctx
+        wire = self.wire
+        ctx.close_reason = "denied"
+        ctx.handshake_deadline = None
+        ctx.sasl_recorded = True
+        logger.info("[%s] DENY SASL token, rhost '%s', mechanism %s: %s", ctx.conn_id,
+                    ctx.remote_host, ascii(mechanism[:32]) if mechanism else "(none)", exc)
+        who = ctx.who(now)
+        wire.emit(TokenRefused(*who, mechanism=mechanism, reason=exc.reason))
+        wire.emit(SaslFailed(*who, mechanism=mechanism, reason=exc.reason,
+                             code=int(SaslCode.AUTH)))
+        wire.pending.clear()
+        self.sides.stop_router()
+        wire.close_transport(ROUTER)
+        if not ctx.sasl_used:
+            self.sides.stop_client()
+            wire.send(CLIENT, C.SASL_HEADER)
+            wire.close_transport(CLIENT)
+        elif mechanism.upper() == "OAUTHBEARER" and exc.reason != NO_TOKEN:
+            ctx.token_refusal = exc
+            ctx.linger(now)  # the client has this long to send its dummy response
+            wire.send(CLIENT, BEARER_CHALLENGE)
+        else:
+            self._token_outcome_auth()
+
+    def _token_outcome_auth(self) -> None:
+        """The outcome ``auth`` of a refused token, and the end of the client leg."""
+        self.ctx.token_refusal = None
+        self.sides.stop_client()
+        self.wire.send(CLIENT, OUTCOME_AUTH)
+        self.wire.close_transport(CLIENT)
+
     def answer_unavailable(self) -> None:
         """No upstream authenticated the client: sasl-outcome ``sys-temp``, then close."""
+        self.ctx.token_wait = None
         self.sides.stop_client()
         self.wire.send(CLIENT, sasl_outcome(SaslCode.SYS_TEMP))
         self.wire.close_transport(CLIENT)

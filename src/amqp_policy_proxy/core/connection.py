@@ -36,6 +36,7 @@ from ..amqp import constants as C
 from ..amqp.constants import Condition
 from ..amqp.errors import AmqpError
 from ..policy.reasons import ConnectionDenyReason
+from ..tokens.claims import seconds_left
 from .admission import Admission, AdmissionBans, AdmissionLedger, AdmissionRates
 from .client_side import ClientSide
 from .commands import CLIENT, ROUTER, Command, Side
@@ -49,6 +50,7 @@ from .rules import MessageRules
 from .sessions import Sessions
 from .shaping import Shaping, ShapingBuckets
 from .state import (
+    C_AWAIT_AMQP_HEADER,
     C_AWAIT_OPEN,
     C_CLOSED,
     C_CLOSING,
@@ -65,6 +67,7 @@ from .state import (
     R_IDLE,
     ROUTER_CONNECTED,
 )
+from .tokenauth import TOKEN_EXPIRED, ServiceLogin
 from .view import ConnectionView
 from .wire import error
 
@@ -138,7 +141,8 @@ class ProxyConnection(Context):
         self.sessions = Sessions(self, self.rules)
         self.deliveries = Deliveries(self, self.sessions, self.rules)
         self.client = ClientSide(self, self.sessions, self.deliveries, self._decide_when_ready)
-        self.router = RouterSide(self, self.sessions, self.deliveries)
+        self.router = RouterSide(self, self.sessions, self.deliveries,
+                                 self._login_done, self._login_failed)
         self.admission = Admission(self, self.sessions, self.rules, ledger, rates,
                                    paused_vhosts, bans)
         self.rates = rates
@@ -168,6 +172,9 @@ class ProxyConnection(Context):
         client = self.client
         if router not in ROUTER_CONNECTED or client.open is None:
             return
+        tokens = self.tokens
+        if tokens is not None and tokens.proxy and not self.service_ok:
+            return  # the proxy's own login to the router is not over yet
         try:
             approved = self.admission.decide(client.open, client.open_body, now)
         finally:
@@ -209,6 +216,11 @@ class ProxyConnection(Context):
         (SASL EXTERNAL) expires, and when its group's ``maxConnectionLifetimeSeconds`` is
         reached (up to a tenth earlier, spread by connection id so that connections opened
         together do not all close and reconnect together)."""
+        token = self.token
+        if token is not None and self.tokens is not None:  # exp + grace, on the loop clock
+            left = seconds_left(token.identity, self.tokens.config, now + self.wall_offset)
+            self.set_expiry(now + left, Condition.UNAUTHORIZED_ACCESS, TOKEN_EXPIRED,
+                            "token_expired")
         not_after = self.tls_not_after
         if not_after is not None and (self.sasl_mechanism or "").upper() == "EXTERNAL":
             self.set_expiry(not_after - self.wall_offset, Condition.UNAUTHORIZED_ACCESS,
@@ -253,9 +265,19 @@ class ProxyConnection(Context):
             self._violation(side, exc, now)
         return out
 
-    def router_connected(self, now: float) -> list[Command]:
-        """The upstream transport is up: send what the client sent meanwhile."""
+    def router_connected(self, now: float, *,
+                         login: ServiceLogin | None = None) -> list[Command]:
+        """The upstream transport is up: send what the client sent meanwhile.
+
+        Args:
+            now: loop-clock seconds.
+            login: the service identity for this upstream, with which the proxy logs in to
+                it for token connections of ``token_authority = "proxy"`` (ignored
+                otherwise).
+        """
         out: list[Command] = self._begin()
+        if login is not None:
+            self.service_login = login
         sides = self.sides
         if self.finished or sides.router is not R_CONNECTING:
             self.wire.close_transport(ROUTER)
@@ -264,6 +286,12 @@ class ProxyConnection(Context):
         pending = self.wire.take_pending()
         if pending:
             self.wire.send(ROUTER, pending)
+        tokens = self.tokens
+        if tokens is not None and tokens.proxy and self.service_login is not None:
+            # the proxy's login pipelined behind its SASL header: its sasl-init and the AMQP
+            # header go now, not one round trip each later (the router side still checks
+            # that the router offers the mechanism, and the Open waits for its ``ok``)
+            self.wire.send(ROUTER, self.service_login.sasl_init_frame() + C.AMQP_HEADER)
         if sides.client is C_DECIDING:
             try:
                 self._decide_when_ready(now)
@@ -292,6 +320,35 @@ class ProxyConnection(Context):
             self._violation(CLIENT, exc, now)
         return out
 
+    def keys_changed(self, now: float) -> list[Command]:
+        """The JWKS fetch a waiting token asked for is over (:attr:`.view.ConnectionView.
+        token_waiting`): the token is validated again, and accepted or refused."""
+        out = self._begin()
+        if self.finished or self.token_wait is None:
+            return out
+        try:
+            self.client.keys_changed(now)
+        except AmqpError as exc:
+            self._violation(CLIENT, exc, now)
+        return out
+
+    def _login_done(self, now: float) -> None:
+        """The router accepted the proxy's service identity: an Open waiting is decided."""
+        if self.sides.client is C_DECIDING:
+            self._decide_when_ready(now)
+
+    def _login_failed(self, why: str, now: float) -> None:
+        """The router did not accept the proxy's service identity: nobody can be admitted
+        through it (the client is told there is no upstream, as when none accepts)."""
+        if self.service_ok or self.finished:
+            return
+        logger.error("[%s] the upstream refused the proxy's service identity: %s",
+                     self.conn_id, why)
+        self.sides.stop_router()
+        self.wire.pending.clear()
+        self.wire.close_transport(ROUTER)
+        self._unavailable(now)
+
     def router_connect_failed(self, now: float) -> list[Command]:
         """No upstream accepted the connection (each was tried in turn): see
         :meth:`_unavailable`."""
@@ -316,8 +373,9 @@ class ProxyConnection(Context):
         """
         sides = self.sides
         wire = self.wire
-        if self.finished or sides.client in (C_STOPPED, C_CLOSED):
-            return
+        if (self.finished or sides.client in (C_STOPPED, C_CLOSED)
+                or self.token_refusal is not None):
+            return  # (a refused token's outcome is on its way)
         self.close_reason = self.close_reason or "upstream_unavailable"
         self.handshake_deadline = None
         self.linger(now, UNAVAILABLE_LINGER_SECONDS)
@@ -340,7 +398,9 @@ class ProxyConnection(Context):
             if self.sasl_init_seen:
                 # the client's sasl-init came before: answer it now
                 client.answer_unavailable()
-        elif sides.client is C_AWAIT_OPEN or sides.client is C_DECIDING:
+        elif (sides.client is C_AWAIT_OPEN or sides.client is C_DECIDING
+              or sides.client is C_AWAIT_AMQP_HEADER):
+            # (AWAIT_AMQP_HEADER: a token client the proxy answered ``ok`` itself)
             sides.to_client(C_UNAVAILABLE)
             client.held.clear()
             self.send_open_close(error(Condition.CONNECTION_FORCED, UPSTREAM_UNAVAILABLE))
@@ -360,8 +420,9 @@ class ProxyConnection(Context):
                 sides.to_router(R_CLOSED)
             if self.finished or failed or sides.client is C_UNAVAILABLE:
                 return out
-            if self.sasl_used and not self.sasl_ok and self.router.sasl_unfinished():
-                # the router went away before it authenticated the client: nobody can now
+            if self.router.authenticating():
+                # the router went away before it authenticated the client (or the proxy's
+                # service identity): nobody can now
                 self._unavailable(now)
                 return out
             if self.close_reason is None:
@@ -662,6 +723,7 @@ class ProxyConnection(Context):
                      self.router, self.admission):
             del room.ctx
         del client.open_received, client.fast.general
+        self.router.login_done = self.router.login_failed = None
         sessions = self.sessions
         sessions.shaping = None  # closed above: its links and waits are gone
         refresh_router(sessions)

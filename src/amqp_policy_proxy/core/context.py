@@ -23,6 +23,8 @@ from .wire import Wire
 
 if TYPE_CHECKING:
     from ..policy.model import GroupSettings, Policy, VhostPolicy
+    from ..tokens.sasl import TokenCredentials
+    from .tokenauth import Rejected, ServiceLogin, TokenAuth, TokenCheck
 
 #: Largest frame accepted from the client before the proxy has advertised a max-frame-size
 #: (the spec says 512 for SASL frames and an Open; the proxy is lenient but bounded).
@@ -80,6 +82,12 @@ class Context:
         "expiry",
         "open_hostname",
         "sasl_recorded",
+        "tokens",
+        "token",
+        "service_login",
+        "service_ok",
+        "token_wait",
+        "token_refusal",
     )
 
     def __init__(
@@ -97,6 +105,7 @@ class Context:
         balancer_host: str | None = None,
         naming: Naming | None = None,
         tls_not_after: float | None = None,
+        tokens: TokenAuth | None = None,
     ) -> None:
         """The facts of a freshly accepted client transport.
 
@@ -120,6 +129,8 @@ class Context:
                 resolution the proxy does not know (only canonical names pass).
             tls_not_after: POSIX seconds of the verified client certificate's notAfter, else
                 None: a connection authenticated by it (SASL EXTERNAL) ends when it passes.
+            tokens: the upstreams' ``token_authority`` with the ``[token_auth]`` settings
+                and keys (:mod:`.tokenauth`); None: no tokens, SASL is relayed as it came.
         """
         self.conn_id = conn_id
         self.remote_host = remote_host if isinstance(remote_host, str) else remote_host.text
@@ -183,6 +194,21 @@ class Context:
         """The hostname of the client's Open (a reload decides the vhost from it again)."""
         self.expiry: tuple[str, str, str] | None = None
         """What ends it then: ``(AMQP condition, description, close reason)``."""
+        self.tokens = tokens
+        """Token connections (:mod:`.tokenauth`), or None."""
+        self.token: TokenCheck | None = None
+        """The validated token of this connection (its identity is the policy user)."""
+        self.service_login: ServiceLogin | None = None
+        """The identity the proxy logs in to the router with (``token_authority =
+        "proxy"``), given by the shell with the upstream it connected to."""
+        self.service_ok = False
+        """The router accepted the proxy's service identity (its sasl-outcome ``ok``)."""
+        self.token_wait: tuple[TokenCredentials, bytes | None] | None = None
+        """A sasl-init whose token names a ``kid`` the keys lack, waiting for the JWKS fetch
+        it asked for (its token, and its frame for the router in ``upstream`` mode)."""
+        self.token_refusal: Rejected | None = None
+        """A refused OAUTHBEARER token whose error challenge was sent: the client's dummy
+        response is awaited, then the outcome ``auth``."""
 
     @property
     def vhost_name(self) -> str | None:

@@ -19,7 +19,8 @@ __all__ = [
     "AdminAction", "ConnectionApproved", "ConnectionClosed", "ConnectionDenied",
     "ConnectionDenyReason", "LinkDenied", "LinkDenyReason", "MessageDenied",
     "MessageDenyReason", "OpenDecided", "PolicyReloaded", "ProtocolViolation", "ProxyEvent",
-    "Revoked", "SaslFailed", "SessionDenied", "ShadowDenied", "UpstreamConnectFailed",
+    "Revoked", "SaslFailed", "SessionDenied", "ShadowDenied", "TokenRefused",
+    "UpstreamConnectFailed",
 ]
 
 
@@ -175,6 +176,19 @@ class SaslFailed(ProxyEvent):
     §5.3.3.6), or ``dropped`` (the client left before the outcome)."""
     code: int | None = None
     """The sasl-outcome code (None for ``dropped``)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class TokenRefused(ProxyEvent):
+    """The proxy refused a token connection's token (sasl-outcome ``auth``): the metric
+    ``amqp_proxy_token_rejections_total{reason}``; the event log has the ``sasl_failed``
+    record of the same refusal. ``user`` is None (nobody was authenticated)."""
+
+    mechanism: str
+    """``PLAIN``, ``OAUTHBEARER``, another mechanism (reason ``no_token``), or ``""`` (the
+    client skipped SASL)."""
+    reason: str
+    """A :data:`~.tokenauth.REJECTION_REASONS` value (``expired``, ``bad_audience``...)."""
 
 
 @dataclass(slots=True, kw_only=True)

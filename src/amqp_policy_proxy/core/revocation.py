@@ -37,6 +37,7 @@ from .events import Revoked
 from .records import LinkRecord, SessionRecord
 from .rules import MessageRules
 from .sessions import Sessions
+from .tokenauth import open_decision
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,7 @@ class Revocation(Room):
         ctx = self.ctx
         if not policy.settings.enable_vhost_policy or ctx.user is None:
             return None
-        decision = decisions.approve_open(policy, hostname=ctx.open_hostname, user=ctx.user,
-                                          remote_host=ctx.client_address)
+        decision = open_decision(ctx, policy, ctx.open_hostname)
         if isinstance(decision, decisions.OpenAllowed):
             return None
         shadow = mode == SHADOW_MODE or _shadow_scope(decision.group or decision.vhost)
@@ -92,8 +92,7 @@ class Revocation(Room):
         ctx = self.ctx
         if not policy.settings.enable_vhost_policy or ctx.user is None or ctx.group is None:
             return 0
-        decision = decisions.approve_open(policy, hostname=ctx.open_hostname, user=ctx.user,
-                                          remote_host=ctx.client_address)
+        decision = open_decision(ctx, policy, ctx.open_hostname)
         if not isinstance(decision, decisions.OpenAllowed):
             return 0
         group = decision.group

@@ -70,6 +70,7 @@ from .state import (
     R_AWAIT_HEADER,
     R_CLOSED,
     R_FAILED,
+    R_LOGIN,
     R_SASL,
     R_STOPPED,
 )
@@ -87,14 +88,35 @@ SASL_MECHANISMS_RELAYED = 2
 SASL_OUTCOME_RELAYED = 3
 
 
+#: The mechanism names of the sasl-mechanisms frames routers sent, by frame body (the proxy's
+#: own login reads the same frame from every connection of a router).
+_MECHANISMS: dict[bytes, tuple[str, ...]] = {}
+
+
+def _mechanism_names(perf: SaslMechanisms) -> tuple[str, ...]:
+    """The upper-case mechanism names of a sasl-mechanisms (a symbol or an array of them)."""
+    offered: Any = perf.sasl_server_mechanisms
+    if offered is not None and not isinstance(offered, str | list | tuple):
+        offered = getattr(offered, "elements", [offered])  # a symbol array
+    return tuple(str(m).upper() for m in (
+        offered if isinstance(offered, list | tuple) else [offered]) if m is not None)
+
+
 class RouterSide(Leg):
     """The router leg of one connection."""
 
-    __slots__ = ("held", "open_seen", "sasl_relayed")
+    __slots__ = ("held", "open_seen", "sasl_relayed", "login_done", "login_failed")
 
-    def __init__(self, ctx: Context, sessions: Sessions, deliveries: Deliveries) -> None:
-        """No upstream yet."""
+    def __init__(self, ctx: Context, sessions: Sessions, deliveries: Deliveries,
+                 login_done: Callable[[float], None] | None = None,
+                 login_failed: Callable[[str, float], None] | None = None) -> None:
+        """No upstream yet. ``login_done(now)`` is called when the router accepted the
+        proxy's service identity, ``login_failed(why, now)`` when it did not (token
+        connections of ``token_authority = "proxy"``)."""
         Leg.__init__(self, ctx, sessions, deliveries)
+        self.login_done = login_done
+        self.login_failed = login_failed
+
         self.held: list[bytes] = []
         """Router AMQP frames received before the client's Open was decided."""
         self.open_seen = False
@@ -105,6 +127,9 @@ class RouterSide(Leg):
         """What the client still lacks of a SASL greeting (header, mechanisms) when the proxy
         must answer it itself: nothing of what the router already relayed is repeated."""
         data = b""
+        tokens = self.ctx.tokens
+        if tokens is not None and tokens.proxy:
+            return data  # the proxy's own greeting went to the client at its SASL header
         if self.sasl_relayed < SASL_HEADER_RELAYED:
             data += C.SASL_HEADER
         if self.sasl_relayed < SASL_MECHANISMS_RELAYED:
@@ -119,6 +144,15 @@ class RouterSide(Leg):
         """The router has not relayed a sasl-outcome yet."""
         return self.sasl_relayed < SASL_OUTCOME_RELAYED
 
+    def authenticating(self) -> bool:
+        """The router has not finished authenticating yet: the client's relayed SASL, or
+        the proxy's own login (``token_authority = "proxy"``)."""
+        ctx = self.ctx
+        tokens = ctx.tokens
+        if tokens is not None and tokens.proxy:
+            return not ctx.service_ok
+        return ctx.sasl_used and not ctx.sasl_ok and self.sasl_relayed < SASL_OUTCOME_RELAYED
+
     # ------------------------------------------------------------------ bytes in
 
     def data(self, data: bytes, now: float) -> None:
@@ -126,8 +160,8 @@ class RouterSide(Leg):
         state = self.sides.router
         if state in (R_STOPPED, R_CLOSED, R_FAILED):
             return
-        framed = state is R_SASL or state is R_AMQP
-        limit = PRE_OPEN_FRAME_LIMIT if state is R_SASL else self.ctx.router_frame_limit
+        framed = state is R_SASL or state is R_AMQP or state is R_LOGIN
+        limit = PRE_OPEN_FRAME_LIMIT if state is not R_AMQP else self.ctx.router_frame_limit
         self.buf = feed(self.buf, data, framed, limit, self.process, now)
 
     def process(self, buf: Any, pos: int, end: int, now: float) -> int:
@@ -146,27 +180,40 @@ class RouterSide(Leg):
             if state is R_AWAIT_HEADER or state is R_AWAIT_AMQP_HEADER:
                 if end - pos < PROTOCOL_HEADER_SIZE:
                     break
-                self._header(bytes(buf[pos : pos + PROTOCOL_HEADER_SIZE]))
+                self._header(bytes(buf[pos : pos + PROTOCOL_HEADER_SIZE]), now)
                 pos += PROTOCOL_HEADER_SIZE
                 continue
-            if state is not R_SASL or end - pos < FRAME_HEADER_SIZE:
+            if (state is not R_SASL and state is not R_LOGIN) or end - pos < FRAME_HEADER_SIZE:
                 break
             size, doff, ftype, _channel = _HDR.unpack_from(buf, pos)
             check_frame_header(size, doff, ftype, PRE_OPEN_FRAME_LIMIT)
             if end - pos < size:
                 break
             fend = pos + size
-            self._sasl_frame(buf, pos, doff, ftype, fend, now)
+            if state is R_LOGIN:
+                self._login_frame(buf, pos, doff, ftype, fend, now)
+            else:
+                self._sasl_frame(buf, pos, doff, ftype, fend, now)
             pos = fend
         return pos
 
-    def _header(self, header: bytes) -> None:
+    def _header(self, header: bytes, now: float) -> None:
         """The router's protocol header, relayed to the client.
 
         Raises:
             FramingError: not the SASL header (before SASL) or the AMQP header.
         """
         sides = self.sides
+        tokens = self.ctx.tokens
+        if tokens is not None and tokens.proxy:
+            # the proxy's own login: nothing of it is relayed to the client
+            if header == C.SASL_HEADER and sides.router is R_AWAIT_HEADER:
+                sides.to_router(R_LOGIN)
+            elif header == C.AMQP_HEADER and sides.router is R_AWAIT_AMQP_HEADER:
+                sides.to_router(R_AMQP)
+            elif self.login_failed is not None:
+                self.login_failed(f"the router answered the SASL header with {header!r}", now)
+            return
         if header == C.SASL_HEADER and sides.router is R_AWAIT_HEADER:
             sides.to_router(R_SASL)
             self.sasl_relayed = SASL_HEADER_RELAYED
@@ -209,6 +256,60 @@ class RouterSide(Leg):
                     self.ctx.sasl_failed(C.SASL_OUTCOMES.get(code, "sys"), code, now)
                 self.sides.to_router(R_AWAIT_AMQP_HEADER)
         self.wire.send(CLIENT, bytes(buf[pos:fend]))
+
+    def _login_frame(self, buf: Any, pos: int, doff: int, ftype: int, fend: int,
+                     now: float) -> None:
+        """A router SASL frame of the proxy's own login (``token_authority = "proxy"``). The
+        proxy's SASL header, sasl-init and AMQP header went to the router pipelined, at once
+        (``ProxyConnection.router_connected``): its mechanisms must offer the service
+        identity's mechanism, its outcome ``ok`` lets the Open be decided; anything else ends
+        the login as failed. Nothing is relayed to the client.
+
+        Raises:
+            FramingError: an AMQP frame during SASL.
+        """
+        if ftype != SASL_FRAME:
+            raise FramingError("AMQP frame during SASL negotiation")
+        body = pos + doff * DOFF_UNIT
+        if body == fend:
+            return
+        ctx = self.ctx
+        login = ctx.service_login
+        failed = self.login_failed
+        assert failed is not None
+        code = sasl_outcome_code(buf, body, fend)  # plain encodings, no decode
+        if code is None:
+            raw = bytes(buf[body:fend])
+            names = _MECHANISMS.get(raw)
+            if names is None:
+                perf, _ = decode_performative(raw)
+                if isinstance(perf, SaslOutcome):
+                    code = 0 if perf.code is None else int(perf.code)
+                elif isinstance(perf, SaslMechanisms):
+                    names = _mechanism_names(perf)
+                    if len(_MECHANISMS) < 64:  # a router sends the same few every time
+                        _MECHANISMS[raw] = names
+                else:
+                    failed(f"unexpected {type(perf).__name__} during the login", now)
+                    return
+            if names is not None:
+                if login is None:
+                    failed("no service identity is configured for this upstream", now)
+                elif login.mechanism not in names:
+                    failed(f"the router offers {', '.join(names) or 'no mechanism'}, not "
+                           f"{login.mechanism}", now)
+                # else: its sasl-init went out already, pipelined (router_connected)
+                return
+        assert code is not None  # (a mechanisms frame returned above)
+        if code == 0:
+            self.sides.to_router(R_AWAIT_AMQP_HEADER)
+            ctx.service_ok = True  # (the proxy's AMQP header went with its sasl-init)
+            if self.login_done is not None:
+                self.login_done(now)
+        else:
+            failed(f"sasl-outcome {C.SASL_OUTCOMES.get(code, 'sys')} ({code}) for "
+                   f"{login.mechanism if login else '?'} "
+                   f"'{login.username if login else ''}'", now)
 
     def _hold(self, buf: Any, pos: int, end: int) -> int:
         """Hold whole router frames until the client's Open is decided."""

@@ -21,6 +21,8 @@ The client leg (``ClientState``)::
 The router leg (``RouterState``)::
 
     IDLE -> CONNECTING -> AWAIT_HEADER -> SASL -> AWAIT_AMQP_HEADER -> AMQP
+                  |                 \\-> LOGIN -/   (token_authority "proxy": the proxy's
+                  |                                  own SASL with its service identity)
                   \\-> FAILED (no upstream accepted)
     any state -> STOPPED (nothing more is read from it or sent to it) -> CLOSED
 
@@ -85,6 +87,9 @@ class RouterState(_State):
     """Connected: the router's protocol header comes next."""
     SASL = "sasl"
     """The router's SASL frames are relayed to the client."""
+    LOGIN = "login"
+    """The proxy authenticates to the router itself with its service identity (``token_authority
+    = "proxy"``): the router's SASL frames are answered by the proxy, nothing is relayed."""
     AWAIT_AMQP_HEADER = "await_amqp_header"
     """The router's sasl-outcome was relayed: its AMQP header comes next."""
     AMQP = "amqp"
@@ -127,6 +132,7 @@ R_IDLE = RouterState.IDLE
 R_CONNECTING = RouterState.CONNECTING
 R_AWAIT_HEADER = RouterState.AWAIT_HEADER
 R_SASL = RouterState.SASL
+R_LOGIN = RouterState.LOGIN
 R_AWAIT_AMQP_HEADER = RouterState.AWAIT_AMQP_HEADER
 R_AMQP = RouterState.AMQP
 R_FAILED = RouterState.FAILED
@@ -160,8 +166,9 @@ CLIENT_TRANSITIONS: dict[ClientState, frozenset[ClientState]] = {
 ROUTER_TRANSITIONS: dict[RouterState, frozenset[RouterState]] = {
     R_IDLE: frozenset({R_CONNECTING, *_ANY_ROUTER_END}),
     R_CONNECTING: frozenset({R_AWAIT_HEADER, R_FAILED, *_ANY_ROUTER_END}),
-    R_AWAIT_HEADER: frozenset({R_SASL, R_AMQP, *_ANY_ROUTER_END}),
+    R_AWAIT_HEADER: frozenset({R_SASL, R_LOGIN, R_AMQP, *_ANY_ROUTER_END}),
     R_SASL: frozenset({R_AWAIT_AMQP_HEADER, *_ANY_ROUTER_END}),
+    R_LOGIN: frozenset({R_AWAIT_AMQP_HEADER, *_ANY_ROUTER_END}),
     R_AWAIT_AMQP_HEADER: frozenset({R_AMQP, *_ANY_ROUTER_END}),
     R_AMQP: frozenset(_ANY_ROUTER_END),
     R_FAILED: frozenset({R_CLOSED}),
@@ -193,10 +200,10 @@ CLIENT_AMQP = frozenset({C_AWAIT_OPEN, C_DECIDING, C_OPENED, C_CLOSING, C_DENIED
 #: Client states in which nothing more is read.
 CLIENT_DONE = frozenset({C_STOPPED, C_CLOSED})
 #: Router states in which bytes may be sent to it (queued while it connects).
-ROUTER_WRITABLE = frozenset({R_IDLE, R_CONNECTING, R_AWAIT_HEADER, R_SASL,
+ROUTER_WRITABLE = frozenset({R_IDLE, R_CONNECTING, R_AWAIT_HEADER, R_SASL, R_LOGIN,
                              R_AWAIT_AMQP_HEADER, R_AMQP})
 #: Router states in which it is connected.
-ROUTER_CONNECTED = frozenset({R_AWAIT_HEADER, R_SASL, R_AWAIT_AMQP_HEADER, R_AMQP,
+ROUTER_CONNECTED = frozenset({R_AWAIT_HEADER, R_SASL, R_LOGIN, R_AWAIT_AMQP_HEADER, R_AMQP,
                               R_STOPPED})
 
 

@@ -113,4 +113,16 @@ class ConnectionView:
 
     close_reason = _fact("close_reason", "Why the connection ended (or is ending), once known.")
 
+    @property
+    def token_waiting(self) -> bool:
+        """Its token names a ``kid`` the JWKS lacks and it waits for the fetch that asked for
+        (the shell calls ``ProxyConnection.keys_changed`` once the fetch is over)."""
+        return self._conn.token_wait is not None
+
+    @property
+    def token_expires_at(self) -> float | None:
+        """Wall-clock seconds of the token's ``exp`` (token connections), else None."""
+        token = self._conn.token
+        return None if token is None else token.identity.expires_at
+
     finished = _fact("finished", "The connection is over and its counts are released.")

@@ -47,6 +47,7 @@ from .relay import ClientProtocol
 from .reload import Reloader, load_configured_policy, log_policy_warnings
 from .snapshots import Snapshots, start_line, status_line
 from .tls import TlsContexts
+from .tokens import TokenService
 from .upstreams import UpstreamHealth
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,9 @@ class Daemon:
         one: ``status`` shows it, so a rejected reload is not only in the log."""
         self.admin: Any = None
         """The admin interface (:class:`~.admin.AdminServer`) when ``[admin]`` is set."""
+        self.tokens: TokenService | None = None
+        """Token connections (``[token_auth]``): the JWKS fetches and the service
+        identities (:mod:`.tokens`), made at :meth:`start`."""
 
     # ------------------------------------------------------------------ plumbing
 
@@ -200,7 +204,8 @@ class Daemon:
             handshake_timeout=self.config.handshake_seconds, tls_subject=tls_subject,
             wall_offset=self._wall_offset, balancer_host=_balancer(proto),
             paused_vhosts=self.paused_vhosts, rates=self.ledgers.connection_rates, naming=self.naming,
-            tls_not_after=tls_not_after, bans=self.bans.table)
+            tls_not_after=tls_not_after, bans=self.bans.table,
+            tokens=None if self.tokens is None else self.tokens.token_auth)
         self.connections[proto.conn_id] = proto
         return conn
 
@@ -287,6 +292,11 @@ class Daemon:
         """A connect to ``upstream`` failed: back it off; returns the back-off in seconds."""
         return self.upstream_health.failed(upstream, self.loop.time())
 
+    def service_login(self, upstream: UpstreamConfig) -> Any:
+        """The identity the proxy logs in to ``upstream`` with for token connections
+        (``token_authority = "proxy"``), else None."""
+        return None if self.tokens is None else self.tokens.login(upstream)
+
     def upstream_ssl_context(self, upstream: UpstreamConfig) -> ssl.SSLContext | None:
         """The current client-side TLS context for ``upstream`` (None for plain TCP):
         :meth:`.tls.TlsContexts.upstream`."""
@@ -324,8 +334,13 @@ class Daemon:
         self.ledger.max_connections = self.config.policy.max_connections
         self.rates.max_connection_rate = self.config.policy.max_connection_rate
         server_ssl = await self.tls.start()
+        if self.config.token_auth is not None:
+            self.tokens = TokenService(self.config, self.loop.time, lambda: self.connections)
+            self._log_mapping_issues()
         await self.reloader.start()
         self._start_outputs()
+        if self.tokens is not None:
+            await self.tokens.start(first_wait=min(self.connect_timeout, 5.0))
         for index, listener in enumerate(self.config.listeners):
             base = server_ssl.get(index)
             ctx = self.tls.follow_reloads(index, base) if base is not None else None
@@ -385,6 +400,15 @@ class Daemon:
         if self._watchdog_task is None:
             self._watchdog_task = systemd.start_watchdog(self.loop)
 
+    def _log_mapping_issues(self) -> None:
+        """Warn about ``[[token_auth.groups]]`` rules that name a vhost or group the policy
+        does not define (such a rule gives no group; the policy's own users lists apply)."""
+        from ..tokens.claims import mapping_issues
+
+        if self.tokens is not None and self.policy is not None:
+            for issue in mapping_issues(self.tokens.config, self.policy):
+                logger.warning("%s", issue)
+
     async def _start_admin(self) -> None:
         """Serve the admin interface (``[admin]``); undo the start if it cannot bind."""
         from .admin import AdminServer, build_app
@@ -404,6 +428,8 @@ class Daemon:
 
     async def _undo_start(self) -> None:
         """Close what :meth:`start` opened before a listener failed to bind."""
+        if self.tokens is not None:
+            await self.tokens.stop()
         if self.prober is not None:
             await self.prober.stop()
             self.prober = None
@@ -458,6 +484,8 @@ class Daemon:
                                                     self.stopping,
                                                     self.config.shutdown_grace_seconds)
         await self.bans.stop()
+        if self.tokens is not None:
+            await self.tokens.stop()
         if self.fleet is not None:  # every count is released: the fields go
             await self.fleet.stop()
         if self.prober is not None:

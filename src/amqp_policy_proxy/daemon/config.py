@@ -67,6 +67,7 @@ from pydantic_core import PydanticCustomError
 from ..fleet.ledger import FAILURE_MODES, LedgerSettings
 from ..policy.model import PolicySettings
 from ..policy.naming import Naming
+from ..tokens.config import TokenAuthConfig
 from .logs import escape_control
 
 if TYPE_CHECKING:
@@ -182,6 +183,13 @@ class UpstreamConfig:
     the changed one."""
     sasl_realm: str | None = None
     """A realm its SASL appends to user names without ``@``."""
+    token_authority: str | None = None
+    """``proxy`` or ``upstream``: its clients authenticate with OAuth 2.0 tokens
+    (docs/oauth2.md); None: SASL is relayed as it came (no tokens)."""
+    service_username: str | None = None
+    """The proxy's own SASL PLAIN user for this router (``token_authority = "proxy"``)."""
+    service_password_file: str | None = None
+    """The file holding that user's password (read at start and at each reload)."""
     probe: str = "auto"
     """How readiness probes it: ``amqp`` (connect, the SASL protocol header, its answer),
     ``tcp`` (connect only, no byte sent) or ``auto`` (``tcp`` for ``rabbitmq``, which logs a
@@ -252,6 +260,9 @@ class DaemonConfig:
     """Listen with ``SO_REUSEPORT`` (a worker: its siblings listen on the same ports)."""
     worker: int | None = None
     """This process's number when it is a worker of ``--workers N`` (daemon/workers.py)."""
+    token_auth: TokenAuthConfig | None = None
+    """``[token_auth]``: how token connections are checked (its ``jwks_file`` resolved
+    against the config file's directory); None: no upstream takes tokens."""
 
 
 DEFAULT_ADMIN_SOCKET = "/run/amqp-policy-proxy/admin.sock"
@@ -537,6 +548,18 @@ class UpstreamTable(_Table):
     sasl_realm: NonEmpty | None = None
     """A realm the upstream's SASL appends to user names without "@" (Cyrus with a
     user_realm); qdrouterd's listeners append none."""
+    token_authority: Literal["proxy", "upstream"] | None = None
+    """Its clients authenticate with OAuth 2.0 access tokens checked as [token_auth] says
+    (docs/oauth2.md): "proxy" (the proxy completes SASL with the client and logs in to the
+    router with service_username, or with tls_cert by SASL EXTERNAL), "upstream" (SASL is
+    relayed to a router that checks the token too; admitted only when both accept it). Absent:
+    no tokens, SASL is relayed as it came. The same for every [[upstream]]."""
+    service_username: NonEmpty | None = None
+    """The SASL PLAIN user the proxy logs in to this router as (token_authority = "proxy");
+    needs service_password_file."""
+    service_password_file: ReadableFile | None = None
+    """The file holding service_username's password (one line; a trailing newline is not part
+    of it)."""
     probe: Literal["auto", "amqp", "tcp"] = "auto"
     """How readiness probes this upstream every 5 s: "amqp" (a connect and the AMQP SASL
     protocol header, which the upstream must answer as an AMQP 1.0 peer), "tcp" (a connect
@@ -552,6 +575,16 @@ class UpstreamTable(_Table):
                   if getattr(self, k) is not None]
         if unused and not self.tls:
             problems.append(f"{', '.join(unused)} set but tls is false (set tls = true)")
+        if (self.service_username is None) != (self.service_password_file is None):
+            problems.append("service_username and service_password_file must be given "
+                            "together")
+        if self.token_authority != "proxy" and self.service_username is not None:
+            problems.append("service_username is only for token_authority = \"proxy\"")
+        if (self.token_authority == "proxy" and self.service_username is None
+                and self.tls_cert is None):
+            problems.append("token_authority = \"proxy\" needs the proxy's own identity for "
+                            "the router: service_username and service_password_file (SASL "
+                            "PLAIN), or tls_cert and tls_key (SASL EXTERNAL)")
         if problems:
             raise PydanticCustomError("upstream_tls", "{problems}",
                                       {"problems": "; ".join(problems)})
@@ -791,6 +824,49 @@ class ConfigFile(_Table):
     ledger: Annotated[LedgerTable | None, BeforeValidator(_ledger_shorthand)] = None
     """Connection counts shared by a fleet (Redis); ``ledger = "auto"`` is short for ``[ledger]
     url = "auto"``."""
+    token_auth: TokenAuthConfig | None = None
+    """OAuth 2.0 access tokens (docs/oauth2.md), for the upstreams with token_authority."""
+
+    @field_validator("token_auth")
+    @classmethod
+    def _jwks_file_readable(cls, auth: TokenAuthConfig | None,
+                            info: ValidationInfo) -> TokenAuthConfig | None:
+        if auth is not None and auth.jwks_file is not None and _checking(info):
+            path = _resolve(auth.jwks_file, info)
+            if not _exists(path) or not os.path.isfile(path):
+                raise PydanticCustomError("file", "jwks_file {path}: no such file",
+                                          {"path": path})
+            if not os.access(path, os.R_OK):
+                raise PydanticCustomError("file", "jwks_file {path}: not readable by this "
+                                          "user", {"path": path})
+        return auth
+
+    @model_validator(mode="after")
+    def _tokens_fit(self) -> ConfigFile:
+        authorities = {up.token_authority for up in self.upstream}
+        if len(authorities) > 1:
+            raise PydanticCustomError(
+                "token_authority", "upstream[*].token_authority differs between upstreams "
+                "({got}): the upstreams of one proxy are tried in turn for one client, whose "
+                "SASL is decided before one is chosen", {"got": ", ".join(
+                    repr(a) if a else "absent" for a in sorted(authorities, key=str))})
+        authority = next(iter(authorities))
+        auth = self.token_auth
+        if authority is not None and auth is None:
+            raise PydanticCustomError(
+                "token_auth", "upstream token_authority = \"{a}\" needs a [token_auth] table "
+                "(issuer, audience, jwks_file or jwks_url)", {"a": authority})
+        if auth is not None and authority is None:
+            raise PydanticCustomError(
+                "token_auth", "[token_auth] is set but no [[upstream]] has token_authority "
+                "(\"proxy\" or \"upstream\"): tokens would never be asked for")
+        if (auth is not None and "token_authority" in auth.model_fields_set
+                and auth.token_authority != authority):
+            raise PydanticCustomError(
+                "token_auth", "token_auth.token_authority = \"{a}\" differs from the "
+                "upstreams' token_authority = \"{b}\" (the upstream's key decides; leave "
+                "this one out)", {"a": auth.token_authority, "b": authority})
+        return self
 
     @model_validator(mode="after")
     def _workers_share_a_ledger(self) -> ConfigFile:
@@ -856,7 +932,19 @@ class ConfigFile(_Table):
             workers=self.daemon.workers,
             runtime_dir=self.daemon.runtime_directory,
             source=source,
+            token_auth=self._token_auth(source),
         )
+
+    def _token_auth(self, source: str | None) -> TokenAuthConfig | None:
+        """``[token_auth]`` with its ``jwks_file`` resolved against the file's directory and
+        ``token_authority`` the upstreams'."""
+        auth = self.token_auth
+        if auth is None:
+            return None
+        changes: dict[str, Any] = {"token_authority": self.upstream[0].token_authority}
+        if auth.jwks_file is not None and source is not None:
+            changes["jwks_file"] = str(Path(source).absolute().parent / auth.jwks_file)
+        return auth.model_copy(update=changes)
 
     def _admin_config(self) -> AdminConfig | None:
         admin = self.admin
@@ -981,6 +1069,7 @@ _TABLE_HINTS = {
     "logging": "table [logging]",
     "admin": "table [admin] with socket = \"...\"",
     "ledger": "table [ledger] with url = \"redis://HOST:PORT/DB\" (or ledger = \"auto\")",
+    "token_auth": "table [token_auth] with issuer, audience and jwks_file or jwks_url",
 }
 _MISSING = {
     "listener": "missing: at least one [[listener]] with address = \"HOST:PORT\" is required "
@@ -1147,7 +1236,8 @@ def reference_markdown() -> str:
                 raise TypeError(f"[{name}] {key} has no description (a docstring below it)")
             default = "required" if info.is_required() else _toml_literal(info.default)
             desc = docs[key].replace("|", "\\|")
-            out.append(f"| `{key}` | {_toml_type(info)} | {default} | {desc} |")
+            kind = _toml_type(info) if issubclass(model, _Table) else _foreign_type(info)
+            out.append(f"| `{key}` | {kind} | {default} | {desc} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
@@ -1187,6 +1277,29 @@ def _toml_type(info: FieldInfo) -> str:
                        and all(isinstance(a, str) for a in get_args(kind))):
         return "string"
     raise TypeError(f"no TOML type name for {info.annotation}: mark its key type with _Toml")
+
+
+def _foreign_type(info: FieldInfo) -> str:
+    """What the reference calls a key's type in a table defined outside this module
+    (``[token_auth]``: ``tokens/config.py``, whose key types carry no ``_Toml`` mark): from
+    the plain type under its annotations."""
+    kinds = [info.annotation]
+    if get_origin(info.annotation) in (Union, UnionType):
+        kinds = [k for k in get_args(info.annotation) if k is not type(None)]
+    kind = get_args(kinds[0])[0] if get_origin(kinds[0]) is Annotated else kinds[0]
+    if kind is int:
+        return "integer"
+    if kind is float:
+        return "number"
+    if get_origin(kind) is list:
+        inner = get_args(kind)[0]
+        inner = get_args(inner)[0] if get_origin(inner) is Annotated else inner
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            return "array of tables"
+        return "array of strings"
+    if get_origin(kind) is dict:
+        return "table of arrays of strings"
+    return _toml_type(info)
 
 
 def _toml_literal(value: Any) -> str:

@@ -14,6 +14,7 @@ accept, building the core for it, where to connect, and where events and figures
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 import time
@@ -103,6 +104,10 @@ class RelayHost(Protocol):
 
     def upstream_ssl_context(self, upstream: Any) -> ssl.SSLContext | None:
         """The client-side TLS context for ``upstream`` (None: plain TCP)."""
+
+    def service_login(self, upstream: Any) -> Any:
+        """The identity the proxy logs in to ``upstream`` with (token connections of
+        ``token_authority = "proxy"``), else None."""
 
     def upstream_connected(self, upstream: Any) -> None:
         """A connect to ``upstream`` succeeded."""
@@ -447,7 +452,11 @@ class ClientProtocol(asyncio.Protocol):
             assert view is not None
             waiting = not view.decided
             started = time.perf_counter()
-            self.run(conn.router_connected)
+            login = host.service_login(upstream)
+            if login is None:
+                self.run(conn.router_connected)
+            else:
+                self.run(functools.partial(conn.router_connected, login=login))
             if waiting and view.decided:
                 host.observe_open_decision(time.perf_counter() - started)
                 if self._held:

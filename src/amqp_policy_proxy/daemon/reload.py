@@ -85,6 +85,8 @@ class ReloadHost(Protocol):
     revocation_closes: PacedCloser[Any] | None
     tls: TlsContexts
     observer: Any
+    tokens: Any
+    """The token service (:class:`~.tokens.TokenService`), or None."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -166,6 +168,13 @@ class Reloader:
         host.policy = new
         host.policy_loaded_at = host.loop.time()
         log_policy_warnings(new)
+        tokens = host.tokens
+        if tokens is not None:  # the service password files, and the mapping's names
+            tokens.reload_logins(host.config)
+            from ..tokens.claims import mapping_issues
+
+            for line in mapping_issues(tokens.config, new):
+                logger.warning("%s", line)
         self._reloaded(PolicyReloaded(at=now, digest=new.digest, result="ok",
                                       issues=tuple(str(i) for i in new.warnings)))
         host.publish_now()

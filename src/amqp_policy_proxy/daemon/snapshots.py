@@ -47,6 +47,8 @@ class SnapshotHost(Protocol):
     observer: Any
     metrics_server: Any
     admin: Any
+    tokens: Any
+    """The token service (:class:`~.tokens.TokenService`), or None."""
 
     @property
     def ledger(self) -> ConnectionLedger:
@@ -186,6 +188,7 @@ class Snapshots:
                                 int(health.known(u) is True and health.is_up(u, now)))
                                for u in host.config.upstreams),
             bans_active=host.bans.counts(),
+            jwks=None if host.tokens is None else host.tokens.figures(),
         )
 
     def start(self) -> None:

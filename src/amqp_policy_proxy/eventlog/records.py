@@ -65,7 +65,8 @@ def _finite(value: float) -> float | None:
 
 
 # Event type -> event name. UpstreamConnectFailed is deliberately absent: it is a metric only
-# (amqp_proxy_upstream_connect_failures_total), not a connection fact.
+# (amqp_proxy_upstream_connect_failures_total), not a connection fact. So is TokenRefused
+# (amqp_proxy_token_rejections_total): the same refusal's record is its SaslFailed.
 _EVENT_NAMES: dict[type, str] = {
     events.ConnectionApproved: schema.CONNECTION_OPENED,
     events.ConnectionDenied: schema.CONNECTION_DENIED,

@@ -23,7 +23,9 @@ it; a field is never removed or retyped, only added):
   ``ban``, ``unban``, ``ban_expired`` and ``quarantine``, the ``close_reason`` values
   ``credential_expired``, ``lifetime``, ``revoked`` and ``banned``, and the
   ``connection_denied`` / ``auth_decision`` reason ``banned``. Every version-2 record is
-  a valid version-3 record.
+  a valid version-3 record. Token connections (docs/oauth2.md) add values, no field: the
+  ``close_reason`` ``token_expired`` and, as ``sasl_failed`` ``reason``, the reasons the
+  proxy refuses a token for (``expired``, ``bad_audience``, ``unknown_kid``...).
 """
 
 # Event names (the ``event`` field).
@@ -155,6 +157,7 @@ CLOSE_REASONS: tuple[str, ...] = (
     "lifetime",  # its group's maxConnectionLifetimeSeconds was reached
     "revoked",  # a reload's new policy no longer admits it ([policy] reevaluate_open)
     "banned",  # a ban (an operator's or a quarantine's) ended it (since version 3)
+    "token_expired",  # the OAuth 2.0 token it authenticated with expired (docs/oauth2.md)
 )
 
 

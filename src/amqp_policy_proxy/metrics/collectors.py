@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -78,6 +79,10 @@ class MetricsSnapshot:
     the active probes and the client connects (``daemon/probe.py``)."""
     bans_active: Mapping[str, int] = field(default_factory=lambda: _BANS_NONE)
     """Bans in force per kind (``user``, ``host``): an operator's or a quarantine's."""
+    jwks: Any = None
+    """The JWKS cache's figures (``daemon.tokens.JwksFigures``: ``source``,
+    ``age_seconds``, ``keys``, ``usable``, ``failures_total``), None without ``[token_auth]``
+    (no samples)."""
 
 
 class LiveCollector:
@@ -199,6 +204,41 @@ class LiveCollector:
             "Live proxies last seen in the fleet ledger (the local-share divisor).",
             (),
             [((), snap.ledger_proxies)] if snap.ledger_proxies is not None else (),
+        )
+        jwks = snap.jwks
+        source = () if jwks is None else (jwks.source,)
+        yield _family(
+            GaugeMetricFamily,
+            "amqp_proxy_jwks_age_seconds",
+            "Seconds since the issuer's JWKS was last fetched (or read) successfully; no sample "
+            "before the first success. It grows while the source is down: the cached keys "
+            "stay in use.",
+            ("source",),
+            [(source, jwks.age_seconds)] if jwks is not None and jwks.age_seconds is not None
+            else (),
+        )
+        yield _family(
+            GaugeMetricFamily,
+            "amqp_proxy_jwks_usable",
+            "1 while tokens can be checked (JWKS keys held, not older than "
+            "jwks_max_stale_seconds), else 0: every token is refused (jwks_unavailable).",
+            ("source",),
+            [(source, int(jwks.usable))] if jwks is not None else (),
+        )
+        yield _family(
+            GaugeMetricFamily,
+            "amqp_proxy_jwks_keys",
+            "Usable signing keys of the cached JWKS.",
+            ("source",),
+            [(source, jwks.keys)] if jwks is not None else (),
+        )
+        yield _family(
+            CounterMetricFamily,
+            "amqp_proxy_jwks_fetch_failures",
+            "Failed fetches of the issuer's JWKS (refused, timed out, HTTP error, unusable "
+            "document) since start.",
+            ("source",),
+            [(source, jwks.failures_total)] if jwks is not None else (),
         )
         yield _family(
             GaugeMetricFamily,

@@ -32,7 +32,8 @@ __all__ = ["MAX_GAUGES", "merge_families", "scrape_workers"]
 
 MAX_GAUGES = frozenset({"amqp_proxy_limit", "amqp_proxy_limit_bytes", "amqp_proxy_policy_info",
                         "amqp_proxy_ledger_proxies", "amqp_proxy_upstream_up",
-                        "amqp_proxy_bans_active"})
+                        "amqp_proxy_bans_active", "amqp_proxy_jwks_age_seconds",
+                        "amqp_proxy_jwks_keys"})
 """Gauges every worker reports alike: merged as the maximum, not the sum."""
 
 

@@ -36,6 +36,7 @@ from amqp_policy_proxy.core.events import (
     SaslFailed,
     SessionDenied,
     ShadowDenied,
+    TokenRefused,
     UpstreamConnectFailed,
 )
 from amqp_policy_proxy.metrics.collectors import DIRECTIONS
@@ -87,6 +88,11 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_connections_closed_total",
         "amqp_proxy_bans_active",
         "amqp_proxy_quarantines_total",
+        "amqp_proxy_token_rejections_total",
+        "amqp_proxy_jwks_age_seconds",
+        "amqp_proxy_jwks_usable",
+        "amqp_proxy_jwks_keys",
+        "amqp_proxy_jwks_fetch_failures_total",
     }
 )
 
@@ -183,6 +189,13 @@ _EVENT_COUNTERS: dict[type, tuple[str, str, tuple[str, ...]]] = {
         "amqp_proxy_sasl_failures_total",
         "Failed authentication attempts: the router's sasl-outcome by name (auth, sys, "
         "sys-perm, sys-temp), or dropped (the client left in the middle of SASL).",
+        ("reason",),
+    ),
+    TokenRefused: (
+        "amqp_proxy_token_rejections_total",
+        "Token connections refused by the proxy (sasl-outcome auth), by reason: expired, "
+        "not_yet_valid, bad_audience, bad_issuer, bad_signature, unknown_kid, "
+        "algorithm_not_allowed, malformed, oversized, username_mismatch, no_token...",
         ("reason",),
     ),
     Revoked: (

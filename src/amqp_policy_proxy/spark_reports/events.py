@@ -60,7 +60,8 @@ ADMIN_FIELDS = tuple(ev.EVENT_FIELDS[ev.ADMIN_ACTION])
 # Events and connection changes
 
 
-def prepare_events(raw: DataFrame, drop_unparsed: bool = True) -> DataFrame:
+def prepare_events(raw: DataFrame, drop_unparsed: bool = True,
+                   hostnames: bool = False) -> DataFrame:
     """Select and normalise the columns the reports use from the raw event log.
 
     Args:
@@ -73,6 +74,9 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True) -> DataFrame:
             ``ts`` twice per record, once for the filter and once for the column), and also
             keeps the lines that are not JSON objects or have no ``event`` (all columns
             null), so that :func:`event_time_range_columns` counts both kinds as skipped.
+        hostnames: also keep the ``auth_decision`` records (schema 2 on) with their Open
+            ``hostname`` (the column is null on every other record): the exact what-if
+            (:mod:`.replay`) resolves each connection's vhost from it.
 
     Returns:
         Only ``connection_opened``, ``connection_closed``, ``connection_denied`` and
@@ -88,8 +92,10 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True) -> DataFrame:
         object (null for every other record: one column that costs the connection records
         nothing but its null; :func:`.traffic.admin_actions` reads it).
     """
-    events = (ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED, ev.CONNECTION_DENIED,
-              ev.ADMIN_ACTION)
+    events: tuple[str, ...] = (ev.CONNECTION_OPENED, ev.CONNECTION_CLOSED,
+                               ev.CONNECTION_DENIED, ev.ADMIN_ACTION)
+    if hostnames:
+        events += (ev.AUTH_DECISION,)
     t_us = F.unix_micros(F.expr("try_cast(ts AS TIMESTAMP)"))
     opened = F.coalesce(F.unix_micros(F.expr("try_cast(opened_ts AS TIMESTAMP)")),
                         t_us - (F.col("duration_seconds") * US_PER_SECOND).cast("long"))
@@ -104,6 +110,8 @@ def prepare_events(raw: DataFrame, drop_unparsed: bool = True) -> DataFrame:
             _combo_hash().alias("combo"),
             F.when(F.col("event") == ev.ADMIN_ACTION,
                    F.to_json(F.struct(*ADMIN_FIELDS))).alias("admin"),
+            (F.when(F.col("event") == ev.AUTH_DECISION, F.col("hostname")) if hostnames
+             else F.lit(None).cast("string")).alias("hostname"),
         )
     )
     return out.where(F.col("t_us").isNotNull()) if drop_unparsed else out
@@ -119,14 +127,14 @@ def event_time_range_columns() -> list[Column]:
 
     Also usable as observed metrics (``DataFrame.observe``) of a query that writes the
     prepared events, so that the range costs no second pass (nulls are ignored).
-    ``min_us`` and ``max_us`` leave ``admin_action`` records out. ``skipped`` counts the
+    ``min_us`` and ``max_us`` leave ``admin_action`` and ``auth_decision`` records out. ``skipped`` counts the
     records without a ``t_us``: with
     ``prepare_events(drop_unparsed=False)``, the lines that are not JSON objects or have no
     ``event`` and the connection records whose ``ts`` does not parse (a line cut short by a
     crash, a hand edit). The report leaves them out and says how many there were.
     """
     # the window is the connection records' (an admin action alone does not make one)
-    t_us = F.when(F.col("event") != ev.ADMIN_ACTION, F.col("t_us"))
+    t_us = F.when(~F.col("event").isin(ev.ADMIN_ACTION, ev.AUTH_DECISION), F.col("t_us"))
     return [F.min(t_us).alias("min_us"), F.max(t_us).alias("max_us"),
             F.count(F.when(F.col("t_us").isNull(), F.lit(1))).alias("skipped")]
 

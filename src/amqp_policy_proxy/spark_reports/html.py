@@ -72,12 +72,20 @@ class ReportData:
     """Opens per minute: (bin start, maximum per minute, mean per minute)."""
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     """Rows of recommendations.csv."""
+    recommendation_rule: str = "ceil(p99.9 of the per-bucket peak x 1.25)"
+    """The rule the recommendations follow, in words."""
+    policy_diff: str = ""
+    """The unified diff of the recommended policy against ``--policy`` (policy.diff)."""
+    policy_files: list[str] = field(default_factory=list)
+    """The files of the recommended policy (``policy/``)."""
     whatif: list[dict[str, Any]] | None = None
     """What-if rows with the most denials, or ``None`` without ``--whatif``."""
     whatif_total: int = 0
     """Connections the what-if policy would have denied."""
     whatif_replayed: list[str] = field(default_factory=list)
     """Vhosts that needed a replay."""
+    whatif_reasons: dict[str, int] = field(default_factory=dict)
+    """Connections the what-if policy would have denied, per reason (QDR's words)."""
     admin_actions: list[dict[str, Any]] = field(default_factory=list)
     """Rows of admin_actions.csv: the operators' changes through the admin interface, oldest
     first (``targets`` joined with spaces)."""
@@ -403,8 +411,10 @@ def write_report(out_dir: str, data: ReportData) -> str:
     add(_img(charts.get("churn"), "churn"))
 
     add("<h2>5. Recommendations</h2>")
-    add("<p>recommended = ceil(per-proxy peak &times; headroom factor), at least 1, at most "
-        "65535 (see docs/spark-reports.md).</p>")
+    add(f"<p>recommended = {_esc(data.recommendation_rule)}, at least 1, at most 65535 "
+        "(connection rates: 1000000), per proxy process; each row names the key that "
+        "decided it (<i>basis</i>), its percentile, its peak and when (see "
+        "docs/spark-reports.md).</p>")
     lowered = sum(1 for r in data.recommendations if r.get("change") == "lower")
     if lowered:
         add(f"<p class=note>{lowered} recommendation(s) would <b>lower</b> a configured limit "
@@ -412,8 +422,16 @@ def write_report(out_dir: str, data: ReportData) -> str:
             "lowering leaves less headroom for growth and bursts the log did not see. Check "
             "them before applying.</p>")
     add(_table(data.recommendations,
-               ["vhost", "group", "setting", "current", "recommended", "change"],
+               ["vhost", "group", "setting", "current", "recommended", "change", "basis",
+                "percentile", "peak", "peak_ts"],
                row_class=_lowers))
+    if data.policy_files:
+        add("<p>Recommended policy, ready for <code>amqp-policy-proxy check --policy "
+            "policy/</code>: " + ", ".join(f"<code>policy/{_esc(f)}</code>"
+                                           for f in data.policy_files) + ".</p>")
+    if data.policy_diff:
+        add("<p>Its diff against the current policy (<code>policy.diff</code>):</p>")
+        add(f"<pre class=diff>{html.escape(data.policy_diff)}</pre>")
     add("<h2>6. Admin actions</h2>")
     add("<p>Changes operators made through the admin interface (connections closed, vhosts "
         "paused and resumed), with the peer credentials of the admin client (uid and pid on "
@@ -431,6 +449,12 @@ def write_report(out_dir: str, data: ReportData) -> str:
         add(f"<p>{data.whatif_total:,} connections would have been denied. Vhosts replayed "
             f"(the others could not have been denied): "
             f"{_esc(', '.join(data.whatif_replayed)) or 'none'}.</p>")
+        if data.whatif_reasons:
+            add(_table([{"reason": k, "denied": v} for k, v in data.whatif_reasons.items()],
+                       ["reason", "denied"]))
+        add("<p>Every denied connection (time, user, host, vhost, limit and reason): "
+            "<code>whatif_denied.csv</code>; totals: <code>whatif_totals.csv</code>, "
+            "<code>whatif_summary.json</code>.</p>")
         add(_img(charts.get("whatif"), "what-if denials"))
         add(_table(data.whatif, ["vhost", "scope", "key", "would_deny"]))
     add("</body></html>\n")

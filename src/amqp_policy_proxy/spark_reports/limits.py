@@ -253,6 +253,22 @@ def load_checked_limits(path: str | os.PathLike[str]) -> tuple[ConnectionLimits,
             per line (``error: FILE: KEY PATH: reason``, then any warnings), and ``issues``
             holds them.
     """
+    policy, warnings = load_checked_policy(path)
+    return limits_from_policy(policy), warnings
+
+
+def load_checked_policy(path: str | os.PathLike[str]) -> tuple[Policy, str]:
+    """Load the whole compiled policy exactly as ``check`` does (driver only).
+
+    The exact what-if (:mod:`.replay`) needs more than the connection limits: the vhost
+    resolution (aliases, patterns, ``defaultVhost``), the groups and their ``remoteHosts``.
+
+    Returns:
+        ``(policy, warnings)``, ``warnings`` as for :func:`load_checked_limits`.
+
+    Raises:
+        LimitsError: as :func:`load_checked_limits`.
+    """
     from amqp_policy_proxy.policy.errors import PolicyError, format_issues
     from amqp_policy_proxy.policy.load import load_policy
     from amqp_policy_proxy.resolver import system_resolver
@@ -264,4 +280,4 @@ def load_checked_limits(path: str | os.PathLike[str]) -> tuple[ConnectionLimits,
         raise LimitsError(format_issues(exc.issues), exc.issues) from None
     except OSError as exc:  # as check reports it
         raise LimitsError(f"error: {path}: {exc.strerror or exc}") from None
-    return limits_from_policy(policy), format_issues(policy.warnings)
+    return policy, format_issues(policy.warnings)

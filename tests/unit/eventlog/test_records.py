@@ -152,7 +152,9 @@ def test_every_core_event_type_is_covered():
         for obj in vars(ev).values()
         if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj is not ev.ProxyEvent
     }
-    covered = {type(event) for event in EVENTS.values()} | {UpstreamConnectFailed}
+    # metric-only: a connect failure; a token refusal (its record is the sasl_failed)
+    covered = {type(event) for event in EVENTS.values()} | {UpstreamConnectFailed,
+                                                             ev.TokenRefused}
     assert event_types == covered
 
 

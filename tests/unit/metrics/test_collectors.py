@@ -122,12 +122,16 @@ def test_empty_snapshot_yields_empty_families():
         "amqp_proxy_sasl_failure_hosts",
         "amqp_proxy_upstream_up",
         "amqp_proxy_ledger_proxies",
+        "amqp_proxy_jwks_age_seconds",
+        "amqp_proxy_jwks_usable",
+        "amqp_proxy_jwks_keys",
+        "amqp_proxy_jwks_fetch_failures",
         "amqp_proxy_bans_active",
     ]
     assert all(not f.samples for f in families
                if f.name not in ("amqp_proxy_ledger_mode", "amqp_proxy_bans_active"))
     # the ledger's mode is always exported: in-process without [ledger]
-    assert {s.labels["mode"]: s.value for s in families[-5].samples} == {
+    assert {s.labels["mode"]: s.value for s in families[9].samples} == {
         "redis": 0, "local-share": 0, "closed": 0, "open": 0, "in-process": 1}
 
 

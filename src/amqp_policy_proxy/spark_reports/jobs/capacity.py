@@ -55,12 +55,16 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make the package
 from amqp_policy_proxy.spark_reports.limits import (
     ConnectionLimits,
     LimitsError,
+    limits_from_policy,
     load_checked_limits,
+    load_checked_policy,
 )
+from amqp_policy_proxy.spark_reports.rule import Rule, RuleError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from amqp_policy_proxy.policy.model import Policy
     from amqp_policy_proxy.spark_reports.common import ReportWindow
 
 logger = logging.getLogger("amqp_policy_proxy.spark_reports.capacity")
@@ -155,6 +159,14 @@ class Options:
     """``--grid`` as given."""
     master: str | None
     """``--master`` as given, or ``None`` (default ``local[*]`` unless under spark-submit)."""
+    whatif_policy: Policy | None = None
+    """The whole compiled ``--whatif`` policy (the exact replay decides with it)."""
+    policy_path: str | None = None
+    """``--policy`` as given (the recommended policy is a copy of it)."""
+    policy_whole: Policy | None = None
+    """The whole compiled ``--policy`` (its connection rates, for the recommendations)."""
+    rule: Rule = field(default_factory=lambda: Rule())
+    """``--percentile`` and ``--headroom``: how limits are recommended."""
     trends: TrendOptions = field(default_factory=lambda: TrendOptions())
     """Churn, storm and forecast options (:class:`TrendOptions`)."""
 
@@ -210,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", required=True, metavar="DIR",
                    help="event log root (DIR/dt=YYYY-MM-DD/hour=HH/events-<host>-<pid>.jsonl)")
     p.add_argument("--policy", metavar="PATH",
-                   help="policy file or directory with the configured limits (headroom)")
+                   help="policy file or directory with the configured limits (headroom, "
+                        "current values; the recommended policy/ is a copy of it)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--from", dest="start", metavar="TS",
                    help="window start, inclusive (ISO 8601, UTC if no offset); "
@@ -220,7 +233,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", default="1m",
                    help="percentile sampling grid: N s|m|h|d (default 1m)")
     p.add_argument("--whatif", metavar="POLICY",
-                   help="replay the history under this policy's limits")
+                   help="replay every connection of the window through the daemon's own "
+                        "decisions under this candidate policy (vhost resolution, groups, "
+                        "remoteHosts, then the counts maxConnections, "
+                        "maxConnectionsPerUser, maxConnectionsPerHost and the connection "
+                        "rates, in Open order); writes whatif_denied.csv (each connection "
+                        "it would deny: time, proxy, conn_id, vhost, group, user, "
+                        "remote_host, reason, limit, enforcement, the daemon's log line), "
+                        "whatif_totals.csv and whatif_summary.json (per reason and vhost) "
+                        "and whatif.csv (per vhost, user and host)")
+    p.add_argument("--percentile", default="99.9", metavar="P",
+                   help="recommendation rule: the P-th nearest-rank percentile (0 < P <= 100) "
+                        "of each key's per-bucket peaks (--grid; default 1m: per-minute) over "
+                        "the window, per proxy process; default 99.9")
+    p.add_argument("--headroom", default="1.25", metavar="FACTOR",
+                   help="recommendation rule: recommended = ceil(percentile x FACTOR), at "
+                        "least 1 (default 1.25). The recommendations are written as "
+                        "recommendations.csv (each setting with its evidence: the key that "
+                        "decided, its percentile, its peak and when), policy/ (a copy of "
+                        "--policy with the changed limits, same files; without --policy a "
+                        "new policy/recommended.json) and policy.diff (unified diff against "
+                        "--policy)")
     p.add_argument("--master", metavar="URL",
                    help=f"Spark master (default {DEFAULT_MASTER}; under spark-submit, "
                         "spark-submit's --master)")
@@ -249,10 +282,18 @@ def parse_options(argv: list[str]) -> Options:
     grid = parse_grid(a.grid)
     if "://" not in a.events and not os.path.exists(a.events):
         raise UsageError(f"--events {a.events}: no such file or directory")
-    policy = _load_policy(a.policy) if a.policy else None
-    whatif = _load_policy(a.whatif) if a.whatif else None
+    try:
+        rule = Rule.parse(a.percentile, a.headroom)
+    except RuleError as e:
+        raise UsageError(str(e)) from None
+    policy_whole = _load_whole_policy(a.policy) if a.policy else None
+    policy = limits_from_policy(policy_whole) if policy_whole is not None else None
+    whatif_policy = _load_whole_policy(a.whatif) if a.whatif else None
+    whatif = limits_from_policy(whatif_policy) if whatif_policy is not None else None
     return Options(events=a.events, out=a.out, policy=policy, whatif=whatif, start_us=start,
                    end_us=end, grid_us=grid, grid_label=a.grid.strip(), master=a.master,
+                   whatif_policy=whatif_policy, policy_path=a.policy,
+                   policy_whole=policy_whole, rule=rule,
                    trends=trend_options(a))
 
 
@@ -270,6 +311,21 @@ def _load_policy(path: str) -> ConnectionLimits:
     if warnings:
         print(warnings, file=sys.stderr)
     return limits
+
+
+def _load_whole_policy(path: str) -> Policy:
+    """:func:`_load_policy` keeping the whole compiled policy (for the exact what-if).
+
+    Raises:
+        PolicyRejected: the policy does not load (the message is ``check``'s output).
+    """
+    try:
+        policy, warnings = load_checked_policy(path)
+    except LimitsError as e:
+        raise PolicyRejected(str(e)) from None
+    if warnings:
+        print(warnings, file=sys.stderr)
+    return policy
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,17 +585,18 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         prepare_sweep,
         proxy_columns,
     )
-    from amqp_policy_proxy.spark_reports.headroom import limit_tables
-    from amqp_policy_proxy.spark_reports.whatif import whatif, whatif_candidates
 
     for key, value in RUNTIME_CONF.items():
         spark.conf.set(key, value)
     out = opts.out
     os.makedirs(os.path.join(out, "img"), exist_ok=True)
     if opts.whatif is None:  # a what-if of an earlier run would look like this run's
-        shutil.rmtree(os.path.join(out, "whatif"), ignore_errors=True)
-        if os.path.exists(os.path.join(out, "whatif.csv")):
-            os.remove(os.path.join(out, "whatif.csv"))
+        for name in WHATIF_OUTPUTS:
+            path = os.path.join(out, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(path):
+                os.remove(path)
     timings: dict[str, float] = {}
     t_first = t_start = time.monotonic()
 
@@ -561,7 +618,8 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
     # in a 2 GB heap and would spill to disk as slow serialised blocks.
     work = os.path.join(out, "_work")
     shutil.rmtree(work, ignore_errors=True)
-    prepared = prepare_events(raw, drop_unparsed=False)
+    # the exact what-if resolves each connection's vhost from its Open hostname
+    prepared = prepare_events(raw, drop_unparsed=False, hostnames=opts.whatif is not None)
     events_path = os.path.join(work, "events")
     # The time range comes with the write (an observed metric), not from a second scan.
     observed = Observation("event_time_range")
@@ -676,23 +734,11 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         lap("concurrency")
 
         headroom = branches.start("headroom", _headroom_tables, spark, opts, out, report,
-                                  summary, conc, peaks, pairs)
+                                  summary, conc, peaks, pairs, sweep, events)
         notes_whatif: list[str] = []
-        if opts.whatif is not None:
-            alt = limit_tables(spark, opts.whatif)
-            binding = _write_parquet(whatif_candidates(peaks, pairs, alt), out,
-                                     "_work/whatif_binding")
-            vh = sorted(r[0] for r in binding.select("vhost").distinct().collect())
-            wi = _write_parquet(whatif(sweep, alt, binding), out, "whatif")
-            branches.start("html_whatif", _whatif_extracts, out, report, wi)
-            summary["rows"]["whatif"] = write_csv(
-                wi, os.path.join(out, "whatif.csv"),
-                [F.col("would_deny").desc(), "vhost", "scope", "key"])
-            report.whatif_replayed = vh
-            absent = _vhosts_not_in(conc, alt)
-            if absent:
-                notes_whatif.append("Vhosts not in the what-if policy (not replayed): "
-                                    + ", ".join(absent))
+        if opts.whatif_policy is not None:
+            notes_whatif = _whatif_tables(out, report, summary, branches, sweep, events,
+                                          opts, conc, peaks)
         lap("whatif")
         branches.join()
         lap("branches_wait")
@@ -782,14 +828,14 @@ def _side_tables(spark: SparkSession, events_path: str, events_schema: Any,
 
 def _headroom_tables(spark: SparkSession, opts: Options, out: str, report: Any,
                      summary: dict[str, Any], conc: DataFrame, peaks: DataFrame,
-                     pairs: DataFrame) -> list[str]:
-    """Write headroom (table and CSV) and recommendations.csv; fill and draw the headroom
-    section. Returns the notes for the page."""
+                     pairs: DataFrame, sweep: Any, events: DataFrame) -> list[str]:
+    """Write headroom (table and CSV), recommendations.csv, the recommended policy and its
+    diff; fill and draw the headroom section. Returns the notes for the page."""
     from pyspark.sql import functions as F
 
     from amqp_policy_proxy.spark_reports import html, schemas
     from amqp_policy_proxy.spark_reports.common import local_table
-    from amqp_policy_proxy.spark_reports.headroom import headroom, limit_tables, recommendations
+    from amqp_policy_proxy.spark_reports.headroom import headroom, limit_tables
 
     notes = []
     lt = limit_tables(spark, opts.policy) if opts.policy is not None else None
@@ -805,14 +851,130 @@ def _headroom_tables(spark: SparkSession, opts: Options, out: str, report: Any,
     else:
         hr = _write_parquet(local_table(spark, [], schemas.HEADROOM), out, "headroom")
         notes.append("No --policy: no headroom; recommendations have no current value.")
-    rec = recommendations(peaks, pairs, lt)
-    rec_rows: list[dict[str, Any]] = []
-    summary["rows"]["recommendations"] = write_csv(
-        rec, os.path.join(out, "recommendations.csv"), ["vhost", "group", "setting"], rec_rows)
-    report.recommendations = rec_rows
+    notes += _recommendation_outputs(opts, out, report, summary, pairs, sweep, events)
     report.headroom_top = _top_per_scope(
         hr, [F.col("utilisation").desc_nulls_last(), "vhost", "key"])
     html.draw_section(out, report, "headroom")
+    return notes
+
+
+def _recommendation_outputs(opts: Options, out: str, report: Any, summary: dict[str, Any],
+                            pairs: DataFrame, sweep: Any, events: DataFrame) -> list[str]:
+    """Recommend every setting by ``opts.rule`` (:mod:`..advice`), write
+    recommendations.csv, ``policy/`` and policy.diff (:mod:`..policy_writer`). Returns the
+    notes for the page."""
+    from amqp_policy_proxy.spark_reports import policy_writer as pw
+    from amqp_policy_proxy.spark_reports.advice import key_percentiles, open_rates, recommend
+    from amqp_policy_proxy.spark_reports.headroom import limit_tables
+
+    spark = pairs.sparkSession
+    fleet = bool(getattr(opts, "fleet", False))  # see _whatif_tables
+    lt = limit_tables(spark, opts.policy) if opts.policy is not None else None
+    values = key_percentiles(sweep, opts.rule, fleet)
+    rates = open_rates(events, sweep.window, opts.rule, fleet)
+    rows = [r.asDict() for r in recommend(values, pairs, lt, opts.rule, rates)
+            .orderBy("vhost", "group", "setting").collect()]
+    values.unpersist()
+    rates.unpersist()
+    rows = pw.with_rate_currents(rows, opts.policy_whole)
+    for r in rows:
+        if r["peak_ts"] is not None:
+            r["peak_ts"] = _fmt_us(int(r["peak_ts"].timestamp() * 1_000_000))
+    cols = list(RECOMMENDATION_COLUMNS)
+    with open(os.path.join(out, "recommendations.csv"), "w", newline="",
+              encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow(["" if r[c] is None else r[c] for c in cols])
+    summary["rows"]["recommendations"] = len(rows)
+    report.recommendations = rows
+    report.recommendation_rule = opts.rule.text()
+    changes = [pw.Change(r["vhost"], r["group"], r["setting"], int(r["recommended"]),
+                         r["current"]) for r in rows]
+    if opts.policy_path is not None:
+        written = pw.write_policy(opts.policy_path, changes, out)
+    else:
+        written = pw.new_policy(changes, _logged_groups(pairs), out)
+    report.policy_diff = written.diff
+    report.policy_files = written.files
+    summary["rows"]["policy_changes"] = len(written.applied)
+    return []
+
+
+def _logged_groups(pairs: DataFrame) -> dict[str, dict[str, list[str]]]:
+    """Per vhost, per group, the users the log shows connected under it."""
+    from pyspark.sql import functions as F
+
+    out: dict[str, dict[str, list[str]]] = {}
+    for r in (pairs.where(F.col("group").isNotNull() & F.col("user").isNotNull())
+              .groupBy("vhost", "group").agg(F.collect_set("user").alias("users")).collect()):
+        out.setdefault(r["vhost"], {})[r["group"]] = sorted(r["users"])
+    return out
+
+
+#: Columns of recommendations.csv: the contract's six, then the evidence.
+RECOMMENDATION_COLUMNS = ("vhost", "group", "setting", "current", "recommended", "change",
+                          "rule", "basis_scope", "basis", "percentile", "peak", "peak_ts")
+
+
+#: What ``--whatif`` writes (removed by a run without it, so that no stale what-if remains).
+WHATIF_OUTPUTS = ("whatif", "whatif.csv", "whatif_denied", "whatif_denied.csv",
+                  "whatif_totals.csv", "whatif_summary.json")
+
+
+def _whatif_tables(out: str, report: Any, summary: dict[str, Any], branches: _Branches,
+                   sweep: Any, events: DataFrame, opts: Options, conc: DataFrame,
+                   peaks: DataFrame) -> list[str]:
+    """Run the exact what-if (:func:`replay.replay`) and write its outputs; start the
+    what-if charts on a branch. Returns the notes for the page."""
+    import json
+
+    from pyspark.sql import functions as F
+
+    from amqp_policy_proxy.spark_reports.replay import denied_totals, replay, whatif_keys
+
+    assert opts.whatif_policy is not None
+    # Fleet-wide limits (one shared ledger) replay per vhost across the proxies and compare
+    # with fleet-wide peaks; per-process limits per (proxy, vhost). ``Options.fleet`` comes
+    # with the report's fleet awareness; without it the limits are per process.
+    fleet = bool(getattr(opts, "fleet", False))
+    if fleet:
+        peaks = conc.where(F.col("scope").isin("vhost", "user", "remote_host")).select(
+            "scope", "vhost", "key", "peak")
+    denied, replayed = replay(sweep, events, opts.whatif_policy, peaks, fleet=fleet)
+    dn = _write_parquet(denied, out, "whatif_denied")
+    summary["rows"]["whatif_denied"] = write_csv(
+        dn, os.path.join(out, "whatif_denied.csv"), ["ts", "vhost", "proxy", "conn_id"])
+    wi = _write_parquet(whatif_keys(dn), out, "whatif")
+    branches.start("html_whatif", _whatif_extracts, out, report, wi)
+    summary["rows"]["whatif"] = write_csv(
+        wi, os.path.join(out, "whatif.csv"),
+        [F.col("would_deny").desc(), "vhost", "scope", "key"])
+    totals: list[dict[str, Any]] = []
+    write_csv(denied_totals(dn), os.path.join(out, "whatif_totals.csv"),
+              ["vhost", "enforcement", F.col("denied").desc(), "reason"], totals)
+    enforced = [t for t in totals if t["enforcement"] == "enforce"]
+    by_reason: dict[str, int] = {}
+    by_vhost: dict[str, int] = {}
+    for t in enforced:
+        by_reason[t["reason"]] = by_reason.get(t["reason"], 0) + int(t["denied"])
+        by_vhost[t["vhost"]] = by_vhost.get(t["vhost"], 0) + int(t["denied"])
+    doc = {"policy": list(opts.whatif_policy.files), "fleet_wide": fleet,
+           "replayed_vhosts": replayed, "denied": sum(by_reason.values()),
+           "by_reason": dict(sorted(by_reason.items())),
+           "by_vhost": dict(sorted(by_vhost.items())),
+           "shadow": sum(int(t["denied"]) for t in totals if t["enforcement"] == "shadow"),
+           "totals": totals}
+    with open(os.path.join(out, "whatif_summary.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    report.whatif_replayed = replayed
+    report.whatif_reasons = doc["by_reason"]
+    notes = []
+    if doc["shadow"]:
+        notes.append(f"What-if: {doc['shadow']} connection(s) of groups in shadow mode would "
+                     "only be reported (SHADOW DENY), not denied.")
     return notes
 
 
