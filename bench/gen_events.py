@@ -26,6 +26,13 @@ The model, per proxy fleet:
   duration), session/link high-water marks and a close reason. Service connections live for
   hours; some were already open before the log starts (their close carries an ``opened_ts``
   before the first record); connections open at the end have no close.
+- Planted for the report's tests (all off by default): ``--storm-at`` a connection storm
+  (``--storm-size`` connection attempts within ``--storm-seconds`` to vhost ``iot``, from
+  one client host, :data:`STORM_HOST`, by ``--storm-users`` users ``storm-NN``, each
+  connection a few seconds long); ``--over-limit-user`` a tenant of ``--over-limit-vhost``
+  that tries to hold ``--over-limit-factor`` times its per-user limit (hour-long
+  connections), so the proxies deny the excess (``user_limit``); ``--growth`` a trend: the
+  arrival rate grows by that many percent per week (compounded hourly).
 - ``conn_id`` counters are per proxy process and start at 1 on each, so conn_ids repeat across
   proxies, as the Spark job must handle.
 - Schema 4 (the default, as the daemon writes it: a ``proxy_info`` line, ledger ``local``,
@@ -112,6 +119,16 @@ P_SASL_FAILED = 0.004
 P_REVOKED = 0.002
 BURST_FACTOR = 8.0
 BURST_MINUTES = 5
+#: The client host of a planted storm (``--storm-at``), and the vhost it connects to.
+STORM_HOST = "10.250.0.1"
+STORM_VHOST = "iot"
+#: The group of the planted storm's users and of the over-limit tenant (``*`` members).
+PLANTED_GROUP = "devices"
+#: Median connection duration (seconds) of a storm's connections and of the tenant's.
+STORM_DURATION = 3.0
+TENANT_DURATION = 3600.0
+#: Arrival kinds.
+_NORMAL, _BURST, _STORM, _TENANT = range(4)
 
 MS_HOUR = 3_600_000
 MS_DAY = 24 * MS_HOUR
@@ -228,7 +245,10 @@ PROXY_INFO = ('{"schema_version":%d,"event":"proxy_info","ts":"%s","conn_id":"",
 
 def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: int,
              seed: int, start: dt.date, limit_scale: float = 1.0,
-             schema_version: int = 4) -> int:
+             schema_version: int = 4, storm_at_ms: int | None = None, storm_size: int = 3000,
+             storm_seconds: int = 60, storm_users: int = 20, over_limit_user: str | None = None,
+             over_limit_vhost: str = "billing", over_limit_factor: float = 2.0,
+             growth: float = 0.0) -> int:
     """Write the event log and return the number of events written.
 
     Args:
@@ -246,6 +266,22 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
             older mix. Version 3 adds event types (``sasl_failed``, ``revoked``); version 4
             (the default, what the daemon writes) a ``proxy_info`` line at the top of every
             file.
+        storm_at_ms: plant a connection storm starting at this instant (epoch ms), or
+            ``None``: ``storm_size`` attempts spread evenly at random over
+            ``storm_seconds``, by ``storm_users`` users ``storm-NN`` of vhost ``iot`` from
+            :data:`STORM_HOST`.
+        storm_size: connection attempts of the storm.
+        storm_seconds: length of the storm.
+        storm_users: users of the storm.
+        over_limit_user: plant a tenant of ``over_limit_vhost`` (group ``devices``) with this
+            user name that tries to hold ``over_limit_factor`` times its per-user limit all
+            the time (hour-long connections, attempts spread evenly): the proxies deny the
+            excess with ``user_limit``. ``None``: no tenant.
+        over_limit_vhost: the tenant's vhost.
+        over_limit_factor: the tenant's demand as a multiple of its per-user limit (> 1
+            for denials).
+        growth: the arrival rate grows by this many percent per week (compounded hourly;
+            0: no trend).
 
     Returns:
         The exact number of lines written.
@@ -276,7 +312,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         w = diurnal(h % 24, day.weekday())
         if h in bursts:
             w += diurnal(h % 24, day.weekday()) * (BURST_FACTOR - 1) * BURST_MINUTES / 60
-        weights.append(w)
+        weights.append(w * (1 + growth / 100) ** (h / 168))
     reloads = n_hours // 24 * proxies * (1 + 2 * audit)  # and a pause and a resume each
 
     den_cdf = _cdf([w for _, w in DENIAL_REASONS])
@@ -287,6 +323,20 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
     host_ips = fleet.host_ips
     user_cdf = fleet.user_cdf
     n_users = len(fleet_users)
+    # Planted users come after the fleet's (the random picks never choose them).
+    storm_ui: list[int] = []
+    if storm_at_ms is not None:
+        host_ips.append(STORM_HOST)
+        for k in range(storm_users):
+            storm_ui.append(len(fleet_users))
+            fleet_users.append((f"storm-{k:02d}", STORM_VHOST, PLANTED_GROUP, len(host_ips) - 1))
+    tenant_ui = None
+    tenant_rate_ms = 0.0
+    if over_limit_user is not None:
+        tenant_ui = len(fleet_users)
+        # a host of its own: the per-host limit never binds first
+        host_ips.append("10.251.0.1")
+        fleet_users.append((over_limit_user, over_limit_vhost, PLANTED_GROUP, len(host_ips) - 1))
 
     future: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
     written = 0
@@ -300,6 +350,11 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         for g, ga in v["groups"].items():
             glim[(v["hostname"], g)] = (ga.get("maxConnectionsPerUser", v["maxConnectionsPerUser"]),
                                         ga.get("maxConnectionsPerHost", v["maxConnectionsPerHost"]))
+    if tenant_ui is not None:
+        if over_limit_vhost not in vlim:
+            raise ValueError(f"--over-limit-vhost {over_limit_vhost!r} is not a vhost of the fleet")
+        demand = over_limit_factor * glim[(over_limit_vhost, PLANTED_GROUP)][0]
+        tenant_rate_ms = demand / (TENANT_DURATION * 1000)  # attempts per ms (Little's law)
     live: list[tuple[int, int, str, int, int]] = []  # heap of (close_ms, proxy, vhost, user, host)
     n_vhost: Counter = Counter()
     n_user: Counter = Counter()
@@ -459,9 +514,22 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
                 if ui >= n_users:
                     ui = n_users - 1
                 open_ms = hour_start + int(rng.random() * MS_HOUR)
-            arrivals.append((open_ms, ui, in_burst))
+            arrivals.append((open_ms, ui, _BURST if in_burst else _NORMAL))
+        if storm_at_ms is not None and storm_size > 0:
+            storm_end = storm_at_ms + storm_seconds * 1000
+            lo, hi = max(hour_start, storm_at_ms), min(hour_end, storm_end)
+            if lo < hi:  # this hour's share of the storm
+                n = round(storm_size * (hi - lo) / (storm_end - storm_at_ms))
+                for _ in range(n):
+                    arrivals.append((lo + int(rng.random() * (hi - lo)),
+                                     storm_ui[int(rng.random() * len(storm_ui))], _STORM))
+        if tenant_ui is not None:
+            n = tenant_rate_ms * MS_HOUR
+            n = int(n) + (rng.random() < n - int(n))
+            for _ in range(n):
+                arrivals.append((hour_start + int(rng.random() * MS_HOUR), tenant_ui, _TENANT))
         arrivals.sort()
-        for open_ms, ui, in_burst in arrivals:
+        for open_ms, ui, kind in arrivals:
             release_until(open_ms)
             p = (ui * 2654435761 + (rng.random() < 0.1)) % proxies  # sticky load balancer
             name, vhost, group, host = fleet_users[ui]
@@ -471,7 +539,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
                                                 host_ips[host])))
                 continue
             reason = None
-            if rng.random() < P_DENIED:
+            if kind != _TENANT and rng.random() < P_DENIED:
                 reason = _pick(den_cdf, den_names, rng.random())
             else:
                 vmax, _, _ = vlim[vhost]
@@ -509,8 +577,12 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
                     host_ips[host], reason, cond, desc)))
                 continue
             mu, sigma = log_duration[group]
-            if in_burst:
+            if kind == _BURST:
                 mu, sigma = math.log(20.0), 1.0
+            elif kind == _STORM:
+                mu, sigma = math.log(STORM_DURATION), 0.5
+            elif kind == _TENANT:
+                mu, sigma = math.log(TENANT_DURATION), 0.2
             dur_ms = max(1, int(rng.lognormvariate(mu, sigma) * 1000))
             close_ms = open_ms + dur_ms
             close = close_ms if close_ms < end_ms else None
@@ -606,6 +678,22 @@ def main(argv: list[str] | None = None) -> int:
                          "audit records; 1: the older mix")
     ap.add_argument("--whatif-out", metavar="PATH",
                     help="also write a tighter what-if policy (limits x0.5 of that)")
+    ap.add_argument("--storm-at", metavar="TS",
+                    help="plant a connection storm starting at this UTC time (ISO 8601)")
+    ap.add_argument("--storm-size", type=int, default=3000,
+                    help="connection attempts of the planted storm (default 3000)")
+    ap.add_argument("--storm-seconds", type=int, default=60,
+                    help="length of the planted storm in seconds (default 60)")
+    ap.add_argument("--storm-users", type=int, default=20,
+                    help=f"users of the planted storm, all from {STORM_HOST} (default 20)")
+    ap.add_argument("--over-limit-user", metavar="NAME",
+                    help="plant a tenant that wants more connections than its per-user limit")
+    ap.add_argument("--over-limit-vhost", default="billing",
+                    help="the tenant's vhost (default billing)")
+    ap.add_argument("--over-limit-factor", type=float, default=2.0,
+                    help="the tenant's demand, in multiples of its per-user limit (default 2)")
+    ap.add_argument("--growth", type=float, default=0.0, metavar="PCT",
+                    help="the arrival rate grows by PCT %% per week (default 0)")
     args = ap.parse_args(argv)
     if min(args.users, args.hosts, args.days, args.proxies) < 1 or args.events < 0:
         ap.error("--users, --hosts, --days, --proxies must be >= 1 and --events >= 0")
@@ -613,8 +701,27 @@ def main(argv: list[str] | None = None) -> int:
     t = time.monotonic()
     if args.limit_scale <= 0:
         ap.error("--limit-scale must be positive")
+    storm_at = None
+    if args.storm_at:
+        try:
+            s = dt.datetime.fromisoformat(args.storm_at)
+        except ValueError:
+            ap.error(f"--storm-at: not an ISO 8601 time: {args.storm_at!r}")
+        if s.tzinfo is None:
+            s = s.replace(tzinfo=dt.UTC)
+        storm_at = int(s.timestamp() * 1000)
+    if args.storm_size < 0 or args.storm_seconds < 1 or args.storm_users < 1:
+        ap.error("--storm-size must be >= 0, --storm-seconds and --storm-users >= 1")
+    if args.over_limit_factor <= 0 or args.growth <= -100:
+        ap.error("--over-limit-factor must be positive and --growth above -100")
+    if args.over_limit_vhost not in {v for v, _ in VHOSTS}:
+        ap.error(f"--over-limit-vhost must be one of {', '.join(v for v, _ in VHOSTS)}")
     n = generate(args.out, args.events, args.users, args.hosts, args.days, args.proxies,
-                 args.seed, start, args.limit_scale, args.schema_version)
+                 args.seed, start, args.limit_scale, args.schema_version,
+                 storm_at_ms=storm_at, storm_size=args.storm_size,
+                 storm_seconds=args.storm_seconds, storm_users=args.storm_users,
+                 over_limit_user=args.over_limit_user, over_limit_vhost=args.over_limit_vhost,
+                 over_limit_factor=args.over_limit_factor, growth=args.growth)
     if args.policy_out or args.whatif_out:
         fleet = Fleet(args.users, args.hosts, random.Random(args.seed))
         if args.policy_out:

@@ -13,6 +13,8 @@ command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v openssl >/dev/null || need+=(openssl)
+# the capacity report's page is checked in headless Chromium (tests/spark/test_trends_report.py)
+command -v chromium >/dev/null || [ -x /usr/bin/chromium ] || need+=(chromium)
 # `make deb` (and the packaging test): dh-virtualenv with debhelper builds the package from
 # the sdist; python-qpid-proton is compiled in it against Cyrus SASL and OpenSSL
 # (libsasl2-dev above, libssl-dev); adduser runs in its postinst; lintian checks the .deb.

@@ -67,3 +67,42 @@ def test_admin_actions_table_newest_rows_and_escaping(tmp_path, monkeypatch):
             "<td>unix</td><td>&lt;why&gt;</td></tr>") in page
     empty = open(html.write_report(str(tmp_path / "e"), html.ReportData()), encoding="utf-8").read()
     assert "<h2>6. Admin actions</h2>" in empty and "No rows." in empty
+
+
+def test_churn_storm_and_forecast_sections(tmp_path):
+    from amqp_policy_proxy.spark_reports.forecast import DayForecast, KeyForecast
+
+    d0 = dt.date(2026, 11, 21)
+    days = [DayForecast(d0 + dt.timedelta(days=i), "actual", 100.0 + i) for i in range(7)]
+    days += [DayForecast(d0 + dt.timedelta(days=7 + i), "forecast", 108.0 + i, 100.0 + i,
+                         116.0 + i, 95.0 + i, 125.0 + i) for i in range(3)]
+    fc = KeyForecast("vhost", "v1", "v1", days, limit=120, model="m",
+                     limit_date=None, days_until_limit=None, days_until_limit_upper95=2)
+    data = html.ReportData(
+        window_start="2026-11-21T00:00:00.000Z", window_end="2026-11-28T00:00:00.000Z",
+        churn_rule="rule", storm_rule="storm rule",
+        churn_periods=[{"scope": "vhost", "vhost": "v1", "key": "v1",
+                        "start": "2026-11-22T10:00:00.000Z", "end": "2026-11-22T10:12:00.000Z",
+                        "minutes": 12, "opens": 9000, "closes": 9000, "peak_churn_per_s": 30.0,
+                        "peak_ratio": 0.2, "max_connections": 150, "min_connections": 140}],
+        storms=[{"storm_id": "v1@2026-11-23T02:30:00Z", "vhost": "v1",
+                 "start": "2026-11-23T02:30:00.000Z", "end": "2026-11-23T02:31:00.000Z",
+                 "opens": 3000, "peak_opens_per_s": 70, "baseline_per_s": 0.5,
+                 "top_users": "a:10 <b>:5", "top_hosts": "10.0.0.1:3000",
+                 "top_host": "10.0.0.1"}],
+        storm_limits=[{"storm_id": "v1@2026-11-23T02:30:00Z", "setting": "maxConnectionRate",
+                       "recommended": 3, "pre_storm_p99_per_s": 3.0, "storm_peak_per_s": 70,
+                       "over_rate_opens": 2800}],
+        forecasts=[fc], forecast_days=3,
+        forecast_limits=[{"scope": "vhost", "vhost": "v1", "key": "v1", "limit": 120}])
+    page = open(html.write_report(str(tmp_path), data), encoding="utf-8").read()
+    for section in ('<section id="churn-periods">', '<section id="storms">',
+                    '<section id="forecast">'):
+        assert section in page
+    for img in ("churn_periods", "storms", "forecast_0"):
+        assert f'<img id="chart-{img}" src="img/{img}.png"' in page
+        assert (tmp_path / "img" / f"{img}.png").read_bytes()[:4] == b"\x89PNG"
+    assert "a:10 &lt;b&gt;:5" in page and "maxConnectionRate" in page
+    off = open(html.write_report(str(tmp_path / "off"), html.ReportData()),
+               encoding="utf-8").read()
+    assert "--no-forecast" in off and "No data for: storms on a time line" in off

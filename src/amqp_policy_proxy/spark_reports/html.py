@@ -28,7 +28,8 @@ Series = tuple[list[dt.datetime], list[float]]
 #: Admin actions shown on the page at most (the newest); admin_actions.csv has them all.
 ADMIN_ROWS = 500
 #: The chart sections of the page, in page order; see :func:`draw_section`.
-SECTIONS: tuple[str, ...] = ("concurrency", "headroom", "denials", "traffic", "whatif")
+SECTIONS: tuple[str, ...] = ("concurrency", "headroom", "denials", "traffic", "whatif",
+                             "storms", "forecast")
 # matplotlib is not thread-safe (shared font and text caches): one chart at a time.
 _DRAW_LOCK = threading.Lock()
 
@@ -101,6 +102,22 @@ class ReportData:
     ``None`` when there was nothing to draw."""
     drawn: set[str] = field(default_factory=set)
     """The sections whose charts are in ``charts``."""
+    churn_periods: list[dict[str, Any]] = field(default_factory=list)
+    """Rows of churn_periods.csv (``start``/``end`` RFC 3339 strings), oldest first."""
+    churn_rule: str = ""
+    """The churn rule in words."""
+    storms: list[dict[str, Any]] = field(default_factory=list)
+    """Rows of storms.csv (``start``/``end``/``peak_ts`` RFC 3339 strings), oldest first."""
+    storm_limits: list[dict[str, Any]] = field(default_factory=list)
+    """Rows of storm_limits.csv."""
+    storm_rule: str = ""
+    """The storm rule in words."""
+    forecasts: list[Any] = field(default_factory=list)
+    """:class:`~.forecast.KeyForecast` per forecast key (history and forecast days)."""
+    forecast_limits: list[dict[str, Any]] = field(default_factory=list)
+    """Rows of forecast_limits.csv."""
+    forecast_days: int | None = None
+    """The forecast horizon in days; ``None``: no forecast (``--no-forecast`` or not run)."""
 
 
 def _fig(width: float = 9.0, height: float = 3.6) -> Figure:
@@ -278,6 +295,8 @@ def _section_charts(data: ReportData, img_dir: str, section: str) -> dict[str, s
             "churn": chart_lines(churn, "Churn: connection opens per minute", "opens/min",
                                  img_dir, "churn"),
         }
+    if section in ("storms", "forecast"):
+        return _trend_charts(data, img_dir, section)
     if section == "whatif":
         if data.whatif is None:
             return {}
@@ -434,6 +453,7 @@ def write_report(out_dir: str, data: ReportData) -> str:
             f"{len(shown):,} are shown.</p>")
     add(_table(shown, ["ts", "action", "vhost", "selector", "targets", "count", "result", "uid",
                        "pid", "peer", "description"]))
+    parts += trend_sections(data, charts)
     if data.whatif is not None:
         add("<h2>What-if replay</h2>")
         add(f"<p>{data.whatif_total:,} connections would have been denied. Vhosts replayed "
@@ -452,3 +472,249 @@ def write_report(out_dir: str, data: ReportData) -> str:
     with open(path, "w", encoding="utf-8") as page:
         page.write("\n".join(parts))
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# Churn, storms and forecasts (issue 32): their charts and page sections.
+
+#: Forecast charts drawn at most (the vhosts first, then the groups, as the job ranks them).
+FORECAST_CHARTS = 8
+#: Rows of the churn-period and storm tables shown on the page (the CSV files have them all).
+TREND_ROWS = 50
+
+
+def _parse_ts(v: Any) -> dt.datetime | None:
+    """A datetime from an RFC 3339 string (the CSV rows) or a datetime; ``None`` otherwise."""
+    if isinstance(v, dt.datetime):
+        return v if v.tzinfo is not None else v.replace(tzinfo=dt.UTC)
+    if isinstance(v, str) and v:
+        return dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    return None
+
+
+def _window(data: ReportData) -> tuple[dt.datetime, dt.datetime] | None:
+    a, b = _parse_ts(data.window_start), _parse_ts(data.window_end)
+    return (a, b) if a is not None and b is not None else None
+
+
+def chart_storms(storms: list[dict[str, Any]], span: tuple[dt.datetime, dt.datetime] | None,
+                 img_dir: str, name: str = "storms") -> str | None:
+    """Draw the storms on a time line: one stem per storm at its start, as high as its peak
+    opens per second, one colour per vhost; the five highest are labelled with their top host.
+
+    Args:
+        storms: rows of storms.csv (``vhost``, ``start``, ``peak_opens_per_s``, ``top_host``).
+        span: the report window (the x axis), or ``None`` for the storms' own range.
+        img_dir: directory of the PNG files.
+        name: file name without ``.png``.
+
+    Returns:
+        The image path relative to the page, or ``None`` when there is no storm.
+    """
+    if not storms:
+        return None
+    fig = _fig()
+    ax = fig.add_subplot()
+    by_vhost: dict[str, tuple[list[dt.datetime], list[float]]] = {}
+    for r in storms:
+        x = _parse_ts(r["start"])
+        if x is None:
+            continue
+        xs, ys = by_vhost.setdefault(str(r["vhost"]), ([], []))
+        xs.append(x)
+        ys.append(float(r["peak_opens_per_s"]))
+    for i, (vhost, (xs, ys)) in enumerate(sorted(by_vhost.items())):
+        colour = f"C{i % 10}"
+        ax.vlines(xs, 0, ys, colors=colour, linewidth=1.5)  # type: ignore[arg-type]
+        ax.plot(xs, ys, "o", color=colour, label=vhost, markersize=4)  # type: ignore[arg-type]
+    for r in sorted(storms, key=lambda r: -float(r["peak_opens_per_s"]))[:5]:
+        x = _parse_ts(r["start"])
+        ax.annotate(str(r.get("top_host") or ""), (x, float(r["peak_opens_per_s"])),
+                    fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if span is not None:
+        ax.set_xlim(*span)  # type: ignore[arg-type]
+    ax.set_ylim(bottom=0)
+    ax.set_title("Connection storms: peak opens per second, at their start")
+    ax.set_ylabel("opens/s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize=7, ncol=4)
+    fig.autofmt_xdate()
+    return _save(fig, img_dir, name)
+
+
+def chart_periods(periods: list[dict[str, Any]], span: tuple[dt.datetime, dt.datetime] | None,
+                  img_dir: str, name: str = "churn_periods", rows: int = 20) -> str | None:
+    """Draw flagged churn periods as bars on a time line, one row per key.
+
+    Args:
+        periods: rows of churn_periods.csv (``scope``, ``vhost``, ``key``, ``start``, ``end``).
+        span: the report window (the x axis), or ``None``.
+        img_dir: directory of the PNG files.
+        name: file name without ``.png``.
+        rows: keys shown at most (those with the most flagged minutes).
+
+    Returns:
+        The image path relative to the page, or ``None`` when there is no period. Periods
+        shorter than 1/300 of the axis are drawn that wide, to stay visible.
+    """
+    if not periods:
+        return None
+    per_key: dict[str, list[tuple[dt.datetime, dt.datetime]]] = {}
+    minutes: dict[str, float] = {}
+    for r in periods:
+        a, b = _parse_ts(r["start"]), _parse_ts(r["end"])
+        if a is None or b is None:
+            continue
+        label = r["vhost"] if r["scope"] == "vhost" else f"{r['vhost']}/{r['key']}"
+        per_key.setdefault(str(label), []).append((a, b))
+        minutes[str(label)] = minutes.get(str(label), 0.0) + (b - a).total_seconds() / 60
+    if not per_key:
+        return None
+    keys = sorted(per_key, key=lambda k: -minutes[k])[:rows]
+    lo = span[0] if span else min(a for k in keys for a, _ in per_key[k])
+    hi = span[1] if span else max(b for k in keys for _, b in per_key[k])
+    least = max((hi - lo) / 300, dt.timedelta(minutes=1))
+    fig = _fig(9.0, max(2.0, 0.3 * len(keys) + 1.2))
+    ax = fig.add_subplot()
+    for i, k in enumerate(keys):
+        bars = [(a, max(b - a, least)) for a, b in per_key[k]]
+        ax.broken_barh(bars, (len(keys) - 1 - i - 0.4, 0.8), color="#cc3311")  # type: ignore[arg-type]
+    ax.set_yticks(range(len(keys))[::-1], [k[:40] for k in keys], fontsize=7)
+    ax.set_xlim(lo, hi)  # type: ignore[arg-type]
+    ax.set_title("High connection churn: flagged periods")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.autofmt_xdate()
+    return _save(fig, img_dir, name)
+
+
+def chart_forecast(fc: Any, img_dir: str, name: str) -> str | None:
+    """Draw one key's daily peaks, its forecast with 80 % and 95 % bands and its limit (a
+    line, or a note when it is more than twice the chart's highest value).
+
+    Args:
+        fc: a :class:`~.forecast.KeyForecast`.
+        img_dir: directory of the PNG files.
+        name: file name without ``.png``.
+
+    Returns:
+        The image path relative to the page, or ``None`` when it has no days.
+    """
+    if not fc.days:
+        return None
+    fig = _fig(9.0, 3.2)
+    ax = fig.add_subplot()
+    hist = [d for d in fc.days if d.kind == "actual"]
+    fut = [d for d in fc.days if d.kind == "forecast"]
+    ax.plot([d.date for d in hist], [d.peak for d in hist], "-o", color="#4477aa",
+            markersize=3, label="daily peak")
+    if fut:
+        xs = [d.date for d in fut]
+        ax.fill_between(xs, [d.lower95 for d in fut], [d.upper95 for d in fut],
+                        color="#ee7733", alpha=0.18, label="95 % interval")
+        ax.fill_between(xs, [d.lower80 for d in fut], [d.upper80 for d in fut],
+                        color="#ee7733", alpha=0.32, label="80 % interval")
+        ax.plot(xs, [d.peak for d in fut], "--", color="#ee7733", label="forecast")
+    title = f"{fc.scope} {fc.vhost}" + ("" if fc.scope == "vhost" else f"/{fc.key}")
+    top = max([d.peak for d in fc.days] + [d.upper95 or 0.0 for d in fut] + [1.0])
+    if fc.limit is not None:
+        if fc.limit <= 2 * top:
+            ax.axhline(fc.limit, color="#cc3311", linestyle="--", linewidth=1,
+                       label=f"maxConnections {fc.limit:,}")
+        else:  # far above: drawing it would flatten the series and its bands
+            ax.set_ylim(0, top * 1.3)
+            ax.text(0.99, 0.95, f"maxConnections {fc.limit:,}: above the chart",
+                    transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                    color="#cc3311")
+        until = fc.days_until_limit
+        title += (f": limit reached in {until} days" if until is not None
+                  else ": limit not reached within the horizon")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel("connections")
+    if ax.get_ylim()[0] != 0:
+        ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize=7, ncol=3)
+    fig.autofmt_xdate()
+    return _save(fig, img_dir, name)
+
+
+def _trend_charts(data: ReportData, img_dir: str, section: str) -> dict[str, str | None]:
+    if section == "storms":
+        span = _window(data)
+        return {"storms": chart_storms(data.storms, span, img_dir),
+                "churn_periods": chart_periods(data.churn_periods, span, img_dir)}
+    out: dict[str, str | None] = {}
+    for i, fc in enumerate(data.forecasts[:FORECAST_CHARTS]):
+        out[f"forecast_{i}"] = chart_forecast(fc, img_dir, f"forecast_{i}")
+    return out
+
+
+def trend_sections(data: ReportData, charts: dict[str, str | None]) -> list[str]:
+    """Return the HTML of the churn, storm and forecast sections (ids ``churn-periods``,
+    ``storms``, ``forecast``; their charts ``img#chart-...``).
+
+    Args:
+        data: the extracts (``churn_*``, ``storm*``, ``forecast*`` fields).
+        charts: the drawn charts (name -> path or ``None``).
+
+    Returns:
+        The page parts, in order.
+    """
+    def img(key: str, alt: str) -> str:
+        path = charts.get(key)
+        if path is None:
+            return f"<p class=empty>No data for: {html.escape(alt)}.</p>"
+        return (f'<img id="chart-{html.escape(key)}" src="{html.escape(path)}" '
+                f'alt="{html.escape(alt)}">')
+
+    p: list[str] = []
+    p.append('<section id="churn-periods"><h2>7. Connection churn</h2>')
+    p.append(f"<p>Rule (RabbitMQ cluster-operator <code>HighConnectionChurn</code>): "
+             f"{_esc(data.churn_rule)}; per vhost and per client host of a vhost, per minute. "
+             f"{len(data.churn_periods):,} flagged period(s). Tables: "
+             "<code>churn_rates.csv</code>, <code>churn_periods.csv</code>, "
+             "<code>churn_periods.json</code>.</p>")
+    p.append(img("churn_periods", "flagged churn periods"))
+    p.append(_table(data.churn_periods[:TREND_ROWS],
+                    ["scope", "vhost", "key", "start", "end", "minutes", "opens", "closes",
+                     "peak_churn_per_s", "peak_ratio", "max_connections"]))
+    p.append("</section>")
+
+    p.append('<section id="storms"><h2>8. Connection storms</h2>')
+    p.append(f"<p>Rule: {_esc(data.storm_rule)}. {len(data.storms):,} storm(s). Rates that "
+             "would have smoothed each storm: the p99 of the hour before it (vhost: over all "
+             "seconds; user and host: over the seconds they opened connections), at least 1 "
+             "per second. Tables: <code>storms.csv</code>, <code>storm_limits.csv</code> "
+             "(and <code>.json</code>).</p>")
+    p.append(img("storms", "storms on a time line"))
+    p.append(_table(data.storms[:TREND_ROWS],
+                    ["vhost", "start", "end", "opens", "peak_opens_per_s", "baseline_per_s",
+                     "top_users", "top_hosts"]))
+    shown = {r["storm_id"] for r in data.storms[:TREND_ROWS]}
+    p.append("<h3>Connection rates that would have smoothed them</h3>")
+    p.append(_table([r for r in data.storm_limits if r["storm_id"] in shown],
+                    ["storm_id", "setting", "recommended", "pre_storm_p99_per_s",
+                     "storm_peak_per_s", "over_rate_opens"]))
+    p.append("</section>")
+
+    p.append('<section id="forecast"><h2>9. Forecast</h2>')
+    if data.forecast_days is None:
+        p.append("<p class=empty>No forecast (<code>--no-forecast</code>, or no events).</p>")
+    else:
+        p.append(f"<p>Daily peak connections per vhost and group, {data.forecast_days} days "
+                 "ahead: a structural time-series model (local linear trend, daily and weekly "
+                 "seasonality; statsmodels) on the hourly peaks of the timeline, with 80 % and "
+                 "95 % intervals. Days until the limit: the first day the forecast peak "
+                 "reaches the vhost's <code>maxConnections</code> (upper 95 %: the earliest "
+                 "it could). Tables: <code>forecast.csv</code>, "
+                 "<code>forecast_limits.csv</code>, <code>forecast.json</code>.</p>")
+        for i, fc in enumerate(data.forecasts[:FORECAST_CHARTS]):
+            label = fc.vhost if fc.scope == "vhost" else f"{fc.vhost}/{fc.key}"
+            p.append(img(f"forecast_{i}", f"forecast {fc.scope} {label}"))
+        if not data.forecasts:
+            p.append("<p class=empty>No key could be forecast.</p>")
+        p.append(_table(data.forecast_limits,
+                        ["scope", "vhost", "key", "limit", "last_peak", "forecast_peak_max",
+                         "limit_date", "days_until_limit", "days_until_limit_upper95"]))
+    p.append("</section>")
+    return p

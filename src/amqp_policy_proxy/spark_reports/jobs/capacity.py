@@ -169,6 +169,8 @@ class Options:
     """``--percentile`` and ``--headroom``: how limits are recommended."""
     fleet: bool = False
     """``--fleet``: every proxy of the log enforces its limits with the others (one fleet)."""
+    trends: TrendOptions = field(default_factory=lambda: TrendOptions())
+    """Churn, storm and forecast options (:class:`TrendOptions`)."""
 
 
 def parse_timestamp(text: str) -> int:
@@ -263,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the event log records it (schema 4 proxy_info: proxies sharing a "
                         "[ledger] are summed per fleet, the others count alone; logs "
                         "without it: per proxy process)")
+    add_trend_arguments(p)
     return p
 
 
@@ -298,7 +301,8 @@ def parse_options(argv: list[str]) -> Options:
     return Options(events=a.events, out=a.out, policy=policy, whatif=whatif, start_us=start,
                    end_us=end, grid_us=grid, grid_label=a.grid.strip(), master=a.master,
                    whatif_policy=whatif_policy, policy_path=a.policy,
-                   policy_whole=policy_whole, rule=rule, fleet=a.fleet)
+                   policy_whole=policy_whole, rule=rule, fleet=a.fleet,
+                   trends=trend_options(a))
 
 
 def _load_policy(path: str) -> ConnectionLimits:
@@ -530,6 +534,8 @@ STAGES = {
     "html_concurrency": "concurrency charts",
     "headroom": "headroom and recommendations",
     "html_whatif": "what-if charts",
+    "trends": "churn and storms",
+    "forecast": "forecast",
 }
 
 
@@ -741,6 +747,9 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         side = _side_session(spark)
         branches.start("denials_traffic", _side_tables, side, events_path, events_schema,
                        window, out, report, summary)
+        # Churn and storms need only the events too.
+        trends = branches.start("trends", _trend_tables, _side_session(spark), opts,
+                                events_path, events_schema, window, out, report, summary)
 
         # Which proxies are summed before a limit: per proxy, per recorded fleet, --fleet.
         scope = limit_scope(spark, events, opts.fleet)
@@ -760,6 +769,8 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         tl = _write_parquet(name_ids(timeline(dense, window), sweep.keys, DENSE_SCOPES), out,
                             "timeline")
         conc_dense = name_keys(concurrency_stats(dense, window), sweep.keys, DENSE_SCOPES)
+        forecast = branches.start("forecast", _forecast_tables, opts, out, report, summary,
+                                  tl)
         lap("dense_timeline")
         conc_sparse = concurrency(sweep, SPARSE_SCOPES)
         saved = {k: spark.conf.get(k, None) for k in SWEEP_CONF}
@@ -799,7 +810,8 @@ def run_report(spark: SparkSession, opts: Options) -> dict[str, Any]:
         lap("whatif")
         branches.join()
         lap("branches_wait")
-        report.notes += notes_bad + headroom.result() + notes_whatif
+        report.notes += notes_bad + headroom.result() + notes_whatif + trends.result() \
+            + forecast.result()
     finally:
         branches.join(raise_error=False)  # after a failure: let the branches end first
         for df in cached:
@@ -1134,6 +1146,289 @@ def _group_series(rows: list[Any], by: str) -> dict[str, tuple[list[dt.datetime]
         xs.append(_dt(r["x"]))
         ys.append(r["y"])
     return out
+
+# --------------------------------------------------------------------------------------------
+# Churn, storms and forecasts (issue 32): options and the one stage that runs them. The
+# computations are in ..churn, ..storms and ..forecast; the page sections in ..html.
+
+#: ``--churn-for`` and ``--storm-gap`` values: N and a unit.
+_DURATION = re.compile(r"\s*(\d+)\s*([smh])\s*")
+
+
+@dataclass(frozen=True)
+class TrendOptions:
+    """The churn, storm and forecast options of ``report capacity``."""
+
+    churn_ratio: float = 0.1
+    """``--churn-ratio``: opens + closes per second above this fraction of open connections."""
+    churn_minutes: int = 10
+    """``--churn-for``, in whole minutes."""
+    churn_min_connections: int = 100
+    """``--churn-min-connections``."""
+    storm_factor: float = 5.0
+    """``--storm-factor``: times the baseline opens per second."""
+    storm_floor: int = 20
+    """``--storm-floor``: opens per second at least."""
+    storm_gap_seconds: int = 30
+    """``--storm-gap``, in seconds."""
+    forecast_days: int | None = 30
+    """``--forecast-days``; ``None`` with ``--no-forecast``."""
+    forecast_keys: int = 24
+    """``--forecast-keys``: keys forecast at most (vhosts first, then groups by peak)."""
+
+
+def add_trend_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the churn, storm and forecast options to the ``report capacity`` parser."""
+    g = p.add_argument_group(
+        "churn, storms and forecasts",
+        "Churn follows the HighConnectionChurn rule: (opens + closes) per second above "
+        "RATIO x open connections for DURATION, ignored under MIN open connections, per vhost "
+        "and per client host. A storm is opens per second of a vhost at least FACTOR x the "
+        "median of the hour before and at least FLOOR, merged across gaps under GAP. "
+        "Outputs: churn_rates, churn_periods, storms, storm_limits (Parquet, CSV, JSON), "
+        "forecast.csv, forecast_limits.csv, forecast.json (docs/spark-reports.md).")
+    g.add_argument("--churn-ratio", type=float, default=0.1, metavar="RATIO",
+                   help="churn threshold: (opens + closes)/s above RATIO x open connections "
+                        "(default 0.1)")
+    g.add_argument("--churn-for", default="10m", metavar="DURATION",
+                   help="churn must last this long, whole minutes: N m|h (default 10m)")
+    g.add_argument("--churn-min-connections", type=int, default=100, metavar="MIN",
+                   help="ignore churn while fewer connections are open (default 100)")
+    g.add_argument("--storm-factor", type=float, default=5.0, metavar="FACTOR",
+                   help="a storm second has FACTOR x the baseline opens/s (default 5)")
+    g.add_argument("--storm-floor", type=int, default=20, metavar="FLOOR",
+                   help="... and at least FLOOR opens/s (default 20)")
+    g.add_argument("--storm-gap", default="30s", metavar="GAP",
+                   help="storm seconds closer than GAP are one storm: N s|m (default 30s)")
+    g.add_argument("--forecast-days", type=int, default=30, metavar="N",
+                   help="forecast the daily peak per vhost and group N days ahead, with 80/95 %% "
+                        "intervals and the days until each vhost's maxConnections (default 30)")
+    g.add_argument("--forecast-keys", type=int, default=24, metavar="K",
+                   help="forecast at most K keys: the vhosts first, then the groups with the "
+                        "highest peaks (default 24; each takes a few seconds on the driver)")
+    g.add_argument("--no-forecast", action="store_true",
+                   help="no forecast (statsmodels not needed)")
+
+
+def _duration_s(text: str, flag: str) -> int:
+    m = _DURATION.fullmatch(text)
+    if not m or int(m.group(1)) == 0:
+        raise UsageError(f"{flag} must be a positive number with a unit s, m or h: {text!r}")
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def trend_options(a: argparse.Namespace) -> TrendOptions:
+    """Validate the churn, storm and forecast options of parsed arguments.
+
+    Raises:
+        UsageError: a value out of range (ratio and factor > 0, minimum >= 0, floor >= 1,
+            ``--churn-for`` whole minutes, ``--forecast-days`` 1..365).
+    """
+    churn_s = _duration_s(a.churn_for, "--churn-for")
+    if churn_s % 60:
+        raise UsageError(f"--churn-for must be whole minutes: {a.churn_for!r}")
+    if not a.churn_ratio > 0:
+        raise UsageError(f"--churn-ratio must be positive: {a.churn_ratio}")
+    if a.churn_min_connections < 0:
+        raise UsageError("--churn-min-connections must not be negative")
+    if not a.storm_factor > 0:
+        raise UsageError(f"--storm-factor must be positive: {a.storm_factor}")
+    if a.storm_floor < 1:
+        raise UsageError("--storm-floor must be at least 1")
+    if not 1 <= a.forecast_days <= 365:
+        raise UsageError(f"--forecast-days must be 1..365: {a.forecast_days}")
+    if a.forecast_keys < 1:
+        raise UsageError(f"--forecast-keys must be at least 1: {a.forecast_keys}")
+    return TrendOptions(
+        churn_ratio=a.churn_ratio, churn_minutes=churn_s // 60,
+        churn_min_connections=a.churn_min_connections, storm_factor=a.storm_factor,
+        storm_floor=a.storm_floor, storm_gap_seconds=_duration_s(a.storm_gap, "--storm-gap"),
+        forecast_days=None if a.no_forecast else a.forecast_days,
+        forecast_keys=a.forecast_keys)
+
+
+def _write_json(path: str, rows: list[dict[str, Any]]) -> None:
+    """Write rows as a JSON array; datetimes as RFC 3339 (UTC, ms), dates as YYYY-MM-DD."""
+    import json
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, dt.datetime):
+            v = v if v.tzinfo is not None else v.replace(tzinfo=dt.UTC)
+            return _fmt_us(int((v - dt.datetime(1970, 1, 1, tzinfo=dt.UTC))
+                               / dt.timedelta(microseconds=1)))
+        if isinstance(v, dt.date):
+            return v.isoformat()
+        raise TypeError(f"not JSON serialisable: {v!r}")
+
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(rows, f, default=conv, indent=1)
+        f.write("\n")
+
+
+def _trend_tables(spark: SparkSession, opts: Options, events_path: str, events_schema: Any,
+                  window: ReportWindow, out: str, report: Any, summary: dict[str, Any],
+                  ) -> list[str]:
+    """Write the churn and storm outputs and fill and draw their page section.
+
+    Runs on a branch thread with its own session, from the work table (beside the main
+    chain, from its start). Returns the notes for the page.
+    """
+    from pyspark.sql import functions as F
+
+    from amqp_policy_proxy.spark_reports import html
+    from amqp_policy_proxy.spark_reports.churn import ChurnRule, churn_periods, churn_rates
+    from amqp_policy_proxy.spark_reports.storms import StormRule, storm_limits, storms
+
+    t = opts.trends
+    notes: list[str] = []
+    t0 = time.monotonic()
+
+    def part(name: str) -> None:  # the parts' own times, in the summary's seconds
+        nonlocal t0
+        now = time.monotonic()
+        summary["seconds"][f"trends_{name}"] = round(now - t0, 2)
+        logger.debug("trends part %s: %.1f s", name, now - t0)
+        t0 = now
+
+    events = _work_events(spark, events_path, events_schema)
+    rule = ChurnRule(t.churn_ratio, t.churn_minutes, t.churn_min_connections)
+    rates = _write_parquet(churn_rates(events, window, rule, carried=opts.start_us is not None),
+                           out, "churn_rates")
+    summary["rows"]["churn_rates"] = write_csv(
+        rates.where((F.col("scope") == "vhost") | F.col("over")),
+        os.path.join(out, "churn_rates.csv"), ["scope", "vhost", "key", "window_start"])
+    periods = _write_parquet(churn_periods(rates), out, "churn_periods")
+    period_rows: list[dict[str, Any]] = []
+    summary["rows"]["churn_periods"] = write_csv(
+        periods, os.path.join(out, "churn_periods.csv"), ["start", "scope", "vhost", "key"],
+        period_rows)
+    _write_json(os.path.join(out, "churn_periods.json"), period_rows)
+    report.churn_periods = period_rows
+    part("churn")
+    report.churn_rule = (f"(opens + closes)/s > {t.churn_ratio:g} x open connections for "
+                         f"{t.churn_minutes} min, at least {t.churn_min_connections} open")
+
+    srule = StormRule(factor=t.storm_factor, floor=t.storm_floor,
+                      gap_seconds=t.storm_gap_seconds)
+    found = _write_parquet(storms(events, window, srule), out, "storms")
+    storm_rows: list[dict[str, Any]] = []
+    summary["rows"]["storms"] = write_csv(found, os.path.join(out, "storms.csv"),
+                                          ["start", "vhost"], storm_rows)
+    _write_json(os.path.join(out, "storms.json"), storm_rows)
+    lim_df = storm_limits(events, window, found)
+    if not storm_rows:  # nothing to look for: an empty table (the schema costs no job)
+        from amqp_policy_proxy.spark_reports.common import local_table
+
+        lim_df = local_table(spark, [], lim_df.schema)
+    lim = _write_parquet(lim_df, out, "storm_limits")
+    lim_rows: list[dict[str, Any]] = []
+    summary["rows"]["storm_limits"] = write_csv(
+        lim, os.path.join(out, "storm_limits.csv"), ["storm_id", "setting"], lim_rows)
+    _write_json(os.path.join(out, "storm_limits.json"), lim_rows)
+    report.storms = storm_rows
+    report.storm_limits = lim_rows
+    report.storm_rule = (f"opens/s >= {t.storm_factor:g} x the median of the hour before and "
+                         f">= {t.storm_floor}, gaps under {t.storm_gap_seconds} s merged")
+    html.draw_section(out, report, "storms")
+    part("storms")
+    return notes
+
+
+def _forecast_tables(opts: Options, out: str, report: Any, summary: dict[str, Any],
+                     tl: DataFrame) -> list[str]:
+    """Write forecast.csv, forecast_limits.csv and forecast.json (unless ``--no-forecast``);
+    fill and draw the forecast section. Returns the notes for the page.
+
+    Runs on a branch thread as soon as the timeline is written: Spark reduces it to hourly
+    peaks, the model runs on the driver (:mod:`..forecast`).
+    """
+    from amqp_policy_proxy.spark_reports import html
+
+    report.forecast_days = opts.trends.forecast_days
+    for name in ("forecast.csv", "forecast_limits.csv", "forecast.json"):
+        if os.path.exists(os.path.join(out, name)):  # an earlier run's
+            os.remove(os.path.join(out, name))
+    notes = [] if opts.trends.forecast_days is None else _forecast(opts, out, report,
+                                                                   summary, tl)
+    html.draw_section(out, report, "forecast")
+    return notes
+
+
+def _forecast(opts: Options, out: str, report: Any, summary: dict[str, Any],
+              tl: DataFrame) -> list[str]:
+    """Forecast the vhosts and groups; write forecast.csv, forecast_limits.csv, forecast.json."""
+    from pyspark.sql import functions as F
+
+    hour_us = 3_600_000_000
+    if opts.grid_us > hour_us or hour_us % opts.grid_us:
+        return [f"No forecast: the grid ({opts.grid_label}) does not divide an hour."]
+    try:
+        from amqp_policy_proxy.spark_reports.forecast import forecast_keys
+    except ImportError as e:  # statsmodels missing
+        return [f"No forecast: {e} (pip install 'amqp-policy-proxy[spark]')."]
+    us = F.unix_micros("window_start")
+    hourly = tl.groupBy("scope", "vhost", "key", (us - F.pmod(us, F.lit(hour_us))).alias("h")) \
+        .agg(F.max("concurrent").alias("peak"))
+    peaks = hourly.groupBy("scope", "vhost", "key").agg(F.max("peak").alias("top")).collect()
+    ranked = sorted(peaks, key=lambda r: (r["scope"] != "vhost", -r["top"], r["vhost"], r["key"]))
+    chosen = {(r["scope"], r["vhost"], r["key"]) for r in ranked[:opts.trends.forecast_keys]}
+    series: dict[tuple[str, str, str], tuple[list[dt.datetime], list[float]]] = {}
+    for r in hourly.orderBy("scope", "vhost", "key", "h").collect():
+        k = (r["scope"], r["vhost"], r["key"])
+        if k in chosen:
+            xs, ys = series.setdefault(k, ([], []))
+            xs.append(_dt(r["h"]))
+            ys.append(float(r["peak"]))
+    notes = []
+    if len(peaks) > len(chosen):
+        notes.append(f"Forecast for the {len(chosen)} keys with the highest peaks (vhosts "
+                     f"first) of {len(peaks)}.")
+    limits: dict[str, int] = {}
+    if opts.policy is not None:
+        for vh in {k[1] for k in series}:
+            v = opts.policy.lookup_vhost(vh)
+            if v is not None:
+                limits[vh] = v.max_connections
+    forecasts, failed = forecast_keys(series, cast(int, opts.trends.forecast_days), limits)
+    notes += failed
+    day_rows = [{"scope": f.scope, "vhost": f.vhost, "key": f.key, "date": d.date,
+                 "kind": d.kind, "peak": d.peak, "lower80": d.lower80, "upper80": d.upper80,
+                 "lower95": d.lower95, "upper95": d.upper95} for f in forecasts for d in f.days]
+    limit_rows = [{"scope": f.scope, "vhost": f.vhost, "key": f.key, "limit": f.limit,
+                   "model": f.model,
+                   "last_peak": next((d.peak for d in reversed(f.days) if d.kind == "actual"),
+                                     None),
+                   "forecast_peak_max": max((d.peak for d in f.days if d.kind == "forecast"),
+                                            default=None),
+                   "limit_date": f.limit_date, "days_until_limit": f.days_until_limit,
+                   "days_until_limit_upper95": f.days_until_limit_upper95}
+                  for f in forecasts]
+    _write_rows_csv(os.path.join(out, "forecast.csv"), day_rows,
+                    ["scope", "vhost", "key", "date", "kind", "peak", "lower80", "upper80",
+                     "lower95", "upper95"])
+    _write_rows_csv(os.path.join(out, "forecast_limits.csv"), limit_rows,
+                    ["scope", "vhost", "key", "limit", "model", "last_peak",
+                     "forecast_peak_max", "limit_date", "days_until_limit",
+                     "days_until_limit_upper95"])
+    _write_json(os.path.join(out, "forecast.json"), [
+        {**lr, "days": [{k: v for k, v in d.items() if k not in ("scope", "vhost", "key")}
+                        for d in day_rows if (d["scope"], d["vhost"], d["key"])
+                        == (lr["scope"], lr["vhost"], lr["key"])]} for lr in limit_rows])
+    summary["rows"]["forecast"] = len(day_rows)
+    report.forecasts = forecasts
+    report.forecast_limits = limit_rows
+    return notes
+
+
+def _write_rows_csv(path: str, rows: list[dict[str, Any]], cols: list[str]) -> None:
+    """Write driver-side rows (the forecast) as CSV; floats with 3 decimals, None empty."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow(["" if r[c] is None else f"{r[c]:.3f}" if isinstance(r[c], float)
+                        else r[c] for c in cols])
+
 
 # --------------------------------------------------------------------------------------------
 # Entry point
