@@ -81,6 +81,7 @@ _EVENT_NAMES: dict[type, str] = {
     events.AdminAction: schema.ADMIN_ACTION,
     events.Revoked: schema.REVOKED,
     events.SaslFailed: schema.SASL_FAILED,
+    events.TokenRenewed: schema.TOKEN_RENEWED,
 }
 
 #: How a value of each schema type becomes JSON, as an expression of the value ``{0}``. A

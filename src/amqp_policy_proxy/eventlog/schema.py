@@ -25,7 +25,8 @@ it; a field is never removed or retyped, only added):
   ``connection_denied`` / ``auth_decision`` reason ``banned``. Every version-2 record is
   a valid version-3 record. Token connections (docs/oauth2.md) add values, no field: the
   ``close_reason`` ``token_expired`` and, as ``sasl_failed`` ``reason``, the reasons the
-  proxy refuses a token for (``expired``, ``bad_audience``, ``unknown_kid``...).
+  proxy refuses a token for (``expired``, ``bad_audience``, ``unknown_kid``...), and the
+  ``token_renewed`` record (an in-band renewal, accepted or refused).
 """
 
 # Event names (the ``event`` field).
@@ -47,6 +48,8 @@ SASL_FAILED = "sasl_failed"
 """A failed authentication attempt (since version 3)."""
 REVOKED = "revoked"
 """A reload's policy no longer admits an open connection or allows a link (since version 3)."""
+TOKEN_RENEWED = "token_renewed"
+"""A token connection's in-band renewal, accepted or refused (since version 3)."""
 
 EVENT_NAMES: tuple[str, ...] = (
     CONNECTION_OPENED,
@@ -62,12 +65,14 @@ EVENT_NAMES: tuple[str, ...] = (
     ADMIN_ACTION,
     REVOKED,
     SASL_FAILED,
+    TOKEN_RENEWED,
 )
 
 #: The schema version that introduced each event (readers of older logs expect none of the
 #: newer ones).
 EVENT_SINCE: dict[str, int] = {name: 1 for name in EVENT_NAMES} | {
     AUTH_DECISION: 2, SHADOW_DENIED: 2, ADMIN_ACTION: 2, REVOKED: 3, SASL_FAILED: 3,
+    TOKEN_RENEWED: 3,
 }
 
 #: Fields present in every record, with their JSON type. ``vhost``, ``group``, ``user`` may be
@@ -116,6 +121,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
                     "rule": "string", "hostname": "string"},
     SHADOW_DENIED: {"kind": "string", "reason": "string", "role": "string", "address": "string"},
     SASL_FAILED: {"mechanism": "string", "reason": "string", "code": "int"},
+    TOKEN_RENEWED: {"node": "string", "result": "string", "reason": "string"},
     REVOKED: {"kind": "string", "reason": "string", "mode": "string", "role": "string",
               "address": "string"},
     ADMIN_ACTION: {"action": "string", "uid": "long", "pid": "long", "peer": "string",

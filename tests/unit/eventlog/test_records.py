@@ -32,6 +32,7 @@ from amqp_policy_proxy.core.events import (
     SaslFailed,
     SessionDenied,
     ShadowDenied,
+    TokenRenewed,
     UpstreamConnectFailed,
 )
 from amqp_policy_proxy.eventlog import records, schema
@@ -93,6 +94,9 @@ EVENTS = {
     schema.REVOKED: Revoked(
         conn_id="c1", at=1000.0, **WHO, kind="link", reason="target", mode="enforce",
         role="sender", address="orders.new",
+    ),
+    schema.TOKEN_RENEWED: TokenRenewed(
+        conn_id="c1", at=1000.0, **WHO, node="$cbs", result="refused", reason="not_newer",
     ),
     schema.ADMIN_ACTION: AdminAction(
         at=1000.0, action="connections_close", uid=0, pid=4242, peer="unix",
