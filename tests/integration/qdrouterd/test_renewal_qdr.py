@@ -26,16 +26,13 @@ from amqp_policy_proxy.policy.model import PolicySettings
 from tests.support import qdrouterd as qdr
 from tests.support.proxy import ProxyThread
 
-from .test_tokens_qdr import (  # noqa: F401 (the module's fixtures)
-    SERVICE,
-    SERVICE_PASSWORD,
-    connect,
-    issuer,
-    jwks,
-    token_config,
-    token_router,
-    wait_for,
-)
+from . import test_tokens_qdr as base
+from .test_tokens_qdr import SERVICE, SERVICE_PASSWORD, connect, token_config, wait_for
+
+# the token tests' module fixtures: the router with the service user, the issuer, its JWKS
+token_router = base.token_router
+issuer = base.issuer
+jwks = base.jwks
 
 POLICY = compile_policy([(None, [
     ["vhost", {
