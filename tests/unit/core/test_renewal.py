@@ -229,3 +229,21 @@ def test_random_renewal_messages_are_answered_or_close_the_connection(issuer, me
     closes = [p for _, p, _ in out if type(p).__name__ == "Close"]
     assert not closes or closes[0].error is not None
     assert s.take(Side.ROUTER) == []
+
+
+def test_management_is_rabbitmqs_own_node_in_front_of_rabbitmq(issuer):
+    from amqp_policy_proxy.policy.naming import Naming
+
+    s = script(issuer, cfg=CFG, policy=POLICY)
+    s.conn.naming = Naming("rabbitmq")
+    s.client(C.SASL_HEADER + plain(issuer.token(now=WALL)))
+    login(s)
+    s.client(C.AMQP_HEADER + frame(0, Open(container_id="client", hostname="test")))
+    s.router(C.AMQP_HEADER + frame(0, Open(container_id="router")))
+    s.client(frame(0, Begin(next_outgoing_id=0, incoming_window=100, outgoing_window=100,
+                            handle_max=1023)))
+    s.take(Side.ROUTER)
+    s.client(frame(0, Attach(name="m", handle=0, role=False, target=Target(address="/management"))))
+    s.client(frame(0, Attach(name="c", handle=1, role=False, target=Target(address="$cbs"))))
+    session = s.conn.sessions.sessions[0]
+    assert session.proxy_links is not None and list(session.proxy_links) == [1]
