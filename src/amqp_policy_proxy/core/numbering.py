@@ -442,7 +442,7 @@ class InsertedNumbering:
     inside, wire values (mod 2**32) outside.
     """
 
-    __slots__ = ("eras", "client_next", "router_next", "mine", "open")
+    __slots__ = ("eras", "client_next", "router_next", "mine", "open", "plain_below")
 
     def __init__(self) -> None:
         """Nothing sent yet by the proxy: ids pass as they are."""
@@ -455,6 +455,9 @@ class InsertedNumbering:
         """The proxy's latest delivery-ids (client numbering; the last 64)."""
         self.open: dict[int, int] = {}
         """Router handle -> unbounded router id of its multi-frame delivery under way."""
+        self.plain_below: int | None = None
+        """Router ids below this one (the router's next at the proxy's first delivery) went to
+        the client unchanged; None: the router had sent none by then."""
 
     def insert(self) -> int:
         """A delivery-id for a delivery of the proxy's (wire value): the client's next one.
@@ -466,6 +469,8 @@ class InsertedNumbering:
         self.client_next = c + 1
         offset = None if self.router_next is None else c + 1 - self.router_next
         eras = self.eras
+        if not eras:
+            self.plain_below = self.router_next
         if eras and eras[-1][0] == self.router_next:
             eras[-1][1] = offset  # no router delivery since the proxy's last one
         else:
@@ -526,9 +531,9 @@ class InsertedNumbering:
         out: list[tuple[int, int, int]] = []
         r_next = self.router_next if self.router_next is not None else 0
         bounds = [e[0] for e in self.eras] + [r_next]
-        first = bounds[0]
-        if first is not None:
-            out.append((first - HALF, first, 0))
+        plain = self.plain_below
+        if plain is not None:
+            out.append((plain - HALF, plain, 0))
         for i, (start, offset) in enumerate(self.eras):
             if offset is None:
                 continue
@@ -544,6 +549,8 @@ class InsertedNumbering:
         ref = self.client_next if self.client_next is not None else first
         uf = near(first, ref)
         ul = uf + (((first if last is None else last) - first) & MASK)
+        if not self.eras:
+            return [(uf, ul)]  # the proxy sent nothing yet: the ids are the router's
         out = []
         for lo, hi, off in self._spans():
             a, b = max(uf, lo + off), min(ul, hi - 1 + off)
@@ -557,6 +564,8 @@ class InsertedNumbering:
         ref = self.router_next if self.router_next is not None else first
         uf = near(first, ref)
         ul = uf + (((first if last is None else last) - first) & MASK)
+        if not self.eras:
+            return [(uf, ul)]
         out = []
         for lo, hi, off in self._spans():
             a, b = max(uf, lo), min(ul, hi - 1)
