@@ -121,6 +121,11 @@ def test_a_renewal_keeps_the_connection_open_past_the_first_exp(
     assert wait_for(lambda: [e.close_reason for e in proxy.events_of(ConnectionClosed)]
                     == ["client_close"])
     assert [(e.node, e.result) for e in proxy.events_of(TokenRenewed)] == [(node, "accepted")]
+    from tests.integration.test_observability_e2e import scrape
+
+    samples, _ = scrape(proxy)
+    assert samples[("amqp_proxy_token_renewals_total",
+                    (("reason", ""), ("result", "accepted")))] == 1
 
 
 def test_a_narrower_renewal_detaches_exactly_the_links_it_no_longer_allows(
