@@ -646,7 +646,7 @@ class ClientSide(Leg):
             session = sessions.sessions.get(channel)
             if session is None:
                 raise NotAllowedError(f"disposition on channel {channel} that was never begun")
-            if session.numbering is None:
+            if session.numbering is None and session.inserted is None:
                 return True
         if code == FLOW_CODE:
             session = sessions.sessions.get(channel)
@@ -655,7 +655,8 @@ class ClientSide(Leg):
                     return False
                 raise NotAllowedError(f"flow on channel {channel} that was never begun")
             if (not session.denied_handles and not session.dropped_transfers
-                    and session.shaping is None and not session.revoked_handles):
+                    and session.shaping is None and not session.revoked_handles
+                    and session.proxy_links is None and not session.inserted_transfers):
                 return True
         if code == CLOSE_CODE and bytes(buf[body:fend]) in EMPTY_CLOSE_BODIES:
             perf: Any = EMPTY_CLOSE

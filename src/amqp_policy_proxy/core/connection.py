@@ -35,8 +35,9 @@ from typing import Any, Protocol
 from ..amqp import constants as C
 from ..amqp.constants import Condition
 from ..amqp.errors import AmqpError
+from ..policy.decisions import OpenAllowed
 from ..policy.reasons import ConnectionDenyReason
-from ..tokens.claims import seconds_left
+from ..tokens.claims import TokenIdentity, seconds_left
 from .admission import Admission, AdmissionBans, AdmissionLedger, AdmissionRates
 from .client_side import ClientSide
 from .commands import CLIENT, ROUTER, Command, Side
@@ -44,6 +45,7 @@ from .context import HANDSHAKE_SECONDS, LINGER_SECONDS, Context
 from .deliveries import Deliveries
 from .eligibility import refresh_router
 from .events import ConnectionClosed, ConnectionDenied, ProtocolViolation
+from .proxylinks import GROUPS_DENIED
 from .revocation import ENFORCE, OFF, Revocation
 from .router_side import RouterSide
 from .rules import MessageRules
@@ -67,7 +69,7 @@ from .state import (
     R_IDLE,
     ROUTER_CONNECTED,
 )
-from .tokenauth import TOKEN_EXPIRED, ServiceLogin
+from .tokenauth import TOKEN_EXPIRED, ServiceLogin, TokenCheck, token_open_decision
 from .view import ConnectionView
 from .wire import error
 
@@ -146,6 +148,7 @@ class ProxyConnection(Context):
         self.admission = Admission(self, self.sessions, self.rules, ledger, rates,
                                    paused_vhosts, bans)
         self.rates = rates
+        self.sessions.proxy.renewed = self._renewed
 
     @property
     def view(self) -> ConnectionView:
@@ -229,8 +232,38 @@ class ProxyConnection(Context):
         lifetime = None if group is None else group.max_connection_lifetime_seconds
         if lifetime:
             spread = (zlib.crc32(self.conn_id.encode()) % 1000) / 1000 * LIFETIME_SPREAD
-            self.set_expiry(now + lifetime * (1 - spread), Condition.CONNECTION_FORCED,
+            base = now if self.opened_at is None else self.opened_at
+            self.set_expiry(base + lifetime * (1 - spread), Condition.CONNECTION_FORCED,
                             LIFETIME_REACHED, "lifetime")
+
+    def _renewed(self, identity: TokenIdentity, now: float) -> str | None:
+        """An in-band renewal the tokens package accepted (:mod:`.proxylinks`): the
+        connection's identity becomes ``identity`` when its groups still admit the connection
+        (the Open's questions asked again under them); then its links are re-checked under the
+        new group (those it no longer allows are detached with ``amqp:unauthorized-access``,
+        :meth:`.revocation.Revocation.links`) and its end moves to the new ``exp`` (the
+        lifetime and certificate deadlines stay).
+
+        Returns:
+            None when applied; the refusal in words when the new groups do not admit the
+            connection (nothing changed).
+        """
+        token = self.token
+        assert token is not None
+        policy = self.policy
+        if policy.settings.enable_vhost_policy and self.group is not None:
+            decision = token_open_decision(policy, hostname=self.open_hostname,
+                                           identity=identity, remote_host=self.client_address)
+            if not isinstance(decision, OpenAllowed):
+                return (f"{GROUPS_DENIED}: the new token's groups do not admit this "
+                        f"connection ({decision.reason})")
+        self.token = TokenCheck(identity, token.mechanism)
+        if self.group is not None:
+            Revocation(self, self.sessions, self.rules).links(policy, now, ENFORCE)
+        self.expiry_deadline = None
+        self.expiry = None
+        self._arm_expiry(now)
+        return None
 
     def set_expiry(self, deadline: float, condition: str, description: str,
                    reason: str) -> None:
@@ -719,9 +752,12 @@ class ProxyConnection(Context):
         finished connection.
         """
         client = self.client
+        proxy = self.sessions.proxy
+        proxy.renewed = None
         for room in (self.rules, self.sessions, self.deliveries, client, client.fast,
-                     self.router, self.admission):
+                     self.router, self.admission, proxy):
             del room.ctx
+        del proxy.sessions
         del client.open_received, client.fast.general
         self.router.login_done = self.router.login_failed = None
         sessions = self.sessions

@@ -43,7 +43,7 @@ from .context import Context, Room
 from .eligibility import refresh_router, refresh_session
 from .events import MessageDenied
 from .numbering import DeliveryNumbering, credit_back
-from .records import LinkRecord, SessionRecord
+from .records import LinkRecord, ProxyLink, SessionRecord
 from .rules import MessageRules
 from .sessions import Sessions
 from .shadow import DENY, SHADOW_DENY, in_shadow, shadowed
@@ -104,6 +104,9 @@ class Deliveries(Room):
         sessions.check_window(session)
         link = session.links.get(handle)
         if link is None:
+            plinks = session.proxy_links
+            if plinks is not None and handle in plinks:
+                return self._proxy_transfer(session, plinks[handle], buf, fields, fend, now)
             if handle in session.denied_handles:
                 # pipelined on a link the proxy denied: dropped, and its delivery-id withheld
                 session.dropped_transfers += 1
@@ -118,6 +121,27 @@ class Deliveries(Room):
                 return self._revoked_transfer(session, link, fields)
             raise IllegalStateError("transfer after detach")
         return self.sender_transfer(session, link, buf, body, fend, now, fields)
+
+    def _proxy_transfer(self, session: SessionRecord, plink: ProxyLink, buf: Any,
+                        fields: TransferFields, fend: int, now: float) -> bool:
+        """A client Transfer on a link the proxy answers itself (:mod:`.proxylinks`): never
+        forwarded; a delivery it starts is withheld (the session's later delivery-ids are
+        renumbered), the request goes to the proxy links.
+
+        Raises:
+            NotAllowedError: a Transfer on a link where the client receives.
+        """
+        _, delivery_id, settled, more, aborted, payload_offset, _ = fields
+        if not plink.is_sender:
+            raise NotAllowedError("transfer on a link where the client is the receiver")
+        session.dropped_transfers += 1
+        if not plink.in_delivery:
+            self._withhold_id(session, delivery_id)
+            if delivery_id is None and session.numbering is not None:
+                delivery_id = (session.numbering.next - 1) & UINT_MAX
+        self.sessions.proxy.transfer(session, plink, buf, payload_offset, fend, delivery_id,
+                                     settled, more, aborted, now)
+        return False
 
     def _revoked_transfer(self, session: SessionRecord, link: LinkRecord,
                           fields: TransferFields) -> bool:

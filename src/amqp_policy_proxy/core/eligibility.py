@@ -19,7 +19,8 @@ value                             inputs (who sets them)
                                   starts (``numbering``)
 ``Sessions.router_fast``          :data:`ROUTER_INPUTS`: shaping (admission, close), counting
                                   the router's Transfers (``maxSessionWindow``, sessions that
-                                  track the router's flow), renumbering, topic receivers
+                                  track the router's flow), renumbering, topic receivers, the
+                                  proxy's own deliveries (``inserting``, :mod:`.proxylinks`)
 ================================  ===========================================================
 
 What stays a per-frame test in the loops is per-delivery or per-frame state, not a feature:
@@ -63,6 +64,8 @@ class _Sessions(Protocol):
     def count_router_transfers(self) -> bool: ...
     @property
     def renumbering(self) -> bool: ...
+    @property
+    def inserting(self) -> bool: ...
 
 
 NOT_FAST = 0
@@ -79,7 +82,7 @@ LINK_INPUTS = frozenset({"is_sender", "client_detached", "shaper", "inspect", "a
 SESSION_INPUTS = frozenset({"numbering"})
 """The session's attributes :func:`refresh_session` reads."""
 ROUTER_INPUTS = frozenset({"shaping", "count_router_transfers", "renumbering",
-                           "topic_receivers"})
+                           "topic_receivers", "inserting"})
 """The connection's attributes :func:`refresh_router` reads."""
 PER_FRAME_STATE = frozenset({
     # the delivery in progress on a link (the scanner carries it, link.carry)
@@ -88,7 +91,7 @@ PER_FRAME_STATE = frozenset({
     "links", "sessions", "router_sessions", "get", "window_frames", "window_pending",
     "window_left", "check_window", "max_message_size",
     # what the router side's Flow and Disposition handlers read once a frame is theirs
-    "tracks_router", "dropped_transfers",
+    "tracks_router", "dropped_transfers", "inserted", "inserted_transfers",
     # the computed values themselves
     "fast", "router_fast",
 })
@@ -139,4 +142,5 @@ def refresh_router(sessions: _Sessions) -> None:
     sessions.router_fast = not (sessions.shaping is not None
                                 or sessions.count_router_transfers
                                 or sessions.renumbering
+                                or sessions.inserting
                                 or sessions.rules.topic_receivers)

@@ -20,7 +20,7 @@ __all__ = [
     "ConnectionDenyReason", "LinkDenied", "LinkDenyReason", "MessageDenied",
     "MessageDenyReason", "OpenDecided", "PolicyReloaded", "ProtocolViolation", "ProxyEvent",
     "Revoked", "SaslFailed", "SessionDenied", "ShadowDenied", "TokenRefused",
-    "UpstreamConnectFailed",
+    "TokenRenewed", "UpstreamConnectFailed",
 ]
 
 
@@ -189,6 +189,25 @@ class TokenRefused(ProxyEvent):
     client skipped SASL)."""
     reason: str
     """A :data:`~.tokenauth.REJECTION_REASONS` value (``expired``, ``bad_audience``...)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class TokenRenewed(ProxyEvent):
+    """A live token connection asked to renew its token in-band (CBS ``put-token`` on
+    ``$cbs``, ``PUT /auth/tokens`` on ``/management``): the metric
+    ``amqp_proxy_token_renewals_total{result,reason}`` and the event log's
+    ``token_renewed``. ``user`` is the connection's (unchanged either way: a renewal keeps
+    the subject)."""
+
+    node: str
+    """``$cbs`` or ``/management``."""
+    result: str
+    """``accepted``, ``refused`` (401: the token is worse, or its groups would not admit the
+    connection) or ``bad_request`` (400/404/405: a request the proxy cannot act on)."""
+    reason: str = ""
+    """Why not: a :class:`~..tokens.errors.RejectReason` value (``expired``,
+    ``subject_changed``, ``not_newer``...), ``groups_denied`` or ``bad_request``; ``""`` when
+    accepted."""
 
 
 @dataclass(slots=True, kw_only=True)

@@ -24,6 +24,7 @@ from .records import SessionRecord
 from .wire import frame
 
 if TYPE_CHECKING:
+    from .proxylinks import ProxyLinks
     from .shaping import Shaping
 
 
@@ -38,6 +39,7 @@ class SessionFlows(Room):
     window_frames: int | None
     window_pending: set[SessionRecord]
     shaping: Shaping | None
+    proxy: ProxyLinks
 
     if TYPE_CHECKING:  # Sessions' own method
 
@@ -55,6 +57,9 @@ class SessionFlows(Room):
             handle = int(perf.handle)
             if handle in session.denied_handles:
                 return
+            if session.proxy_links is not None and handle in session.proxy_links:
+                self.proxy.flow(session, session.proxy_links[handle], perf)
+                return
             if handle in session.revoked_handles:
                 # the router has this link detached: only the session's part goes on
                 perf = dataclasses.replace(perf, handle=None, delivery_count=None,
@@ -68,6 +73,9 @@ class SessionFlows(Room):
         if session.dropped_transfers and perf.next_outgoing_id is not None:
             nxt = (int(perf.next_outgoing_id) - session.dropped_transfers) & UINT_MAX
             changes["next_outgoing_id"] = nxt
+        if session.inserted_transfers and perf.next_incoming_id is not None:
+            changes["next_incoming_id"] = (
+                int(perf.next_incoming_id) - session.inserted_transfers) & UINT_MAX
         if session.shaping is not None and self.shaping is not None:
             self.shaping.client_flow(session, perf, changes, now)
         if changes:
@@ -84,6 +92,9 @@ class SessionFlows(Room):
             changes["next_incoming_id"] = (
                 int(perf.next_incoming_id) + session.dropped_transfers
             ) & UINT_MAX
+        if session is not None and session.inserted_transfers and perf.next_outgoing_id is not None:
+            changes["next_outgoing_id"] = (
+                int(perf.next_outgoing_id) + session.inserted_transfers) & UINT_MAX
         if session is not None and session.numbering is not None and perf.handle is not None:
             link = session.router_links.get(int(perf.handle))
             if link is not None and link.withheld and link.is_sender and link.shaper is None:

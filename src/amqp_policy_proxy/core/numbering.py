@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..amqp.errors import AmqpError, InvalidFieldError
+from ..amqp.errors import AmqpError, InvalidFieldError, ResourceLimitError
 from ..amqp.performatives import Disposition, Flow, decode_performative
 from ..amqp.transfer import read_flow_fields
 from .records import LinkRecord, SessionRecord
@@ -412,3 +412,187 @@ def credit_back(session: SessionRecord, link: LinkRecord, window_frames: int | N
         link_credit=credit,
         drain=drain or None,
     )
+
+
+# ---------------------------------------------------------------------- the proxy's own deliveries
+
+#: The most runs of the router's deliveries between two of the proxy's replies a session
+#: keeps (each renewal reply after router deliveries starts one): more and the connection is
+#: closed (``amqp:resource-limit-exceeded``).
+MAX_INSERTED_ERAS = 1024
+
+
+class InsertedNumbering:
+    """The router-to-client delivery-ids of a session on which the proxy sends deliveries of
+    its own (the replies on a link it answers itself, :mod:`.proxylinks`).
+
+    The mirror of :class:`DeliveryNumbering`: there the client numbered deliveries the router
+    never saw; here the client receives deliveries (the proxy's) the router never sent, and
+    proton checks that the ids it receives are consecutive (``sequencing error``). So from the
+    proxy's first delivery on, each router delivery is given to the client with its id plus
+    the proxy's deliveries before it, its continuation frames likewise, and the Dispositions
+    about router deliveries are mapped both ways (the client's ``role=receiver`` ones to the
+    router's ids, the proxy's own ids left out; the router's ``role=sender`` ones to the
+    client's).
+
+    The map is a list of eras ``[router_from, offset]``: router ids from ``router_from`` on
+    (until the next era) are client ids ``id + offset``; the proxy's ids are the gaps between
+    eras. ``router_from`` None: from the start; ``offset`` None: not known yet (no router
+    delivery seen since the proxy's last one: the next fixes it). Ids are unbounded ints
+    inside, wire values (mod 2**32) outside.
+    """
+
+    __slots__ = ("eras", "client_next", "router_next", "mine", "open", "plain_below")
+
+    def __init__(self) -> None:
+        """Nothing sent yet by the proxy: ids pass as they are."""
+        self.eras: list[list[int | None]] = []
+        self.client_next: int | None = None
+        """The next delivery-id the client expects (unbounded), None before any."""
+        self.router_next: int | None = None
+        """The router's next delivery-id (unbounded), None before any was seen."""
+        self.mine: list[int] = []
+        """The proxy's latest delivery-ids (client numbering; the last 64)."""
+        self.open: dict[int, int] = {}
+        """Router handle -> unbounded router id of its multi-frame delivery under way."""
+        self.plain_below: int | None = None
+        """Router ids below this one (the router's next at the proxy's first delivery) went to
+        the client unchanged; None: the router had sent none by then."""
+
+    def insert(self) -> int:
+        """A delivery-id for a delivery of the proxy's (wire value): the client's next one.
+
+        Raises:
+            ResourceLimitError: more than :data:`MAX_INSERTED_ERAS` runs kept.
+        """
+        c = 0 if self.client_next is None else self.client_next
+        self.client_next = c + 1
+        offset = None if self.router_next is None else c + 1 - self.router_next
+        eras = self.eras
+        if not eras:
+            self.plain_below = self.router_next
+        if eras and eras[-1][0] == self.router_next:
+            eras[-1][1] = offset  # no router delivery since the proxy's last one
+        else:
+            if len(eras) >= MAX_INSERTED_ERAS:
+                raise ResourceLimitError("too many renewal replies on one session")
+            eras.append([self.router_next, offset])
+        self.mine.append(c)
+        del self.mine[:-64]
+        return c & MASK
+
+    def router_transfer(self, handle: int, delivery_id: int | None, more: bool,
+                        aborted: bool) -> int | None:
+        """The client's delivery-id (wire) for a router Transfer on ``handle`` whose
+        ``delivery-id`` is the router's (None: absent), None to leave the frame as it is."""
+        first = handle not in self.open
+        if delivery_id is None:
+            if first:  # the implicit next id: right on both sides
+                if self.router_next is not None:
+                    self.router_next += 1
+                if self.client_next is not None:
+                    self.client_next += 1
+            if not more or aborted:
+                self.open.pop(handle, None)
+            return None
+        u = delivery_id if self.router_next is None else near(delivery_id, self.router_next)
+        if first:
+            if not self.eras:
+                self.router_next = self.client_next = u + 1
+                if more and not aborted:
+                    self.open[handle] = u
+                return None
+            era = self.eras[-1]
+            if era[1] is None:
+                era[0] = u
+                era[1] = 0 if self.client_next is None else self.client_next - u
+            self.router_next = u + 1
+            c = u + int(era[1])  # type: ignore[arg-type]
+            self.client_next = c + 1
+            if more and not aborted:
+                self.open[handle] = u
+        else:
+            u = self.open.get(handle, u)
+            if not more or aborted:
+                self.open.pop(handle, None)
+            c = u + self._offset(u)
+        return None if c == u else c & MASK
+
+    def _offset(self, u: int) -> int:
+        """The offset of router id ``u``'s era (0 before the first)."""
+        for start, offset in reversed(self.eras):
+            if offset is not None and (start is None or start <= u):
+                return offset
+        return 0
+
+    def _spans(self) -> list[tuple[int, int, int]]:
+        """``(router_lo, router_hi, offset)`` of every era whose offset is known, router ids
+        ``lo .. hi - 1``; before the first era ids map to themselves."""
+        out: list[tuple[int, int, int]] = []
+        r_next = self.router_next if self.router_next is not None else 0
+        bounds = [e[0] for e in self.eras] + [r_next]
+        plain = self.plain_below
+        if plain is not None:
+            out.append((plain - HALF, plain, 0))
+        for i, (start, offset) in enumerate(self.eras):
+            if offset is None:
+                continue
+            lo = (r_next - HALF) if start is None else start
+            nxt = bounds[i + 1]
+            hi = r_next if nxt is None else nxt
+            out.append((lo, hi, offset))
+        return out
+
+    def client_to_router(self, first: int, last: int | None) -> list[tuple[int, int]]:
+        """Client ids ``first..last`` (wire, a client ``role=receiver`` Disposition) as router
+        id ranges (unbounded), the proxy's own ids left out."""
+        ref = self.client_next if self.client_next is not None else first
+        uf = near(first, ref)
+        ul = uf + (((first if last is None else last) - first) & MASK)
+        if not self.eras:
+            return [(uf, ul)]  # the proxy sent nothing yet: the ids are the router's
+        out = []
+        for lo, hi, off in self._spans():
+            a, b = max(uf, lo + off), min(ul, hi - 1 + off)
+            if a <= b:
+                out.append((a - off, b - off))
+        return out
+
+    def router_to_client(self, first: int, last: int | None) -> list[tuple[int, int]]:
+        """Router ids ``first..last`` (wire, a router ``role=sender`` Disposition) as client
+        id ranges (unbounded)."""
+        ref = self.router_next if self.router_next is not None else first
+        uf = near(first, ref)
+        ul = uf + (((first if last is None else last) - first) & MASK)
+        if not self.eras:
+            return [(uf, ul)]
+        out = []
+        for lo, hi, off in self._spans():
+            a, b = max(uf, lo), min(ul, hi - 1)
+            if a <= b:
+                out.append((a + off, b + off))
+        return out
+
+    def is_mine(self, first: int, last: int | None) -> bool:
+        """Whether the client's ids ``first..last`` name only deliveries of the proxy's."""
+        ids = {u & MASK for u in self.mine}
+        n = ((first if last is None else last) - first) & MASK
+        return n < 64 and all(((first + i) & MASK) in ids for i in range(n + 1))
+
+
+def inserted_disposition(numbering: InsertedNumbering, perf: Disposition, raw: bytes,
+                         channel: int, *, from_client: bool) -> bytes:
+    """A Disposition about router deliveries (the client's ``role=receiver``, the router's
+    ``role=sender``) on a session with deliveries of the proxy's, in the other end's
+    numbering (one frame per range; empty when it names only the proxy's deliveries)."""
+    if perf.first is None or bool(perf.role) is not from_client:
+        return raw
+    first, last = int(perf.first), _int(perf.last)
+    if from_client:
+        ranges = numbering.client_to_router(first, last)
+    else:
+        ranges = numbering.router_to_client(first, last)
+    if len(ranges) == 1 and ranges[0][0] & MASK == first and ranges[0][1] & MASK == (
+            first if last is None else last):
+        return raw
+    return b"".join(frame(channel, _range(perf, a, b)) for a, b in ranges)

@@ -141,7 +141,7 @@ class SessionRecord:
         "router_ended", "senders", "receivers", "transfers_in", "transfers_out",
         "client_next_out", "client_window_end", "router_next_out", "router_window_end",
         "router_out_window", "shaping", "numbering", "tracks_router", "revoked_handles",
-        "fast",
+        "fast", "proxy_links", "inserted", "inserted_transfers", "had_receivers",
     )
 
     def __init__(self, channel: int, reserved_handles: ReservedPool,
@@ -190,10 +190,60 @@ class SessionRecord:
         self.fast = True
         """May the client fast path take its Transfers (:mod:`.eligibility`: not once a
         delivery was withheld and the session renumbers)."""
+        self.proxy_links: dict[int, ProxyLink] | None = None
+        """Client handle -> the links the proxy answers itself (token renewal, ``$cbs`` and
+        ``/management``: :mod:`.proxylinks`); the router never sees them."""
+        self.inserted: Any = None
+        """Once a proxy link that sends to the client is attached: the
+        :class:`.numbering.InsertedNumbering` of the router's delivery-ids toward the client
+        (the proxy's own replies take ids of that direction)."""
+        self.inserted_transfers = 0
+        """Transfer frames the proxy sent the client on this session itself (router Flows'
+        next-outgoing-id and client Flows' next-incoming-id are renumbered by it)."""
+        self.had_receivers = False
+        """The client attached a receiver link to the router on this session (the router may
+        have sent deliveries whose ids the proxy did not read)."""
         self.tracks_router = False
         """A sender link where a delivery may be withheld is attached: the router's flow state
         (windows, link credit, next-outgoing-id and Transfers since) is kept from its Flows,
         so that the proxy can give back the credit of a withheld delivery."""
+
+
+class ProxyLink:
+    """A link the client attached to a node the proxy answers itself (:mod:`.proxylinks`):
+    the router never sees it; its Attach and Detach are answered on a reserved handle."""
+
+    __slots__ = ("name", "handle", "reply_handle", "is_sender", "node", "address",
+                 "credit", "delivery_count", "payload", "in_delivery", "delivery_id",
+                 "delivery_settled", "pending", "settle_first", "gone")
+
+    def __init__(self, name: Any, handle: int, reply_handle: int, is_sender: bool, node: str,
+                 address: str | None) -> None:
+        """A proxy link: the client's ``handle``, the proxy's ``reply_handle``, the client's
+        role (``is_sender``: it sends requests), the ``node`` (``$cbs``, ``/management``)
+        and the client's own terminus address (a receiver's target: the reply-to)."""
+        self.name = name
+        self.handle = handle
+        self.reply_handle = reply_handle
+        self.is_sender = is_sender
+        self.node = node
+        self.address = address
+        self.credit = 0
+        """Receiver links: deliveries the client lets the proxy send."""
+        self.delivery_count = 0
+        """Receiver links: the proxy's delivery-count (Part 2 §2.6.7)."""
+        self.payload = bytearray()
+        """Sender links: the request being received (its frames' payloads joined)."""
+        self.in_delivery = False
+        self.delivery_id: int | None = None
+        self.delivery_settled = False
+        self.pending: list[bytes] = []
+        """Receiver links: replies waiting for credit (message bytes)."""
+        self.settle_first = True
+        """Receiver links: the proxy's replies are sent settled (the client did not ask for
+        ``snd-settle-mode`` unsettled)."""
+        self.gone = False
+        """The client detached it."""
 
 
 class Figures:

@@ -51,14 +51,18 @@ from ..amqp.performatives import (
     decode_as,
     decode_performative,
 )
-from ..amqp.transfer import is_transfer_descriptor
+from ..amqp.transfer import (
+    is_transfer_descriptor,
+    read_transfer_fields,
+    transfer_with_delivery_id,
+)
 from .commands import CLIENT, ROUTER
 from .context import PRE_OPEN_FRAME_LIMIT, ROUTER_FRAME_LIMIT, Context
 from .deliveries import Deliveries
 from .eligibility import refresh_router
 from .framebuf import feed
 from .leg import Leg
-from .numbering import disposition_to_client, note_router_flow_bytes
+from .numbering import disposition_to_client, inserted_disposition, note_router_flow_bytes
 from .sessions import SESSION_HANDLERS, Sessions
 from .state import (
     C_AWAIT_AMQP_HEADER,
@@ -381,6 +385,15 @@ class RouterSide(Leg):
                     session = sessions.router_sessions.get(channel)
                     if session is not None:
                         session.transfers_out += 1
+                if sessions.inserting:
+                    replacement = self._inserted_transfer(buf, body, fend, channel)
+                    if replacement is not None:
+                        if pos > run.start:
+                            wire.send(CLIENT, run.take(pos))
+                        wire.send(CLIENT, replacement)
+                        run.start = fend
+                        pos = fend
+                        continue
                 if rules.topic_receivers:
                     replacement = deliveries.router_transfer(buf, pos, body, fend, channel, now)
                     if replacement is not None:
@@ -392,14 +405,14 @@ class RouterSide(Leg):
                 continue
             if code == DISPOSITION_CODE:
                 session = sessions.router_sessions.get(channel) if sessions.renumbering else None
-                if session is None or session.numbering is None:
+                if session is None or (session.numbering is None and session.inserted is None):
                     pos = fend
                     continue
             if code == FLOW_CODE:
                 session = sessions.router_sessions.get(channel)
                 if session is None or (
                     not session.dropped_transfers and sessions.window_frames is None
-                    and session.shaping is None
+                    and session.shaping is None and not session.inserted_transfers
                 ):
                     if session is not None and session.tracks_router:
                         note_router_flow_bytes(session, buf, body, fend)
@@ -486,9 +499,27 @@ class RouterSide(Leg):
         """The router's Disposition on a session that withheld client deliveries: its outcome
         for them in the client's numbering (:func:`.numbering.disposition_to_client`)."""
         session = self.sessions.router_sessions.get(channel)
-        if session is None or session.numbering is None:
+        if session is None:
             return raw
-        return disposition_to_client(session.numbering, perf, raw, channel)
+        if session.numbering is not None:
+            raw = disposition_to_client(session.numbering, perf, raw, channel)
+        if session.inserted is not None and raw:
+            raw = inserted_disposition(session.inserted, perf, raw, channel, from_client=False)
+        return raw
+
+    def _inserted_transfer(self, buf: Any, body: int, fend: int, channel: int) -> bytes | None:
+        """A router Transfer on a session with deliveries of the proxy's own: its
+        delivery-id in the client's numbering (:class:`.numbering.InsertedNumbering`); None
+        when its bytes need no change."""
+        session = self.sessions.router_sessions.get(channel)
+        if session is None or session.inserted is None:
+            return None
+        fields = read_transfer_fields(buf, body, fend)
+        new = session.inserted.router_transfer(fields.handle, fields.delivery_id, fields.more,
+                                               fields.aborted)
+        if new is None or new == fields.delivery_id:
+            return None
+        return transfer_with_delivery_id(buf, body, fend, channel, new)
 
     def on_close(self, perf: Close, raw: bytes, channel: int, now: float) -> bytes | None:
         """The router's Close: relayed to the client (whose answer is awaited for the linger

@@ -42,7 +42,8 @@ from .context import Context, Room
 from .eligibility import refresh_link, refresh_router
 from .events import LinkDenied, SessionDenied
 from .flows import SessionFlows
-from .numbering import disposition_to_router
+from .numbering import disposition_to_router, inserted_disposition
+from .proxylinks import ProxyLinks, node_of
 from .records import LinkRecord, ReservedPool, SessionRecord
 from .rules import MessageRules
 from .shadow import shadowed, verb
@@ -91,6 +92,8 @@ class Sessions(SessionFlows):
         "count_router_transfers",
         "window_pending",
         "router_fast",
+        "inserting",
+        "proxy",
     )
 
     def __init__(self, ctx: Context, rules: MessageRules) -> None:
@@ -124,6 +127,11 @@ class Sessions(SessionFlows):
         self.window_pending: set[SessionRecord] = set()
         """Sessions whose client sent Transfers in the read being processed: their window is
         reopened once the whole read is (:meth:`~.flows.SessionFlows.reopen_windows`)."""
+        self.inserting = False
+        """Some session carries deliveries of the proxy's own toward the client: the router's
+        Transfers on it are renumbered (:class:`.numbering.InsertedNumbering`)."""
+        self.proxy = ProxyLinks(ctx, self)
+        """The links the proxy answers itself (:mod:`.proxylinks`)."""
         self.early_denials: list[bytes] = []
         """Session denials answered before the router's Open reached the client (Begins
         pipelined behind the client's Open): sent right after that Open."""
@@ -265,6 +273,17 @@ class Sessions(SessionFlows):
         address = _address(terminus)
         dynamic = bool(getattr(terminus, "dynamic", False))
         conn = self.ctx
+        if session.proxy_links is not None and handle in session.proxy_links:
+            raise HandleInUseError(f"handle {handle} is already attached")
+        proxy_node = node_of(conn, address) if not dynamic else None
+        if proxy_node is not None:  # token renewal: the proxy answers it, never the router
+            self.proxy.attach(session, perf, handle, is_sender, proxy_node, now)
+            if session.inserted is not None and not self.inserting:
+                self.inserting = True
+            refresh_router(self)
+            return
+        if not is_sender:
+            session.had_receivers = True
         figures = conn.figures
         group = conn.group
         if group is not None:
@@ -428,6 +447,11 @@ class Sessions(SessionFlows):
         handle = int(perf.handle)
         if _answers_denial(session.denied_handles, session.reserved_handles, handle):
             return
+        if session.proxy_links is not None:
+            plink = session.proxy_links.get(handle)
+            if plink is not None:
+                self.proxy.detach(session, plink, perf)
+                return
         link = session.links.get(handle)
         if link is None:
             raise UnattachedHandleError(f"detach of handle {handle} that is not attached")
@@ -469,6 +493,8 @@ class Sessions(SessionFlows):
             return
         if session.numbering is not None:
             raw = disposition_to_router(session.numbering, perf, raw, channel)
+        if session.inserted is not None and raw:
+            raw = inserted_disposition(session.inserted, perf, raw, channel, from_client=True)
         if raw:
             self.wire.send(ROUTER, raw)
 
@@ -568,6 +594,10 @@ class Sessions(SessionFlows):
         if session.pending_replies:
             data = data + b"".join(rechannel(f, channel) for f in session.pending_replies)
             session.pending_replies.clear()
+        if session.proxy_links:
+            self.wire.send(CLIENT, data)  # the Begin first, then the proxy links' credit
+            self.proxy.session_ready(session)
+            return b""
         return data
 
     def on_router_attach(self, perf: Attach, raw: bytes, channel: int, now: float) -> bytes:

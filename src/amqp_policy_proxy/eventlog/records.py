@@ -82,6 +82,7 @@ _EVENT_NAMES: dict[type, str] = {
     events.Revoked: schema.REVOKED,
     events.SaslFailed: schema.SASL_FAILED,
     events.ProxyInfo: schema.PROXY_INFO,
+    events.TokenRenewed: schema.TOKEN_RENEWED,
 }
 
 #: How a value of each schema type becomes JSON, as an expression of the value ``{0}``. A

@@ -29,8 +29,10 @@ it; a field is never removed or retyped, only added):
 * 4: adds the ``proxy_info`` record, the first line of every file: whether the writing
   process enforces its limits alone (``ledger`` ``local``) or with a fleet (``fleet``: the
   Redis ledger; ``fleet`` names the fleet, ``proxy_id`` the proxy in it). The capacity
-  report sums the proxies of a fleet before comparing with a limit. Every version-3 record is
-  a valid version-4 record; files without it (older logs) are read as ``local``.
+  report sums the proxies of a fleet before comparing with a limit; and the
+  ``token_renewed`` record (an in-band token renewal, accepted or refused). Every version-3
+  record is a valid version-4 record; files without ``proxy_info`` (older logs) are read as
+  ``local``.
 """
 
 # Event names (the ``event`` field).
@@ -54,6 +56,8 @@ REVOKED = "revoked"
 """A reload's policy no longer admits an open connection or allows a link (since version 3)."""
 PROXY_INFO = "proxy_info"
 """The first record of every file: the writing proxy and its ledger mode (since version 4)."""
+TOKEN_RENEWED = "token_renewed"
+"""A token connection's in-band renewal, accepted or refused (since version 4)."""
 
 EVENT_NAMES: tuple[str, ...] = (
     CONNECTION_OPENED,
@@ -70,13 +74,14 @@ EVENT_NAMES: tuple[str, ...] = (
     REVOKED,
     SASL_FAILED,
     PROXY_INFO,
+    TOKEN_RENEWED,
 )
 
 #: The schema version that introduced each event (readers of older logs expect none of the
 #: newer ones).
 EVENT_SINCE: dict[str, int] = {name: 1 for name in EVENT_NAMES} | {
     AUTH_DECISION: 2, SHADOW_DENIED: 2, ADMIN_ACTION: 2, REVOKED: 3, SASL_FAILED: 3,
-    PROXY_INFO: 4,
+    PROXY_INFO: 4, TOKEN_RENEWED: 4,
 }
 
 #: Fields present in every record, with their JSON type. ``vhost``, ``group``, ``user`` may be
@@ -125,6 +130,7 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
                     "rule": "string", "hostname": "string"},
     SHADOW_DENIED: {"kind": "string", "reason": "string", "role": "string", "address": "string"},
     SASL_FAILED: {"mechanism": "string", "reason": "string", "code": "int"},
+    TOKEN_RENEWED: {"node": "string", "result": "string", "reason": "string"},
     REVOKED: {"kind": "string", "reason": "string", "mode": "string", "role": "string",
               "address": "string"},
     ADMIN_ACTION: {"action": "string", "uid": "long", "pid": "long", "peer": "string",

@@ -32,11 +32,13 @@ from amqp_policy_proxy.core.events import (
     OpenDecided,
     PolicyReloaded,
     ProtocolViolation,
+    ProxyInfo,
     Revoked,
     SaslFailed,
     SessionDenied,
     ShadowDenied,
     TokenRefused,
+    TokenRenewed,
     UpstreamConnectFailed,
 )
 from amqp_policy_proxy.metrics.collectors import DIRECTIONS
@@ -89,6 +91,7 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "amqp_proxy_bans_active",
         "amqp_proxy_quarantines_total",
         "amqp_proxy_token_rejections_total",
+        "amqp_proxy_token_renewals_total",
         "amqp_proxy_jwks_age_seconds",
         "amqp_proxy_jwks_usable",
         "amqp_proxy_jwks_keys",
@@ -197,6 +200,14 @@ _EVENT_COUNTERS: dict[type, tuple[str, str, tuple[str, ...]]] = {
         "not_yet_valid, bad_audience, bad_issuer, bad_signature, unknown_kid, "
         "algorithm_not_allowed, malformed, oversized, username_mismatch, no_token...",
         ("reason",),
+    ),
+    TokenRenewed: (
+        "amqp_proxy_token_renewals_total",
+        "In-band token renewals on live token connections (CBS put-token on $cbs, PUT "
+        "/auth/tokens on /management), by result (accepted, refused, bad_request) and reason "
+        "(a rejection reason, subject_changed, not_newer, groups_denied, bad_request; empty "
+        "when accepted).",
+        ("result", "reason"),
     ),
     Revoked: (
         "amqp_proxy_revocations_total",
@@ -404,6 +415,8 @@ class MetricsObserver:
         self._handlers[ConnectionClosed] = self._on_connection_closed
         # event log only: the decisions are counted from ConnectionApproved/Denied
         self._handlers[OpenDecided] = _no_metric
+        # event log only: the file header of each event-log file (the ledger mode)
+        self._handlers[ProxyInfo] = _no_metric
         self._handlers[AdminAction] = self._on_admin_action
 
     def handle(self, event: object) -> None:

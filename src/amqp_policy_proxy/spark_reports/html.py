@@ -475,7 +475,7 @@ def write_report(out_dir: str, data: ReportData) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Churn, storms and forecasts (issue 32): their charts and page sections.
+# Churn, storms and forecasts: their charts and page sections.
 
 #: Forecast charts drawn at most (the vhosts first, then the groups, as the job ranks them).
 FORECAST_CHARTS = 8

@@ -230,3 +230,48 @@ def test_the_map_agrees_with_hand_numbering(start, ops):
         assert set(n.live) <= {c for c, w, _, _ in client if not w}
         assert live <= set(n.live)
         assert len(n.eras) <= len(n.live) + 2
+
+
+# ------------------------------------------------------------ the proxy's own deliveries
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from(["proxy", "router", "multi"]),
+                                             min_size=1, max_size=40))
+def test_inserted_numbering_keeps_the_clients_ids_consecutive_and_maps_back(r0, ops):
+    """The proxy's replies and the router's deliveries reach the client with consecutive ids
+    (proton's sequencing check); every id maps back: a router delivery's client id to its
+    router id and back, the proxy's own ids to nothing; ranges split around the proxy's."""
+    from amqp_policy_proxy.core.numbering import MASK, InsertedNumbering
+
+    n = InsertedNumbering()
+    router_id = r0
+    seen: list[int] = []  # client ids, wire values, in order
+    mine: set[int] = set()
+    router_of: dict[int, int] = {}  # client id -> router id (wire)
+    for op in ops:
+        if op == "proxy":
+            c = n.insert()
+            mine.add(c)
+        else:
+            new = n.router_transfer(7, router_id, op == "multi", False)
+            c = router_id if new is None else new
+            if op == "multi":  # its continuation frame keeps the same client id
+                more = n.router_transfer(7, router_id, False, False)
+                assert (router_id if more is None else more) == c
+            router_of[c] = router_id
+            router_id = (router_id + 1) & MASK
+        seen.append(c)
+    for a, b in zip(seen, seen[1:], strict=False):
+        assert b == (a + 1) & MASK
+    for c in seen:
+        if c in mine:
+            assert n.client_to_router(c, None) == []
+        else:
+            assert [(x & MASK, y & MASK) for x, y in n.client_to_router(c, None)] == [
+                (router_of[c], router_of[c])]
+            assert [(x & MASK, y & MASK) for x, y in n.router_to_client(router_of[c], None)] == [
+                (c, c)]
+    ranges = n.client_to_router(seen[0], seen[-1])
+    covered = [r & MASK for a, b in ranges for r in range(a, b + 1)]
+    assert covered == [router_of[c] for c in seen if c not in mine]

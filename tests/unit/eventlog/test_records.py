@@ -32,6 +32,7 @@ from amqp_policy_proxy.core.events import (
     SaslFailed,
     SessionDenied,
     ShadowDenied,
+    TokenRenewed,
     UpstreamConnectFailed,
 )
 from amqp_policy_proxy.eventlog import records, schema
@@ -97,6 +98,9 @@ EVENTS = {
     ),
     schema.PROXY_INFO: ev.ProxyInfo(at=1000.0, ledger="fleet", fleet="redis://10.0.0.5:6379/0",
                                     proxy_id="px-1"),
+    schema.TOKEN_RENEWED: TokenRenewed(
+        conn_id="c1", at=1000.0, **WHO, node="$cbs", result="refused", reason="not_newer",
+    ),
     schema.ADMIN_ACTION: AdminAction(
         at=1000.0, action="connections_close", uid=0, pid=4242, peer="unix",
         selector="user=alice", targets=("c1", "c7"), result="ok", count=2,
@@ -400,10 +404,12 @@ def test_records_module_reads_no_clock_and_does_no_io():
             assert node.id not in {"open", "print"}, node.id
 
 
-def test_version_4_adds_the_proxy_info_header_only():
-    """Version 4 adds one record, ``proxy_info`` (no field of an older record changes)."""
+def test_version_4_adds_the_proxy_info_header_and_token_renewals_only():
+    """Version 4 adds two records, ``proxy_info`` and ``token_renewed`` (no field of an older
+    record changes)."""
     assert schema.EVENT_SINCE[schema.PROXY_INFO] == 4
-    assert [n for n, v in schema.EVENT_SINCE.items() if v == 4] == [schema.PROXY_INFO]
+    assert [n for n, v in schema.EVENT_SINCE.items() if v == 4] == [
+        schema.PROXY_INFO, schema.TOKEN_RENEWED]
     record = records.proxy_info_record("2026-11-21T10:00:00.123Z", ledger="local", proxy_id="")
     check_record(record)
     assert record == {"schema_version": 4, "event": "proxy_info",

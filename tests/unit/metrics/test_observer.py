@@ -276,7 +276,7 @@ def test_metric_names_are_exactly_what_is_exported():
         exported.add(family.name + "_total" if family.type == "counter" else family.name)
     assert exported == METRIC_NAMES
     assert all(name.startswith("amqp_proxy_") for name in METRIC_NAMES)
-    assert len(METRIC_NAMES) == 40
+    assert len(METRIC_NAMES) == 41
 
 
 def test_second_observer_on_same_registry_is_refused(registry, observer):

@@ -1148,7 +1148,7 @@ def _group_series(rows: list[Any], by: str) -> dict[str, tuple[list[dt.datetime]
     return out
 
 # --------------------------------------------------------------------------------------------
-# Churn, storms and forecasts (issue 32): options and the one stage that runs them. The
+# Churn, storms and forecasts: options and the one stage that runs them. The
 # computations are in ..churn, ..storms and ..forecast; the page sections in ..html.
 
 #: ``--churn-for`` and ``--storm-gap`` values: N and a unit.
