@@ -40,7 +40,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def spark():
-    """The one SparkSession of the test run: local[2], 2 shuffle partitions, no UI, UTC."""
+    """The one SparkSession of the test run: local[2], 2 shuffle partitions, no UI, UTC, 2 GiB
+    of driver memory (what the job uses by default: with 1 GiB the broadcast joins late in the
+    tier, after the planted 15-day log, ran out of memory)."""
     from pyspark.sql import SparkSession
 
     # Python workers (the what-if replay) must run this interpreter, whose venv has pyarrow.
@@ -53,7 +55,7 @@ def spark():
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "1g")
+        .config("spark.driver.memory", "2g")  # the job's default; 1g ran out late in the tier
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
