@@ -117,6 +117,9 @@ P_DENIED = 0.03
 #: link a reload revoked.
 P_SASL_FAILED = 0.004
 P_REVOKED = 0.002
+#: Schema 4: the share of connections that renew a token in-band (a ``token_renewed``
+#: record), drawn from a random stream of its own so the rest of a seeded log is unchanged.
+P_TOKEN_RENEWED = 0.002
 BURST_FACTOR = 8.0
 BURST_MINUTES = 5
 #: The client host of a planted storm (``--storm-at``), and the vhost it connects to.
@@ -232,6 +235,7 @@ SASL = ('{"schema_version":%d,"event":"sasl_failed","ts":"%s","conn_id":"%s","vh
         '"reason":"auth","code":1}\n')
 REVOKED = COMMON + ',"kind":"link","reason":"target","mode":"enforce","role":"sender",' \
     '"address":"%s"}\n'
+RENEWED = COMMON + ',"node":"$cbs","result":"accepted","reason":""}\n'
 ADMIN = ('{"schema_version":%d,"event":"admin_action","ts":"%s","conn_id":"","vhost":"%s",'
          '"group":null,"user":null,"remote_host":null,"listener":null,"action":"%s","uid":0,'
          '"pid":%d,"peer":"unix","selector":"vhost=%s","targets":["%s"],"result":"ok",'
@@ -265,7 +269,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
             audit records too (``auth_decision``, ``shadow_denied``, ``admin_action``); 1 the
             older mix. Version 3 adds event types (``sasl_failed``, ``revoked``); version 4
             (the default, what the daemon writes) a ``proxy_info`` line at the top of every
-            file.
+            file and ``token_renewed`` records (:data:`P_TOKEN_RENEWED`).
         storm_at_ms: plant a connection storm starting at this instant (epoch ms), or
             ``None``: ``storm_size`` attempts spread evenly at random over
             ``storm_seconds``, by ``storm_users`` users ``storm-NN`` of vhost ``iot`` from
@@ -287,6 +291,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         The exact number of lines written.
     """
     rng = random.Random(seed)
+    renew_rng = random.Random(seed + 1)  # token renewals: their own stream (P_TOKEN_RENEWED)
     fleet = Fleet(users, hosts, rng)
     fmt = _ts_formatter()
     t0 = int(dt.datetime(start.year, start.month, start.day, tzinfo=dt.UTC).timestamp() * 1000)
@@ -297,6 +302,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
     # Per-hour attempt counts: diurnal weight x bursts, scaled so the expected total is `events`.
     audit = schema_version >= 2
     v3 = schema_version >= 3
+    v4 = schema_version >= 4
     sv = schema_version
     per_attempt = (1 - P_DENIED) * (2 + P_LINK_DENIED + P_SESSION_DENIED + P_MESSAGE_DENIED
                                     + P_PROTOCOL_ERROR + audit * (1 + P_SHADOW)
@@ -411,6 +417,9 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
             ts = open_ms + int(rng.random() * life_hint(open_ms, close_ms))
             put(ts, REVOKED % (sv, "revoked", fmt(ts), cid, vh, gr, us, ip,
                                f"{vhost}/retired/{ui % 10}"))
+        if v4 and renew_rng.random() < P_TOKEN_RENEWED:  # a token renewed on the connection
+            ts = open_ms + int(renew_rng.random() * life_hint(open_ms, close_ms))
+            put(ts, RENEWED % (sv, "token_renewed", fmt(ts), cid, vh, gr, us, ip))
         life = (close_ms if close_ms is not None else open_ms + 60_000) - open_ms
         close_reason = _pick(close_cdf, close_names, rng.random())
         u = rng.random()

@@ -9,6 +9,7 @@ import pytest
 
 from amqp_policy_proxy.cli import EXIT_CONFIG, main
 from amqp_policy_proxy.daemon.config import ConfigError, load_daemon_config
+from tests.support import ME
 
 BASE = '''[[listener]]
 address = "127.0.0.1:5672"
@@ -74,5 +75,5 @@ def test_bad_token_setups_are_one_line_each(tmp_path, upstream, tables, message)
 
 
 def test_check_exits_2_on_a_bad_token_setup(tmp_path, capsys):
-    assert main(["check", "--config", str(write(tmp_path, tables=""))]) == EXIT_CONFIG
+    assert main(["check", "--as-user", ME, "--config", str(write(tmp_path, tables=""))]) == EXIT_CONFIG
     assert "needs a [token_auth]" in capsys.readouterr().out
