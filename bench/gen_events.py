@@ -42,8 +42,9 @@ The model, per proxy fleet:
   audit records), whose figures bench/README.md reports for earlier runs: at the same
   ``--events``, schema 2 has about a third fewer connections.
 
-The number of events is approximately ``--events`` (within about 1 %); the exact count is
-printed. ``--policy-out`` also writes a QDR policy file matching the generated fleet.
+The number of events is approximately ``--events`` (within about 1 %) plus the planted
+storm's and tenant's, which come on top (the fleet's own traffic is not cut to make room
+for them); the exact count is printed. ``--policy-out`` also writes a QDR policy file matching the generated fleet.
 
 Usage::
 
@@ -257,7 +258,8 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
 
     Args:
         out: root directory of the partitioned layout (created).
-        events: target number of events (approximate, within about 1 %).
+        events: target number of the fleet's events (approximate, within about 1 %); the
+            planted storm's and tenant's come on top.
         users: number of distinct users.
         hosts: number of distinct client IPs.
         days: length of the log in days, starting at ``start`` 00:00 UTC.
@@ -346,7 +348,11 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
 
     future: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
     written = 0
-    generated = [0]  # lines produced so far (written or scheduled), for the calibration
+    # Lines produced so far (written or scheduled): [0] the fleet's, which the calibration
+    # holds to `events`, [1] the planted storm's and tenant's, on top of them (else the planted
+    # lines would use up the budget and starve the log's last days). `lane` says which.
+    generated = [0, 0]
+    lane = [0]
     # The limits each proxy enforces (fleet_policy), and its live connection counts.
     vlim: dict[str, tuple[int, int, int]] = {}
     glim: dict[tuple[str, str], tuple[int, int]] = {}
@@ -396,7 +402,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         def put(ts: int, line: str) -> None:
             if ts < t0:  # a connection open before the log starts: earlier events are not in it
                 return
-            generated[0] += 1
+            generated[lane[0]] += 1
             if ts < hour_end:
                 sink_now.append((ts, p, line))
             else:
@@ -540,10 +546,11 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
         arrivals.sort()
         for open_ms, ui, kind in arrivals:
             release_until(open_ms)
+            lane[0] = int(kind in (_STORM, _TENANT))
             p = (ui * 2654435761 + (rng.random() < 0.1)) % proxies  # sticky load balancer
             name, vhost, group, host = fleet_users[ui]
             if v3 and rng.random() < P_SASL_FAILED:  # a wrong password: no Open follows
-                generated[0] += 1
+                generated[lane[0]] += 1
                 now.append((open_ms, p, SASL % (sv, fmt(open_ms), new_conn(p), _j(name),
                                                 host_ips[host])))
                 continue
@@ -574,10 +581,10 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
                     gr = group
                 elif reason == "handshake_timeout":
                     us = None
-                generated[0] += 1
+                generated[lane[0]] += 1
                 cid = new_conn(p)
                 if audit and reason not in ("global_limit", "handshake_timeout"):
-                    generated[0] += 1
+                    generated[lane[0]] += 1
                     now.append((open_ms, p, DECIDED % (
                         sv, "auth_decision", fmt(open_ms), cid, _j(vh), _j(gr), _j(us),
                         host_ips[host], "deny", _j(reason), reason, _j(vh))))
@@ -597,6 +604,7 @@ def generate(out: str, events: int, users: int, hosts: int, days: int, proxies: 
             close = close_ms if close_ms < end_ms else None
             conn_events(p, new_conn(p), ui, open_ms, close, True, now, hour_end)
             admit(close, p, vhost, ui, host)
+        lane[0] = 0
         now.sort()
         by_proxy: dict[int, list[str]] = defaultdict(list)
         for _, p, line in now:
