@@ -26,6 +26,7 @@ nothing here applies.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -95,3 +96,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return scope_of(nodeid)
 
     return TierScheduling(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """Each test leaves the root logger as it found it: a command run in-process (``run``,
+    ``check``...) configures logging as the daemon does, which replaces the root handlers
+    (pytest's capture among them), so a later test on the same worker lost its log lines."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
