@@ -44,7 +44,8 @@ The model, per proxy fleet:
 
 The number of events is approximately ``--events`` (within about 1 %) plus the planted
 storm's and tenant's, which come on top (the fleet's own traffic is not cut to make room
-for them); the exact count is printed. ``--policy-out`` also writes a QDR policy file matching the generated fleet.
+for them); the exact count is printed. ``--policy-out`` also writes a QDR policy file
+matching the generated fleet.
 
 Usage::
 

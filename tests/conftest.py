@@ -101,8 +101,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.fixture(autouse=True)
 def _root_logging_restored():
     """Each test leaves the root logger as it found it: a command run in-process (``run``,
-    ``check``...) configures logging as the daemon does, which replaces the root handlers
-    (pytest's capture among them), so a later test on the same worker lost its log lines."""
+    ``check``...) configures logging as the daemon does, its own handler on the root (writing
+    to that test's captured stderr) and the root's level, and both outlived the test, for
+    every later test on the same worker."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     yield

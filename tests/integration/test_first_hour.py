@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ from amqp_policy_proxy.amqp import constants as C
 from amqp_policy_proxy.core.events import SaslFailed
 from amqp_policy_proxy.policy.compile import compile_policy
 from amqp_policy_proxy.policy.model import PolicySettings
+from tests.support.logs import LoggerLines
 from tests.support.ports import free_port
 from tests.support.proxy import ProxyThread
 from tests.support.rawpeer import RawClient, RawUpstream
@@ -73,33 +73,8 @@ def test_readiness_tells_the_truth_while_the_router_is_down():
                 assert c.sasl_plain("alice") == 0
 
 
-class _Lines(logging.Handler):
-    """The messages one logger emits, caught on that logger itself (not on the root, whose
-    handlers another test's in-process ``run`` may replace at any moment under xdist)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(logging.INFO)
-        self.logger = logging.getLogger(name)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-    def __enter__(self) -> _Lines:
-        self.saved = (self.logger.level, self.logger.disabled)
-        self.logger.setLevel(logging.INFO)
-        self.logger.disabled = False
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.saved[0])
-        self.logger.disabled = self.saved[1]
-
-
 def test_failed_logins_are_on_record():
-    with _Lines("amqp_policy_proxy.core.context") as log, RawUpstream(sasl_reject=["mallory"]) as up, ProxyThread(
+    with LoggerLines("amqp_policy_proxy.core.context") as log, RawUpstream(sasl_reject=["mallory"]) as up, ProxyThread(
             [("127.0.0.1", up.port)], policy=POLICY, metrics=True) as proxy:
         with RawClient(proxy.port) as c:
             assert c.sasl_plain("mallory", "wrong-password") == int(C.SaslCode.AUTH)

@@ -9,7 +9,6 @@ import csv
 import datetime as dt
 import importlib.util
 import json
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from amqp_policy_proxy.spark_reports.jobs.capacity import main
+from tests.support.logs import LoggerLines
 
 GEN = Path(__file__).resolve().parents[2] / "bench" / "gen_events.py"
 STORM_AT = dt.datetime(2026, 11, 10, 2, 30, tzinfo=dt.UTC)  # a Tuesday night: no burst hour
@@ -30,17 +30,6 @@ def _gen():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-class _Kept(logging.Handler):
-    """The report's log lines at WARNING and above."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -88,18 +77,13 @@ def planted(spark, tmp_path_factory):
         "--days", "15", "--proxies", "2", "--seed", "7", "--policy-out", str(policy),
         "--storm-at", STORM_AT.isoformat(), "--storm-size", "3000", "--storm-seconds", "60",
         "--over-limit-user", TENANT, "--over-limit-vhost", "billing", "--growth", "20"]) == 0
-    # The job reports a failure in a log line; keep its lines here (a test that configured
-    # the daemon's logging in this worker may have taken the root logger's handlers away).
-    kept = _Kept()
-    report_log = logging.getLogger("amqp_policy_proxy.spark_reports")
-    report_log.addHandler(kept)
-    try:
+    # The job reports a failure in a log line only: catch its lines on its own logger, so
+    # the assertion shows them whatever the root logger's handlers are.
+    with LoggerLines("amqp_policy_proxy.spark_reports") as log:
         rc = main(["--events", str(events), "--policy", str(policy), "--out", str(out),
                    "--to", HELD_BACK, "--forecast-days", "1", "--forecast-keys", "6",
                    "--churn-for", "1m", "--churn-min-connections", "10"])
-    finally:
-        report_log.removeHandler(kept)
-    assert rc == 0, kept.lines
+    assert rc == 0, log.messages[-20:]
     return events, out
 
 
