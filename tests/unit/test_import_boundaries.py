@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +178,25 @@ def test_no_import_cycles_between_modules() -> None:
     for module in sorted(graph):
         if module not in seen:
             visit(module)
+
+
+def test_the_daemon_at_rest_does_not_load_what_it_does_not_use(tmp_path: Path) -> None:
+    """Memory at rest (issue 34): the modules behind `run` and a JSON policy load leave out
+    aiohttp (only with an [admin] socket), PyYAML (only for *.yaml policy files), redis-py
+    (only with a fleet) and Spark (reports only). A fresh interpreter, so nothing else has
+    imported them first."""
+    policy = tmp_path / "p.json"
+    policy.write_text('[["vhost", {"hostname": "$default", "groups": {"$default": '
+                      '{"users": "*", "remoteHosts": "*"}}}]]')
+    code = (
+        "import sys\n"
+        "import amqp_policy_proxy.cli, amqp_policy_proxy.daemon.run\n"
+        "import amqp_policy_proxy.daemon.workers, amqp_policy_proxy.daemon.relay\n"
+        "from amqp_policy_proxy.policy.load import load_policy\n"
+        f"load_policy({str(policy)!r})\n"
+        "heavy = ('aiohttp', 'yaml', 'redis', 'pyspark')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    assert out == "[]", f"loaded at rest: {out}"

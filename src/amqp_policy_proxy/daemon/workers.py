@@ -40,11 +40,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from ..fleet.private_redis import PrivateRedis, PrivateRedisError
 from . import systemd
-from .admin import WorkerAdmin
 from .config import Address, AdminConfig, BindError, ConfigError, DaemonConfig
+
+if TYPE_CHECKING:
+    from .admin import WorkerAdmin
 
 logger = logging.getLogger(__name__)
 
@@ -407,6 +410,8 @@ class Supervisor:
 
     def admin_workers(self) -> list[WorkerAdmin]:
         """The workers that answer the admin interface now (running and ready)."""
+        from .admin import WorkerAdmin  # aiohttp is loaded only with an [admin] socket
+
         return [WorkerAdmin(w.index, w.proc.pid, w.admin_path) for w in self.workers
                 if w.alive and w.ready and w.proc is not None]
 

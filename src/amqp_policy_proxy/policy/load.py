@@ -27,8 +27,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from amqp_policy_proxy.policy.compile import DdsLoader, Document, Resolver, compile_policy
 from amqp_policy_proxy.policy.errors import (
     ERROR,
@@ -195,6 +193,8 @@ def parse_text(text: str, *, yaml_syntax: bool) -> tuple[Any, str | None]:
         names the line and column.
     """
     if yaml_syntax:
+        import yaml  # here, not at the top: a daemon with JSON policy never pays for PyYAML
+
         try:
             return yaml.safe_load(text), None
         except yaml.YAMLError as exc:
