@@ -838,6 +838,9 @@ def bench_connect(ctx: Ctx, target: str, workers: int = 8, seconds: float = 5.0
                 "failed": r["failed"], "conn_per_s": r["conn_per_s"], "open_ms": r["open_ms"],
                 "cpu": sampler.between(r["t_begin"], r["t_stop"] or None),
                 "errors": r["errors"], "first_error": r["first_error"]})
+    front = res["cpu"].get(Stack.front(target)) if target != "direct" else None
+    if front is not None and r["conn_per_s"]:
+        res["front_us_per_conn"] = round(front / r["conn_per_s"] * 1e6, 1)
     return res
 
 
@@ -880,6 +883,7 @@ def bench_idle(ctx: Ctx, target: str, connections: int = 2000, hold: float = 3.0
                     "per_conn_kib": round((held[n] - before[n]) / n_open, 3)} for n in pids},
     })
     res["front_kib_per_conn"] = res["rss"][Stack.front(target)]["per_conn_kib"]
+    res["front_rest_mib"] = round(res["rss"][Stack.front(target)]["before_kib"] / 1024, 1)
     res["router_kib_per_conn"] = res["rss"]["router"]["per_conn_kib"]
     return res
 
@@ -901,20 +905,27 @@ METRICS: list[tuple[str, str, Callable[[dict[str, Any]], float], str, bool]] = [
     ("connect cycles/s, 8 workers", "connect", lambda r: r["conn_per_s"], "conn/s", True),
     ("connect: to Open p50, ms", "connect", lambda r: r["open_ms"]["p50"], "ms", False),
     ("connect: to Open p99, ms", "connect", lambda r: r["open_ms"]["p99"], "ms", False),
+    ("connect: front CPU per connection, µs", "connect", lambda r: r["front_us_per_conn"],
+     "µs", False),
+    ("RSS at rest, MiB (front process, fresh start)", "idle", lambda r: r["front_rest_mib"],
+     "MiB", False),
     ("idle RSS per connection, KiB (front process)", "idle",
      lambda r: r["front_kib_per_conn"], "KiB", False),
     ("idle RSS per connection, KiB (router)", "idle",
      lambda r: r["router_kib_per_conn"], "KiB", False),
 ]
 
-# Goals of issue 17, as proxy/HAProxy ratios (None: no goal).
+# Goals of issues 17 and 34, as proxy/HAProxy ratios (None: no goal).
 GOALS = {
     "100 B unsettled, msgs/s": (">=", 0.95),
     "16 KiB unsettled, msgs/s": (">=", 1.0),
     "request/response RTT p50, µs": ("<=", 1.10),
     "connect cycles/s, 8 workers": (">=", 0.90),
     "connect: to Open p50, ms": ("<=", 1.2),
+    "connect: front CPU per connection, µs": ("<=", 1.5),
 }
+# Goals on the proxy's own figure, not a ratio (issue 34: memory at rest).
+ABSOLUTE_GOALS = {"RSS at rest, MiB (front process, fresh start)": ("<=", 40.0)}
 
 # Operations per second for "CPU µs per operation" (messages, round trips, connections).
 RATE = {"tput-100B": lambda r: r.get("msgs_per_s"), "tput-16KiB": lambda r: r.get("msgs_per_s"),
@@ -1033,6 +1044,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
         if goal and r:
             met = r["ratio"] >= goal[1] if goal[0] == ">=" else r["ratio"] <= goal[1]
             goal_s = f"{goal[0]} {goal[1]:.2f}: {'met' if met else 'missed'}"
+        absolute, mine = ABSOLUTE_GOALS.get(label), row.get("proxy")
+        if absolute and mine and mine["median"] is not None:
+            met = (mine["median"] >= absolute[1] if absolute[0] == ">="
+                   else mine["median"] <= absolute[1])
+            goal_s = (f"proxy {absolute[0]} {_fmt(absolute[1])} {row['unit']}: "
+                      f"{'met' if met else 'missed'}")
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {ratio} | {goal_s} |")
     lines += [
         "",

@@ -98,6 +98,34 @@ def test_summary_ratios_goals_and_cpu_table(rr):
     assert "(disturbed): x 1 of 9." in md
 
 
+def test_headline_has_cpu_per_connection_and_memory_at_rest(rr):
+    """Issue 34's headline figures: CPU µs per connection (ratio goal 1.5) and RSS at rest
+    (the proxy's own figure against 40 MiB)."""
+    results = {
+        "connect": {
+            "haproxy": [{"ok": True, "conn_per_s": 2000.0, "front_us_per_conn": 160.0,
+                         "open_ms": {"p50": 2.0, "p99": 4.0}}],
+            "proxy": [{"ok": True, "conn_per_s": 1000.0, "front_us_per_conn": 480.0,
+                       "open_ms": {"p50": 4.0, "p99": 8.0}}],
+        },
+        "idle": {
+            "haproxy": [{"ok": True, "front_kib_per_conn": 3.3, "front_rest_mib": 15.0}],
+            "proxy": [{"ok": True, "front_kib_per_conn": 7.0, "front_rest_mib": 38.5}],
+        },
+    }
+    summ = rr.summarize(results)
+    assert summ["connect: front CPU per connection, µs"]["proxy/haproxy"]["ratio"] == 3.0
+    doc = {"summary": summ, "cpu": rr.cpu_summary(results), "disturbed": [],
+           "meta": {"targets": ["haproxy", "proxy"], "started": "s", "finished": "f",
+                    "proxy": {"commit": "abc1234"}, "rounds": 1, "loadavg_start": [0.1],
+                    "loadavg_end": [0.2], "nproc": 2, "disturbed_threshold": 0.25}}
+    md = rr.render_markdown(doc)
+    assert "| connect: front CPU per connection, µs | 160 (160–160) | 480 (480–480) |" in md
+    assert "<= 1.50: missed" in md
+    assert "| RSS at rest, MiB (front process, fresh start) | 15.0 (15.0–15.0) | 38.5" in md
+    assert "proxy <= 40.0 MiB: met" in md
+
+
 def test_cpu_sampler_interpolates_and_computes_other(rr):
     s = rr.CpuSampler({})
     s.samples = [(0.0, {"machine": 0.0, "_tasks": 0.0, "irq": 0.0, "steal": 0.0, "p": 0.0}),
