@@ -347,24 +347,33 @@ class ClientProtocol(asyncio.Protocol):
             transport.writelines(chunks)  # one writev under uvloop
 
     def _execute(self, commands: list[Any]) -> None:
-        # Consecutive SendData for the same side go out in one write call.
-        side: Side | None = None
-        chunks: list[Any] = []
+        """Carry out the core's commands for one input, in order, with one write per side.
+
+        The SendData for the client and for the router are gathered (each side's bytes in
+        the core's order) and go out as one write or writev per side, so an Open that follows
+        the AMQP header in one client read costs the router one read, not two. An Emit
+        (metrics, event log, bans) does not end a write: the events run after the batch's
+        writes. A CloseTransport or ConnectRouter first flushes what was gathered, so nothing
+        the core sent before a close is lost or reordered on that side.
+        """
+        to_client: list[Any] = []
+        to_router: list[Any] = []
+        events: list[Any] = []
         for cmd in commands:
-            if type(cmd) is SendData:
-                if cmd.side is side:
-                    chunks.append(cmd.data)
-                    continue
-                if chunks:
-                    self._write(side, chunks)  # type: ignore[arg-type]
-                side, chunks = cmd.side, [cmd.data]
+            kind = type(cmd)
+            if kind is SendData:
+                (to_client if cmd.side is CLIENT else to_router).append(cmd.data)
                 continue
-            if chunks:
-                self._write(side, chunks)  # type: ignore[arg-type]
-                side, chunks = None, []
-            if type(cmd) is Emit:
-                self.host.emit(cmd.event)
-            elif type(cmd) is CloseTransport:
+            if kind is Emit:
+                events.append(cmd.event)
+                continue
+            if to_client:
+                self._write(CLIENT, to_client)
+                to_client = []
+            if to_router:
+                self._write(ROUTER, to_router)
+                to_router = []
+            if kind is CloseTransport:
                 if cmd.side is CLIENT:
                     if self.transport is not None:
                         self.transport.close()
@@ -372,13 +381,17 @@ class ClientProtocol(asyncio.Protocol):
                     self.router.transport.close()
                 elif self._connect_task is not None and not self._connect_task.done():
                     self._connect_task.cancel()
-            elif type(cmd) is ConnectRouter:
+            elif kind is ConnectRouter:
                 # Until the upstream is up, what the client sends is queued in the core;
                 # data_received stops reading the client when that queue passes
                 # CONNECT_BACKLOG, and reading resumes once the connect ends.
                 self._connect_task = self.host.loop.create_task(self._connect_upstream())
-        if chunks:
-            self._write(side, chunks)  # type: ignore[arg-type]
+        if to_client:
+            self._write(CLIENT, to_client)
+        if to_router:
+            self._write(ROUTER, to_router)
+        for event in events:
+            self.host.emit(event)
 
     def abort(self) -> None:
         """Abort both transports at once (no flush): a contained bug, or the end of a drain."""
