@@ -367,12 +367,7 @@ class ClientProtocol(asyncio.Protocol):
             if kind is Emit:
                 events.append(cmd.event)
                 continue
-            if to_client:
-                self._write(CLIENT, to_client)
-                to_client = []
-            if to_router:
-                self._write(ROUTER, to_router)
-                to_router = []
+            self._flush(to_client, to_router)
             if kind is CloseTransport:
                 if cmd.side is CLIENT:
                     if self.transport is not None:
@@ -386,12 +381,19 @@ class ClientProtocol(asyncio.Protocol):
                 # data_received stops reading the client when that queue passes
                 # CONNECT_BACKLOG, and reading resumes once the connect ends.
                 self._connect_task = self.host.loop.create_task(self._connect_upstream())
-        if to_client:
-            self._write(CLIENT, to_client)
-        if to_router:
-            self._write(ROUTER, to_router)
+        self._flush(to_client, to_router)
         for event in events:
             self.host.emit(event)
+
+    def _flush(self, to_client: list[Any], to_router: list[Any]) -> None:
+        """Write what :meth:`_execute` gathered for each side (one call per side) and empty
+        the lists; the transports take the chunks at once, so the lists can be reused."""
+        if to_client:
+            self._write(CLIENT, to_client)
+            to_client.clear()
+        if to_router:
+            self._write(ROUTER, to_router)
+            to_router.clear()
 
     def abort(self) -> None:
         """Abort both transports at once (no flush): a contained bug, or the end of a drain."""
