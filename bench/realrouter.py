@@ -840,7 +840,7 @@ def bench_connect(ctx: Ctx, target: str, workers: int = 8, seconds: float = 5.0
                 "errors": r["errors"], "first_error": r["first_error"]})
     front = res["cpu"].get(Stack.front(target)) if target != "direct" else None
     if front is not None and r["conn_per_s"]:
-        res["front_us_per_conn"] = round(front / r["conn_per_s"] * 1e6, 1)
+        res["front_us_per_conn"] = round(us_per_op(front, r["conn_per_s"]), 1)
     return res
 
 
@@ -927,6 +927,16 @@ GOALS = {
 # Goals on the proxy's own figure, not a ratio (issue 34: memory at rest).
 ABSOLUTE_GOALS = {"RSS at rest, MiB (front process, fresh start)": ("<=", 40.0)}
 
+def us_per_op(cores: float, per_second: float) -> float:
+    """CPU µs per operation: ``cores`` busy (1.0 = one core) at ``per_second`` operations."""
+    return cores / per_second * 1e6
+
+
+def meets(value: float, goal: tuple[str, float]) -> bool:
+    """Whether ``value`` meets ``goal``, an ``(">=" or "<=", bound)`` pair of GOALS."""
+    return value >= goal[1] if goal[0] == ">=" else value <= goal[1]
+
+
 # Operations per second for "CPU µs per operation" (messages, round trips, connections).
 RATE = {"tput-100B": lambda r: r.get("msgs_per_s"), "tput-16KiB": lambda r: r.get("msgs_per_s"),
         "connect": lambda r: r.get("conn_per_s"), "rtt": lambda r: 500.0}
@@ -992,7 +1002,7 @@ def cpu_summary(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str
                 if rate:
                     for role in ("router", Stack.front(target)):
                         if role in cpu:
-                            per_op.setdefault(role, []).append(cpu[role] / rate * 1e6)
+                            per_op.setdefault(role, []).append(us_per_op(cpu[role], rate))
             out[bench][target] = {
                 "cores": {k: round(statistics.median(v), 3) for k, v in roles.items()},
                 "other_max": round(max(roles.get("other", [0.0])), 3),
@@ -1042,14 +1052,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
         goal = GOALS.get(label)
         goal_s = "-"
         if goal and r:
-            met = r["ratio"] >= goal[1] if goal[0] == ">=" else r["ratio"] <= goal[1]
-            goal_s = f"{goal[0]} {goal[1]:.2f}: {'met' if met else 'missed'}"
+            goal_s = f"{goal[0]} {goal[1]:.2f}: {'met' if meets(r['ratio'], goal) else 'missed'}"
         absolute, mine = ABSOLUTE_GOALS.get(label), row.get("proxy")
         if absolute and mine and mine["median"] is not None:
-            met = (mine["median"] >= absolute[1] if absolute[0] == ">="
-                   else mine["median"] <= absolute[1])
             goal_s = (f"proxy {absolute[0]} {_fmt(absolute[1])} {row['unit']}: "
-                      f"{'met' if met else 'missed'}")
+                      f"{'met' if meets(mine['median'], absolute) else 'missed'}")
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {ratio} | {goal_s} |")
     lines += [
         "",
