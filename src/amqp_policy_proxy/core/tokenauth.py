@@ -26,7 +26,6 @@ from ..policy import decisions
 from ..policy.lookup import resolve_vhost
 from ..policy.reasons import ConnectionDenyReason
 from ..tokens.claims import TokenIdentity, check_username, group_for, identity_from_token
-from ..tokens.config import TokenAuthConfig
 from ..tokens.errors import RejectReason, TokenRejected
 from ..tokens.jwks import JwkSet
 from ..tokens.sasl import MECHANISMS, TokenCredentials, credentials_from_sasl
@@ -36,6 +35,7 @@ from .wire import frame
 if TYPE_CHECKING:
     from ..ingress.peer import ClientAddress
     from ..policy.model import Policy
+    from ..tokens.config import TokenAuthConfig  # a type only: no pydantic in the core
 
 PROXY = "proxy"
 UPSTREAM = "upstream"

@@ -18,14 +18,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..policy.lookup import resolve_group
 from ..policy.model import GroupSettings, Policy, VhostPolicy
-from .config import TokenAuthConfig
 from .errors import RejectReason, TokenRejected, shown
 from .paths import claim_at, claim_strings
 from .validate import ValidatedToken
+
+if TYPE_CHECKING:  # a type only: the schema (pydantic) stays out of the core
+    from .config import TokenAuthConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .config import ALGORITHMS
+#: The signature algorithms a token may use: asymmetric ones only. HMAC (``HS*``) would need a
+#: secret shared with every proxy, and with a public key as its secret it is the classic
+#: algorithm-confusion forgery; ``none`` is no signature at all. ``[token_auth] algorithms``
+#: chooses among these (``tokens/config.py``).
+ALGORITHMS: tuple[str, ...] = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
+                               "ES256", "ES384", "ES512", "ES256K", "EdDSA")
 
 #: The algorithms of each key family: RSA keys verify RS* and PS*; an EC key only the
 #: algorithm of its curve; an OKP key (Ed25519, Ed448) EdDSA.

@@ -30,11 +30,10 @@ caller can re-check the links. A worse token (fails validation, another subject,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..amqp import codec
 from .claims import TokenIdentity, identity_from_token
-from .config import TokenAuthConfig
 from .errors import RejectReason, TokenRejected, shown
 from .jwks import JwkSet
 from .sections import (
@@ -47,6 +46,9 @@ from .sections import (
     encode_message,
 )
 from .validate import ValidatedToken, validate_token
+
+if TYPE_CHECKING:  # a type only: the schema (pydantic) stays out of the core
+    from .config import TokenAuthConfig
 
 CBS_NODE = "$cbs"
 """The CBS node's address (a client attaches a sender to it and a receiver from it)."""

@@ -28,12 +28,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .config import TokenAuthConfig
 from .errors import RejectReason, TokenRejected, shown
 from .jwks import MAX_KID_CHARS, JwkSet
 from .paths import claim_at
+
+if TYPE_CHECKING:  # a type only: the schema (pydantic) stays out of the core
+    from .config import TokenAuthConfig
 
 _R = RejectReason
 #: A compact JWS: three base64url segments (no padding, no white space); the signature may be

@@ -56,3 +56,14 @@ def test_http_for_a_loopback_jwks_url() -> None:
     for host in ("127.0.0.1", "localhost", "[::1]"):
         TokenAuthConfig.model_validate(BASE | {"jwks_file": None,
                                                "jwks_url": f"http://{host}:8080/jwks"})
+
+
+def test_the_algorithm_type_spells_the_allow_list() -> None:
+    """`[token_auth] algorithms` accepts exactly jwks.ALGORITHMS (the type and the tuple live
+    apart so the core's token checks need no pydantic)."""
+    from typing import get_args
+
+    from amqp_policy_proxy.tokens.config import Algorithm
+    from amqp_policy_proxy.tokens.jwks import ALGORITHMS
+
+    assert get_args(Algorithm) == ALGORITHMS
