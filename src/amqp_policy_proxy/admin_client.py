@@ -17,7 +17,8 @@ import socket
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from .daemon.config import DEFAULT_ADMIN_SOCKET, ConfigError, admin_socket_from_file
+from .daemon.config import admin_socket_from_file
+from .daemon.settings import DEFAULT_ADMIN_SOCKET, ConfigError
 
 #: The configuration the admin commands read the socket path from, when it exists.
 DEFAULT_CONFIG = "/etc/amqp-policy-proxy/config.toml"

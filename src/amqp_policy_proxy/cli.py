@@ -21,15 +21,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import __version__
-from .daemon.config import (
+from .daemon.settings import (
     DEFAULT_ADMIN_SOCKET,
     LEDGER_FAILURE_MODES,
     LOG_FORMATS,
     LOG_LEVELS,
     ConfigError,
     DaemonConfig,
-    config_from_sources,
-    load_daemon_config,
     parse_address,
 )
 
@@ -339,6 +337,8 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         overrides["ledger.failure_mode"] = ("--ledger-failure-mode", args.ledger_failure_mode)
     if args.workers is not None:
         overrides["daemon.workers"] = ("--workers", args.workers)
+    from .daemon.config import config_from_sources  # the schema: pydantic
+
     return config_from_sources(args.config, overrides=overrides)
 
 
@@ -349,13 +349,15 @@ def _print_issues(issues: list[str], file: Any = None) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``run``: start the daemon and serve until SIGTERM/SIGINT."""
+    from .daemon.config_child import validate_apart
     from .daemon.loop import run
     from .daemon.run import run_daemon
     from .daemon.workers import run_supervisor, worker_config
     from .policy.errors import PolicyError
 
     try:
-        config = config_from_args(args)
+        # in a child: the daemon never loads the schema library (about 10 MiB at rest)
+        config = validate_apart(config_from_args, args)
     except ConfigError as exc:
         _print_issues(exc.issues, sys.stderr)
         return EXIT_CONFIG
@@ -412,6 +414,7 @@ def _check(args: argparse.Namespace, *, bind_test: bool, report: bool = True,
     """The checks of ``check`` as this process's user: print every issue, and with ``report``
     the ``ok:`` line (naming ``checked_as`` when the files were also checked as that user) and
     the policy's warnings and shadow lines. Returns the exit status (0 or 2)."""
+    from .daemon.config import load_daemon_config
     from .daemon.preflight import bind_test as try_binds
     from .policy.errors import PolicyError, format_issues
     from .policy.load import load_policy
@@ -474,6 +477,7 @@ def shadow_lines(policy: Any) -> list[str]:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """``explain``: print the decision for a user/host (and address) and the rule behind it."""
+    from .daemon.config import load_daemon_config
     from .policy.errors import PolicyError, format_issues
     from .policy.explain import explain
     from .policy.load import load_policy

@@ -13,7 +13,7 @@ import pytest
 from amqp_policy_proxy import admin_client
 from amqp_policy_proxy.admin_client import AdminClient, AdminClientError, socket_path
 from amqp_policy_proxy.cli import EXIT_CONFIG, EXIT_FAILURE, main, render_connections, render_status
-from amqp_policy_proxy.daemon.config import DEFAULT_ADMIN_SOCKET
+from amqp_policy_proxy.daemon.settings import DEFAULT_ADMIN_SOCKET
 
 ROW = {
     "id": "1f-12", "vhost": "shop", "group": "buyers", "user": "alice",

@@ -181,10 +181,11 @@ def test_no_import_cycles_between_modules() -> None:
 
 
 def test_the_daemon_at_rest_does_not_load_what_it_does_not_use(tmp_path: Path) -> None:
-    """Memory at rest (issue 34): the modules behind `run` and a JSON policy load leave out
-    aiohttp (only with an [admin] socket), PyYAML (only for *.yaml policy files), redis-py
-    (only with a fleet) and Spark (reports only). A fresh interpreter, so nothing else has
-    imported them first."""
+    """Memory at rest: the modules behind `run` and a JSON policy load leave out aiohttp
+    (only with an [admin] socket), PyYAML (only for *.yaml policy files), redis-py (only with
+    a fleet), Spark (reports only) and pydantic (the config schema, which `run` uses in a
+    child: daemon/config_child.py). A fresh interpreter, so nothing else has imported them
+    first."""
     policy = tmp_path / "p.json"
     policy.write_text('[["vhost", {"hostname": "$default", "groups": {"$default": '
                       '{"users": "*", "remoteHosts": "*"}}}]]')
@@ -192,9 +193,10 @@ def test_the_daemon_at_rest_does_not_load_what_it_does_not_use(tmp_path: Path) -
         "import sys\n"
         "import amqp_policy_proxy.cli, amqp_policy_proxy.daemon.run\n"
         "import amqp_policy_proxy.daemon.workers, amqp_policy_proxy.daemon.relay\n"
+        "import amqp_policy_proxy.daemon.app, amqp_policy_proxy.core.connection\n"
         "from amqp_policy_proxy.policy.load import load_policy\n"
         f"load_policy({str(policy)!r})\n"
-        "heavy = ('aiohttp', 'yaml', 'redis', 'pyspark')\n"
+        "heavy = ('aiohttp', 'yaml', 'redis', 'pyspark', 'pydantic', 'pydantic_core')\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

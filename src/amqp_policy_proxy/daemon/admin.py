@@ -55,8 +55,8 @@ from urllib.parse import urlencode
 import aiohttp
 from aiohttp import web
 
-from .config import AdminConfig, BindError
 from .control import Control, ControlError, Peer
+from .settings import AdminConfig, BindError
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ from ..policy.reasons import ConnectionDenyReason
 from . import systemd
 from .bans import BanService
 from .compaction import Compactor, compact_command
-from .config import BindError, DaemonConfig, UpstreamConfig
 from .drain import StopRequest, drain_connections, log_stop
 from .health import Probes, readiness
 from .ledgers import Ledgers
@@ -46,6 +45,7 @@ from .probe import UpstreamProber
 from .proxy_listener import ProxyProtocolServer
 from .relay import ClientProtocol
 from .reload import Reloader, load_configured_policy, log_policy_warnings
+from .settings import BindError, DaemonConfig, UpstreamConfig
 from .snapshots import Snapshots, start_line, status_line
 from .tls import TlsContexts
 from .tokens import TokenService

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from .config import UpstreamConfig
+from .settings import UpstreamConfig
 from .upstreams import UpstreamHealth
 
 __all__ = ["LOOP_STALL_SECONDS", "Probes", "readiness"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..fleet.ledger import LedgerObserver
-from .config import BindError, ConfigError, DaemonConfig
+from .settings import BindError, ConfigError, DaemonConfig
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

@@ -24,7 +24,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from .config import BindError, DaemonConfig
+from .settings import BindError, DaemonConfig
 
 __all__ = ["SERVICE_USER", "bind_test", "run_as", "service_user"]
 

@@ -47,7 +47,7 @@ from ..core.events import ConnectionDenied, ProxyEvent
 from ..ingress.peer import ClientAddress
 from ..ingress.proxy_protocol import MAX_LENGTH, HeaderError, NeedMore, ProxyHeader, parse_header
 from ..policy.reasons import ConnectionDenyReason
-from .config import ListenerConfig
+from .settings import ListenerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ PAUSED_CLIENT_FULL = 8
 
 
 class Upstream(Protocol):
-    """One configured router (``daemon.config.UpstreamConfig``)."""
+    """One configured router (``daemon.settings.UpstreamConfig``)."""
 
     @property
     def address(self) -> Any:

@@ -24,9 +24,9 @@ from ..policy.load import load_policy
 from ..policy.model import Policy
 from ..resolver import system_resolver
 from . import systemd
-from .config import DaemonConfig
 from .pacing import PacedCloser
 from .reevaluation import reevaluate_open
+from .settings import DaemonConfig
 from .tls import TlsContexts
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import replace
 
 from .app import Daemon
-from .config import ConfigError, DaemonConfig
+from .settings import ConfigError, DaemonConfig
 
 __all__ = ["run_daemon"]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import systemd
-from .config import DaemonConfig, UpstreamConfig
+from .settings import DaemonConfig, UpstreamConfig
 from .upstreams import UpstreamHealth
 
 if TYPE_CHECKING:

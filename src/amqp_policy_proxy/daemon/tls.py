@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .config import ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
+from .settings import ConfigError, DaemonConfig, ListenerConfig, UpstreamConfig
 
 logger = logging.getLogger(__name__)
 

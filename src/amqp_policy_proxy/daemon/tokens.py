@@ -22,12 +22,14 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.tokenauth import ServiceLogin, TokenAuth
-from ..tokens.config import TokenAuthConfig
 from ..tokens.jwks import JwksCache, JwksError
-from .config import ConfigError, DaemonConfig, UpstreamConfig
+from .settings import ConfigError, DaemonConfig, UpstreamConfig
+
+if TYPE_CHECKING:
+    from ..tokens.config import TokenAuthConfig
 
 __all__ = ["JwksFigures", "TokenService", "read_service_login"]
 

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from ..fleet.private_redis import PrivateRedis, PrivateRedisError
 from . import systemd
-from .config import Address, AdminConfig, BindError, ConfigError, DaemonConfig
+from .settings import Address, AdminConfig, BindError, ConfigError, DaemonConfig
 
 if TYPE_CHECKING:
     from .admin import WorkerAdmin

@@ -176,7 +176,7 @@ def _stopped_by_ctrl_c() -> Iterator[None]:
 
 def main(*, keep_running: bool = False) -> int:
     """Run the whole demo; return 0 when every step behaved as expected."""
-    from ..daemon.config import Address, DaemonConfig, ListenerConfig, UpstreamConfig
+    from ..daemon.settings import Address, DaemonConfig, ListenerConfig, UpstreamConfig
     from ..policy.model import PolicySettings
     from .broker import Broker
     from .sasl import make_sasl_config

@@ -18,7 +18,7 @@ import pytest
 from amqp_policy_proxy.core.events import AdminAction
 from amqp_policy_proxy.daemon.admin import SOCKET_MODE, bind_unix_socket
 from amqp_policy_proxy.daemon.app import Daemon
-from amqp_policy_proxy.daemon.config import Address, AdminConfig, BindError, DaemonConfig
+from amqp_policy_proxy.daemon.settings import Address, AdminConfig, BindError, DaemonConfig
 from amqp_policy_proxy.policy.compile import compile_policy
 
 POLICY = compile_policy([(None, [
