@@ -55,7 +55,7 @@ from urllib.parse import urlencode
 import aiohttp
 from aiohttp import web
 
-from .control import Control, ControlError, Peer
+from .control import Control, ControlError, ControlHost, Peer
 from .settings import AdminConfig, BindError
 
 logger = logging.getLogger(__name__)
@@ -392,6 +392,20 @@ class AdminServer:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
             self.socket_path = None
+
+
+async def serve_admin(host: ControlHost, config: AdminConfig, source: str | None
+                      ) -> AdminServer:
+    """Start the admin interface of one daemon (``[admin]``): operator control over ``host``.
+
+    Raises:
+        BindError: the socket or the TCP address cannot be bound (nothing stays bound).
+    """
+    control = Control(host)
+    admin = AdminServer(lambda token: build_app(control, token, config.forwarded_peer),
+                        config, source)
+    await admin.start()
+    return admin
 
 
 # ---------------------------------------------------------------------- a workers' parent

@@ -3,9 +3,10 @@
 :class:`Daemon` owns the current policy snapshot and the listeners, is the relay's host (each
 accepted transport, its core connection, the upstreams to try) and fans core events out to
 metrics and the event log. Its parts live beside it: the counts (:mod:`.ledgers`), TLS
-contexts (:mod:`.tls`), readiness (:mod:`.health`), the metrics snapshot and status lines
-(:mod:`.snapshots`), metrics and event-log outputs (:mod:`.outputs`), SIGHUP reloads
-(:mod:`.reload`), the drain (:mod:`.drain`); :mod:`.run` runs it. Signal handlers only
+contexts (:mod:`.tls`), the listeners (:mod:`.listeners`), readiness (:mod:`.health`), the
+metrics snapshot and status lines (:mod:`.snapshots`), metrics and event-log outputs
+(:mod:`.outputs`), SIGHUP reloads (:mod:`.reload`), the drain (:mod:`.drain`); :mod:`.run` runs
+it. Signal handlers only
 schedule work on the loop (gunicorn's rule).
 """
 
@@ -38,7 +39,8 @@ from .compaction import Compactor, compact_command
 from .drain import StopRequest, drain_connections, log_stop
 from .health import Probes, readiness
 from .ledgers import Ledgers
-from .outputs import LedgerFigures, proxy_info_header, start_outputs
+from .listeners import bind_listeners
+from .outputs import LedgerFigures, proxy_info_header, start_outputs, stop_outputs
 from .pacing import PacedCloser
 from .preauth import PreauthBudget
 from .probe import UpstreamProber
@@ -53,8 +55,6 @@ from .upstreams import UpstreamHealth
 
 logger = logging.getLogger(__name__)
 
-#: Pending connections the kernel queues on a listener before accept (``listen`` backlog).
-LISTEN_BACKLOG = 4096
 #: Peer addresses remembered (parsed) by :meth:`Daemon.peer_address`.
 PEER_MEMO_SIZE = 4096
 
@@ -80,9 +80,9 @@ class Daemon:
         self.probes = Probes(self.readiness)
         """``/healthz`` and ``/readyz`` (:mod:`.health`), published on the 1 s tick."""
         self.upstream_health: UpstreamHealth[UpstreamConfig] = UpstreamHealth()
+        """Failed upstreams are tried last for a back-off period (exponential, capped)."""
         self.sasl_failures = RecentFailures()
         """Failed authentications per client host in the last minute (the per-host gauge)."""
-        """Failed upstreams are tried last for a back-off period (exponential, capped)."""
         self.prober: UpstreamProber | None = None
         """Probes every upstream on an interval (``daemon/probe.py``) once started."""
         self.revocation_closes: PacedCloser[Any] | None = None
@@ -225,13 +225,6 @@ class Daemon:
         if proto is not None:
             proto.ledger_answered(reason)
 
-    async def _start_fleet(self) -> None:
-        """Start the fleet ledger (``[ledger]``) before the listeners accept anything."""
-        if self.config.ledger is not None:
-            port = self.listen_addresses[0][1] if self.listen_addresses else 0
-            await self.ledgers.start_fleet(self.config.ledger, port, self._ledger_answer,
-                                           LedgerFigures(lambda: self.observer))
-
     @property
     def ledger(self) -> ConnectionLedger:
         """This process's own counts (:attr:`.ledgers.Ledgers.ledger`)."""
@@ -339,43 +332,22 @@ class Daemon:
         server_ssl = await self.tls.start()
         if self.config.token_auth is not None:
             self.tokens = TokenService(self.config, self.loop.time, lambda: self.connections)
-            self._log_mapping_issues()
+            self.tokens.log_mapping_issues(self.policy)
         await self.reloader.start()
         self._start_outputs()
         if self.tokens is not None:
             await self.tokens.start(first_wait=min(self.connect_timeout, 5.0))
-        for index, listener in enumerate(self.config.listeners):
-            base = server_ssl.get(index)
-            ctx = self.tls.follow_reloads(index, base) if base is not None else None
-            name = str(listener.address)
-            server: asyncio.Server | ProxyProtocolServer
-            try:
-                if listener.proxy_protocol:  # daemon/proxy_listener.py
-                    server = ProxyProtocolServer(
-                        self, listener, name,
-                        protocol_factory=functools.partial(ClientProtocol, self, name),
-                        ssl_context=ctx, backlog=LISTEN_BACKLOG,
-                        handshake_seconds=self.config.handshake_seconds,
-                        reuse_port=self.config.reuse_port)
-                    await server.start(start_serving=False)
-                else:
-                    server = await self.loop.create_server(
-                        lambda name=name: ClientProtocol(self, name, self.next_conn_id()),
-                        listener.address.host, listener.address.port, ssl=ctx,
-                        backlog=LISTEN_BACKLOG, reuse_address=True,
-                        reuse_port=self.config.reuse_port or None, start_serving=False,
-                        # a TLS handshake must finish within the Open-decision budget
-                        ssl_handshake_timeout=self.config.handshake_seconds if ctx else None,
-                    )
-            except OSError as exc:
-                await self._undo_start()
-                raise BindError.of(self.config.source, f"listener[{index}].address",
-                                   listener.address, exc) from None
-            self.servers.append(server)
-            for sock in server.sockets:
-                addr = sock.getsockname()
-                self.listen_addresses.append((addr[0], addr[1]))
-        await self._start_fleet()
+        try:
+            self.servers = await bind_listeners(self, self.config, self.tls, server_ssl)
+        except BindError:
+            await self._undo_start()
+            raise
+        self.listen_addresses = [sock.getsockname()[:2] for server in self.servers
+                                 for sock in server.sockets]
+        if self.config.ledger is not None:  # the fleet ledger, before anything is accepted
+            port = self.listen_addresses[0][1] if self.listen_addresses else 0
+            await self.ledgers.start_fleet(self.config.ledger, port, self._ledger_answer,
+                                           LedgerFigures(lambda: self.observer))
         await self.bans.start(self.config.ledger.url if self.config.ledger else None)
         self.prober = UpstreamProber(self.config.upstreams, self.upstream_health,
                                      self.upstream_ssl_context, self.connect_timeout)
@@ -403,31 +375,16 @@ class Daemon:
         if self._watchdog_task is None:
             self._watchdog_task = systemd.start_watchdog(self.loop)
 
-    def _log_mapping_issues(self) -> None:
-        """Warn about ``[[token_auth.groups]]`` rules that name a vhost or group the policy
-        does not define (such a rule gives no group; the policy's own users lists apply)."""
-        from ..tokens.claims import mapping_issues
-
-        if self.tokens is not None and self.policy is not None:
-            for issue in mapping_issues(self.tokens.config, self.policy):
-                logger.warning("%s", issue)
-
     async def _start_admin(self) -> None:
         """Serve the admin interface (``[admin]``); undo the start if it cannot bind."""
-        from .admin import AdminServer, build_app
-        from .control import Control
+        from .admin import serve_admin  # aiohttp: only with an [admin] socket
 
-        config = self.config.admin
-        assert config is not None
-        control = Control(self)
-        admin = AdminServer(lambda token: build_app(control, token, config.forwarded_peer),
-                            config, self.config.source)
+        assert self.config.admin is not None
         try:
-            await admin.start()
+            self.admin = await serve_admin(self, self.config.admin, self.config.source)
         except BindError:
             await self._undo_start()
             raise
-        self.admin = admin
 
     async def _undo_start(self) -> None:
         """Close what :meth:`start` opened before a listener failed to bind."""
@@ -515,17 +472,13 @@ class Daemon:
         log_stop(self.stopping.reason, open_at_stop, cut, time.monotonic() - began)
 
     async def _stop_outputs(self) -> None:
-        """Stop the compaction schedule, the event-log writer (flushing it) and the metrics
-        endpoint."""
+        """Stop the compaction schedule, then the event log and the metrics endpoint
+        (:func:`.outputs.stop_outputs`)."""
         if self.compactor is not None:
             await self.compactor.stop()
-            self.compactor = None
-        if self.writer is not None:
-            await asyncio.to_thread(self.writer.stop)
-            self.writer = None
-        if self.metrics_server is not None:
-            self.metrics_server.stop()
-            self.metrics_server = None
+        writer, server = self.writer, self.metrics_server
+        self.compactor = self.writer = self.metrics_server = None
+        await stop_outputs(writer, server)
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: drain (twice: exit now); SIGHUP: reload. Handlers only schedule."""

@@ -8,6 +8,7 @@ cannot be used or a metrics address that cannot be bound stops the start with a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -98,6 +99,15 @@ def start_outputs(config: DaemonConfig, snapshot: Callable[[], MetricsSnapshot |
                 writer.stop()
             raise BindError.of(config.source, "metrics.address", addr, exc) from None
     return Outputs(registry, observer, writer, server)
+
+
+async def stop_outputs(writer: EventLogWriter | None, server: MetricsServer | None) -> None:
+    """Stop what :func:`start_outputs` started: the event-log writer first (in a thread: it
+    writes and flushes every record submitted before), then the metrics endpoint."""
+    if writer is not None:
+        await asyncio.to_thread(writer.stop)
+    if server is not None:
+        server.stop()
 
 
 def fleet_name(url: str, host: str | None = None) -> str:

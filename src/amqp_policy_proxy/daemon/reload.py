@@ -171,10 +171,7 @@ class Reloader:
         tokens = host.tokens
         if tokens is not None:  # the service password files, and the mapping's names
             tokens.reload_logins(host.config)
-            from ..tokens.claims import mapping_issues
-
-            for line in mapping_issues(tokens.config, new):
-                logger.warning("%s", line)
+            tokens.log_mapping_issues(new)
         self._reloaded(PolicyReloaded(at=now, digest=new.digest, result="ok",
                                       issues=tuple(str(i) for i in new.warnings)))
         host.publish_now()

@@ -29,6 +29,7 @@ from ..tokens.jwks import JwksCache, JwksError
 from .settings import ConfigError, DaemonConfig, UpstreamConfig
 
 if TYPE_CHECKING:
+    from ..policy.model import Policy
     from ..tokens.config import TokenAuthConfig
 
 __all__ = ["JwksFigures", "TokenService", "read_service_login"]
@@ -126,6 +127,15 @@ class TokenService:
             except ConfigError as exc:
                 logger.error("service identity not reloaded, the previous one stays: %s",
                              exc.issues[0] if exc.issues else exc)
+
+    def log_mapping_issues(self, policy: Policy) -> None:
+        """Warn about ``[[token_auth.groups]]`` rules that name a vhost or group ``policy``
+        does not define (such a rule gives no group; the policy's own users lists apply): at
+        start and after each reload."""
+        from ..tokens.claims import mapping_issues
+
+        for issue in mapping_issues(self.config, policy):
+            logger.warning("%s", issue)
 
     def figures(self) -> JwksFigures:
         """The cache's figures now, for the metrics snapshot."""
