@@ -189,9 +189,12 @@ def run(args: argparse.Namespace, data: Path, events: Path | None = None) -> dic
     busy = _busy_seconds() - busy0
     mon.done.set()
     mon.join()
+    # the whole log beside the report: a failure's cause is often far above its last lines
+    (out / "job.log").parent.mkdir(parents=True, exist_ok=True)
+    (out / "job.log").write_text(log)
     if rc != 0:
         sys.stderr.write(log[-4000:])
-        raise SystemExit(f"the job failed with exit code {rc}")
+        raise SystemExit(f"the job failed with exit code {rc}; the whole log: {out / 'job.log'}")
     cpu = sum(mon.cpu.values())
     cpu_by_kind: dict[str, float] = {}
     for p, c in mon.cpu.items():

@@ -384,3 +384,27 @@ def test_no_window_without_a_partition_key(fixtures, tmp_path, extra):
     check_csv_answers(out)
     assert "WindowExec" not in run.stderr, [
         line for line in run.stderr.splitlines() if "WindowExec" in line][:5]
+
+
+def test_a_jvm_that_died_is_named_with_what_to_do(tmp_path):
+    """A week of tens of millions of events can take the JVM down (OutOfMemoryError, or the
+    kernel's OOM killer): the job says so and what to change, instead of a Py4J traceback
+    from stopping a session whose JVM is gone. A real local session whose JVM is killed."""
+    code = (
+        "import json\n"
+        "from amqp_policy_proxy.spark_reports.jobs import capacity\n"
+        "spark, created = capacity._build_session('local[1]')\n"
+        "proc = spark.sparkContext._gateway.proc\n"
+        "proc.kill(); proc.wait()\n"
+        "try:\n"
+        "    spark.range(3).count()\n"
+        "except Exception as exc:\n"
+        "    print(json.dumps({'hint': capacity.jvm_failure_hint(spark, exc)}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_DRIVER_MEMORY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=180, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    hint = json.loads(out.stdout.strip().splitlines()[-1])["hint"]
+    assert hint.startswith("the Spark JVM ended during the report (killed by signal 9): "
+                           "give the driver more heap (SPARK_DRIVER_MEMORY, now 2g")

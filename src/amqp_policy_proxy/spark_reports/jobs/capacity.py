@@ -1465,6 +1465,40 @@ def _build_session(master: str | None) -> tuple[SparkSession, bool]:
     return b.getOrCreate(), True
 
 
+#: The JVM's exit status when an uncaught ``OutOfMemoryError`` ended it (Spark's ``SparkExitCode.OOM``).
+JVM_OOM_EXIT = 52
+
+
+def jvm_failure_hint(spark: Any, exc: BaseException) -> str | None:
+    """What to do when the report failed because the JVM under ``spark`` ran out of memory or
+    is gone, for a session this process launched (``local[...]``); None for other failures.
+
+    A week of tens of millions of events can outgrow the default 2 GiB driver heap: the JVM
+    then stops its SparkContext or exits, and what reaches Python is a Py4J error about a
+    stopped context or a missing class, not the ``OutOfMemoryError`` above it in the log.
+    """
+    text = str(exc)
+    proc = getattr(getattr(getattr(spark, "sparkContext", None), "_gateway", None), "proc", None)
+    status = proc.poll() if proc is not None else None
+    heap = os.environ.get("SPARK_DRIVER_MEMORY", "2g")
+    advice = (f"give the driver more heap (SPARK_DRIVER_MEMORY, now {heap}; e.g. 4g for 30 "
+              "million events on local[2]) or submit the job to a cluster (docs/spark-reports.md)")
+    if status is not None:
+        why = ("out of memory" if status == JVM_OOM_EXIT
+               else f"killed by signal {-status}" if status < 0 else f"exit status {status}")
+        return f"the Spark JVM ended during the report ({why}): {advice}"
+    if "OutOfMemoryError" in text:
+        return f"the Spark JVM ran out of memory: {advice}"
+    try:
+        stopped = bool(spark.sparkContext._jsc.sc().isStopped())
+    except Exception:  # noqa: BLE001 - the JVM cannot answer: it is going away
+        stopped = True
+    if stopped:
+        return ("the SparkContext was stopped during the report (look above for "
+                f"java.lang.OutOfMemoryError): {advice}")
+    return None
+
+
 def console_progress(stream: Any) -> str:
     """``spark.ui.showConsoleProgress`` for a session whose console is ``stream``.
 
@@ -1530,10 +1564,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except Exception as e:  # Spark/Py4J/I-O failures: report, exit 1
         logger.error("capacity report failed: %s", e, exc_info=logger.isEnabledFor(logging.DEBUG))
+        hint = jvm_failure_hint(spark, e) if created else None
+        if hint is not None:
+            logger.error("%s", hint)
         return EXIT_FAILURE
     finally:
         if spark is not None and created:
-            spark.stop()
+            try:
+                spark.stop()
+            except Exception as e:  # noqa: BLE001 - a JVM that died cannot be stopped
+                logger.debug("stopping the Spark session failed: %s", e)
         if shipped is not None:
             shutil.rmtree(shipped, ignore_errors=True)
 
