@@ -6,8 +6,7 @@ metrics and the event log. Its parts live beside it: the counts (:mod:`.ledgers`
 contexts (:mod:`.tls`), the listeners (:mod:`.listeners`), readiness (:mod:`.health`), the
 metrics snapshot and status lines (:mod:`.snapshots`), metrics and event-log outputs
 (:mod:`.outputs`), SIGHUP reloads (:mod:`.reload`), the drain (:mod:`.drain`); :mod:`.run` runs
-it. Signal handlers only
-schedule work on the loop (gunicorn's rule).
+it. Signal handlers only schedule work on the loop (gunicorn's rule).
 """
 
 from __future__ import annotations

@@ -92,6 +92,5 @@ def validate_apart(func: Callable[..., _T], *args: object) -> _T:
 
 
 def _ended(wait_status: int) -> str:
-    if os.WIFSIGNALED(wait_status):
-        return f"was killed by signal {os.WTERMSIG(wait_status)}"
-    return f"exited with status {os.waitstatus_to_exitcode(wait_status)}"
+    code = os.waitstatus_to_exitcode(wait_status)  # negative: the signal that ended it
+    return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
