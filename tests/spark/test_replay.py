@@ -251,3 +251,59 @@ def test_stand_ins_carry_what_the_ledger_reads(tmp_path):
     assert connection_limits(rv, rg) == connection_limits(v, g) == (7, 3, 2)  # type: ignore[arg-type]
     assert connection_rates(rv, rg) == connection_rates(v, g) == (9, 6, 4, 2)  # type: ignore[arg-type]
     assert isinstance(decide_open(pol, "v", "u", "10.0.0.1", "v"), Admission)
+
+
+LOOKUP_POLICY = """[["vhost", {"hostname": "shop", "aliases": "shop.example.com",
+  "maxConnections": 3, "maxConnectionsPerHost": 2, "allowUnknownUser": false,
+  "groups": {"staff": {"users": "ann, ben", "remoteHosts": "10.0.0.0/24, 2001:db8::/32",
+                       "maxConnectionsPerUser": 1},
+             "ops": {"users": "ops", "remoteHosts": "10.0.0.1-10.0.0.9",
+                     "enforcement": "shadow"}}}],
+ ["vhost", {"hostname": "*.lab.example.com", "maxConnections": 1,
+  "groups": {"lab": {"users": "*", "remoteHosts": "*", "maxConnectionRatePerUser": 2}}}],
+ ["vhost", {"hostname": "$default", "allowUnknownUser": true,
+  "groups": {"$default": {"remoteHosts": "192.168.0.0/16"}}}]]"""
+
+
+def _lookup(lk, asked: str, user: str, host: str) -> int:
+    lid = {(a, u): i for a, u, i in lk.user_rows}[(asked, user)]
+    return {(i, h): o for i, h, o in lk.host_rows}[(lid, host)]
+
+
+@pytest.mark.parametrize("enabled, default, reasons", [
+    (True, "$default", {None, "unknown_user", "remote_host"}),
+    (True, "", {None, "no_vhost", "unknown_user", "remote_host"}),
+    (False, "$default", {None}),
+])
+def test_the_lookups_decide_every_open_as_approve_open_does(tmp_path, enabled, default,
+                                                            reasons):
+    """OpenLookups makes approve_open's three lookups once per distinct value; for every
+    (hostname, user, host) of a log its outcome, filled with the connection's names, is the
+    Admission that decide_open (approve_open itself) gives: vhost by name, alias, pattern and
+    defaultVhost, no vhost, listed and unknown users, remoteHosts in and out, shadow, vhost
+    policy off, names that look like the log's marks."""
+    from amqp_policy_proxy.policy.model import PolicySettings
+    from amqp_policy_proxy.spark_reports.replay import OpenLookups
+
+    p = tmp_path / "p.json"
+    p.write_text(LOOKUP_POLICY)
+    pol = load_policy(p, PolicySettings(enable_vhost_policy=enabled, default_vhost=default,
+                                        enable_vhost_name_patterns=True))
+    asked = ["shop", "shop.example.com", "a.lab.example.com", "nowhere", ""]
+    users = ["ann", "ben", "ops", "zed", "", "it's", "\x00user\x00", "\x00rhost\x00"]
+    hosts = ["10.0.0.5", "10.0.0.200", "2001:db8::1", "192.168.3.4", "8.8.8.8", "",
+             "\x00rhost\x00"]
+    lk = OpenLookups(pol, [(a, u) for a in asked for u in users],
+                     [(a, h) for a in asked for h in hosts])
+    seen = set()
+    for a in asked:
+        for u in users:
+            for h in hosts:
+                for logged in ("shop", None):
+                    got = lk.outcomes[_lookup(lk, a, u, h)].admission(u, h, logged)
+                    want = decide_open(pol, a, u, h, logged)
+                    assert got == want, (a, u, h)
+                    seen.add(want.denied)
+    assert seen == reasons
+    # one outcome per (hostname, group, how it matched, host match), not per (user, host)
+    assert len(lk.outcomes) <= len(asked) * 6
