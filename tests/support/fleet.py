@@ -65,6 +65,20 @@ class ProxyProcess:
         """Everything it logged so far."""
         return "".join(self.lines)
 
+    def problems(self, limit: int = 2000) -> str:
+        """What a failing test should show of its log: the WARNING and ERROR lines with the
+        tracebacks under them (at most ``limit`` characters), or ``"(none)"``."""
+        out: list[str] = []
+        keep = False
+        for line in self.lines:
+            head = re.match(r"\d{4}-\d\d-\d\d [\d:,]+ (\w+) ", line)
+            if head is not None:
+                keep = head.group(1) in ("WARNING", "ERROR", "CRITICAL")
+            if keep:
+                out.append(line)
+        text = "".join(out)
+        return text[:limit] if text else "(none)"
+
     def _wait_ports(self, timeout: float = 30.0) -> tuple[int, int]:
         deadline = time.monotonic() + timeout
         workers = "--workers" in self.args
