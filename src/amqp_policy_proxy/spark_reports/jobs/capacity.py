@@ -463,17 +463,19 @@ def _iso(col: Any) -> Any:
 
 
 def write_csv(df: DataFrame, path: str, order: list[Any],
-              keep: list[dict[str, Any]] | None = None) -> int:
-    """Write a small DataFrame to one CSV file on the driver, timestamps as RFC 3339.
+              keep: list[dict[str, Any]] | None = None, large: bool = False) -> int:
+    """Write a DataFrame to one CSV file on the driver, timestamps as RFC 3339.
 
-    Only for aggregated tables (at most one row per key): the sorted rows are gathered into
-    one partition and fetched in one job.
+    An aggregated table (at most one row per key) is gathered into one partition and fetched
+    in one job. A ``large`` one (a row per connection) is fetched one sorted partition at a
+    time, so no single result has to fit the driver's ``spark.driver.maxResultSize``.
 
     Args:
         df: the table.
         path: the CSV file to write.
         order: sort columns.
         keep: if given, also append each row (as a dict) to this list.
+        large: stream the sorted partitions (one job each) instead of one.
 
     Returns:
         The number of data rows written.
@@ -486,7 +488,8 @@ def write_csv(df: DataFrame, path: str, order: list[Any],
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(df.columns)
-        for row in df.orderBy(*order).select(*cols).coalesce(1).toLocalIterator():
+        rows = df.orderBy(*order).select(*cols)
+        for row in (rows if large else rows.coalesce(1)).toLocalIterator():
             w.writerow(["" if v is None else v for v in row])
             if keep is not None:
                 keep.append(row.asDict())
@@ -1017,7 +1020,8 @@ def _whatif_tables(out: str, report: Any, summary: dict[str, Any], branches: _Br
     for df in cached:  # the replay's input, read by the one query that wrote `denied`
         df.unpersist()
     summary["rows"]["whatif_denied"] = write_csv(
-        dn, os.path.join(out, "whatif_denied.csv"), ["ts", "vhost", "proxy", "conn_id"])
+        dn, os.path.join(out, "whatif_denied.csv"), ["ts", "vhost", "proxy", "conn_id"],
+        large=True)
     wi = _write_parquet(whatif_keys(dn), out, "whatif")
     branches.start("html_whatif", _whatif_extracts, out, report, wi)
     summary["rows"]["whatif"] = write_csv(
