@@ -167,14 +167,27 @@ def decide_open(policy: Policy, hostname: str | None, user: str | None,
         The decision before the counts.
     """
     from amqp_policy_proxy.policy import decisions
+    from amqp_policy_proxy.policy.keys import SHADOW
+    from amqp_policy_proxy.policy.model import GroupSettings
 
-    asked = (hostname if hostname is not None else logged_vhost) or ""
+    asked = hostname if hostname is not None else logged_vhost
     u, h = user or "", remote_host or ""
     if not policy.settings.enable_vhost_policy:  # only the global limit applies
-        return Admission(asked, None, None, None, "", "", False, u, h, logged_vhost)
+        return Admission(asked or "", None, None, None, "", "", False, u, h, logged_vhost)
     d = decisions.approve_open(policy, hostname=asked, user=u, remote_host=h)
-    o = _outcome_of(d, asked, decisions)
-    return o.named(o.log, u, h, logged_vhost)  # the log already names u and h
+    vhost = None if d.vhost is None else replay_vhost(d.vhost)
+    group = None if d.group is None else replay_group(d.group)
+    scope_obj: Any = d.group if d.group is not None else d.vhost
+    shadow = scope_obj is not None and scope_obj.enforcement is SHADOW
+    name = d.vhost.hostname if d.vhost is not None else (asked or "")
+    rules: dict[str, str] = {}
+    if d.vhost is not None:
+        g = d.group if d.group is not None else GroupSettings(name="")  # UNGROUPED
+        rules = {str(r): decisions.count_rule(r, d.vhost, g) for r in _COUNT_REASONS}
+    if isinstance(d, decisions.OpenDenied):
+        return Admission(name, vhost, group, str(d.reason), d.rule, d.log, shadow, u, h,
+                         logged_vhost, rules)
+    return Admission(name, vhost, group, None, "", "", shadow, u, h, logged_vhost, rules)
 
 
 #: The denials of the ledger and the rate buckets, in the order they are checked.
@@ -328,14 +341,9 @@ class Outcome(NamedTuple):
 
     def admission(self, user: str, remote_host: str, logged_vhost: str | None) -> Admission:
         """The decision for one connection of the log (as :func:`decide_open` makes it)."""
-        return self.named(fill_log(self.log, user, remote_host), user, remote_host,
-                          logged_vhost)
-
-    def named(self, log: str, user: str, remote_host: str,
-              logged_vhost: str | None) -> Admission:
-        """This outcome as the :class:`Admission` of one connection, with its ``log`` text."""
-        return Admission(self.scope, self.vhost, self.group, self.denied, self.rule, log,
-                         self.shadow, user, remote_host, logged_vhost, self.count_rules)
+        return Admission(self.scope, self.vhost, self.group, self.denied, self.rule,
+                         fill_log(self.log, user, remote_host), self.shadow, user, remote_host,
+                         logged_vhost, self.count_rules)
 
     def limits(self) -> tuple[int, int, int, int, int, int]:
         """``(denied, no_vhost_or_off, rated, per_user, per_host, max_connections)`` as the
@@ -480,8 +488,7 @@ def _asked() -> Any:
 
 
 def _outcome_of(d: Any, asked: str, decisions: Any) -> Outcome:
-    """An :class:`Outcome` from the answer of ``approve_open`` or ``open_outcome``
-    (``asked``: the hostname the Open asked for, ``""`` for none)."""
+    """An :class:`Outcome` from ``open_outcome``'s answer (as :func:`decide_open` maps it)."""
     from amqp_policy_proxy.policy.keys import SHADOW
     from amqp_policy_proxy.policy.model import GroupSettings
 
