@@ -77,33 +77,6 @@ def approve_open(
         others name the resolved vhost (as QDR's ``lookup_user`` does).
     """
     vmatch = resolve_vhost(policy, hostname)
-    gmatch = None if vmatch is None else resolve_group(vmatch.vhost, user)
-    host_ok = gmatch is not None and gmatch.group.remote_hosts.matches(remote_host)
-    return open_outcome(policy, hostname, vmatch, gmatch, host_ok, user, remote_host)
-
-
-def open_outcome(
-    policy: Policy, hostname: str | None, vmatch: VhostMatch | None, gmatch: GroupMatch | None,
-    host_ok: bool, user: str, remote_host: str | ClientAddress,
-) -> OpenAllowed | OpenDenied:
-    """The decision of :func:`approve_open` from its three lookups, in QDR's order.
-
-    :func:`approve_open` is ``resolve_vhost`` -> ``resolve_group`` -> the group's
-    ``remoteHosts``, then this. It is separate so that a caller deciding many Opens (the
-    capacity report's what-if) can make each lookup once per distinct hostname, (vhost, user)
-    and (group, host), and still word every outcome with this one function.
-
-    Args:
-        policy: the policy snapshot (its ``defaultVhost`` names the no-vhost rule).
-        hostname: the Open ``hostname`` as asked (None means ``""``).
-        vmatch: ``resolve_vhost(policy, hostname)``.
-        gmatch: ``resolve_group(vmatch.vhost, user)``, None when ``vmatch`` is None.
-        host_ok: the group's ``remoteHosts`` match ``remote_host`` (False without a group).
-        user, remote_host: as given to :func:`approve_open` (they appear in the log text only).
-
-    Returns:
-        As :func:`approve_open`.
-    """
     if vmatch is None:
         default = policy.settings.default_vhost
         return OpenDenied(_C.NO_VHOST, None, None,
@@ -113,7 +86,8 @@ def open_outcome(
                           f"no vhost, alias or pattern matches '{hostname or ''}' and defaultVhost "
                           "is empty")
     vhost = vmatch.vhost
-    if gmatch is not None and host_ok:
+    gmatch = resolve_group(vhost, user)
+    if gmatch is not None and gmatch.group.remote_hosts.matches(remote_host):
         key = (vmatch.how, vmatch.via, gmatch.group.name, gmatch.how)
         rule = vhost.rule_texts.get(key)
         if rule is None:

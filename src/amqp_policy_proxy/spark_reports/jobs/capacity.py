@@ -1013,12 +1013,8 @@ def _whatif_tables(out: str, report: Any, summary: dict[str, Any], branches: _Br
     if fleet:
         peaks = conc.where(F.col("scope").isin("vhost", "user", "remote_host")).select(
             "scope", "vhost", "key", "peak")
-    cached: list[DataFrame] = []
-    denied, replayed = replay(sweep, events, opts.whatif_policy, peaks, fleet=fleet,
-                              release=cached)
+    denied, replayed = replay(sweep, events, opts.whatif_policy, peaks, fleet=fleet)
     dn = _write_parquet(denied, out, "whatif_denied")
-    for df in cached:  # the replay's input, read by the one query that wrote `denied`
-        df.unpersist()
     summary["rows"]["whatif_denied"] = write_csv(
         dn, os.path.join(out, "whatif_denied.csv"), ["ts", "vhost", "proxy", "conn_id"],
         large=True)
