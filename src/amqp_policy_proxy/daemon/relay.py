@@ -120,7 +120,7 @@ class ClientProtocol(asyncio.Protocol):
     """The client leg. Owns the :class:`ProxyConnection` and drives the router leg."""
 
     __slots__ = (
-        "host", "listener", "transport", "router", "conn", "timer", "counted", "closed",
+        "host", "listener", "transport", "router", "conn", "timer", "timer_at", "counted", "closed",
         "conn_id", "_connect_task", "client_eof", "router_eof", "_pauses",
         "_connect_timed_out", "_held", "proxied", "upstream", "last_activity", "view",
     )
@@ -139,7 +139,9 @@ class ClientProtocol(asyncio.Protocol):
         self.conn: ProxyConnection | None = None
         self.view: ConnectionView | None = None
         """What the relay reads of :attr:`conn` (kept: the core makes a view per request)."""
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.Handle | None = None
+        self.timer_at = 0.0
+        """The deadline :attr:`timer` was armed for (loop clock)."""
         self.counted = False
         self.closed = False
         self._connect_task: asyncio.Task[None] | None = None
@@ -408,11 +410,14 @@ class ClientProtocol(asyncio.Protocol):
             return
         deadline = conn.get_timer()
         if self.timer is not None:
-            if deadline is not None and self.timer.when() == deadline:
+            # the deadline is remembered here: uvloop's call_at for a time already past
+            # returns a plain Handle, which has no when()
+            if deadline is not None and self.timer_at == deadline:
                 return
             self.timer.cancel()
             self.timer = None
         if deadline is not None:
+            self.timer_at = deadline
             self.timer = self.host.loop.call_at(deadline, self._on_timer)
 
     def _on_timer(self) -> None:
