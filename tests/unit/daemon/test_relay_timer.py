@@ -20,7 +20,7 @@ from amqp_policy_proxy.daemon.relay import ClientProtocol
 class _Conn:
     """The two calls the timer path makes on the core: ``get_timer`` and ``handle_timer``."""
 
-    def __init__(self, deadlines: list[float | None]) -> None:
+    def __init__(self, deadlines: list[float]) -> None:
         self.deadlines = deadlines
         self.fired: list[float] = []
 
@@ -82,4 +82,3 @@ def test_no_deadline_cancels_the_armed_timer() -> None:
         assert armed.cancelled()
     finally:
         loop.close()
-
