@@ -46,6 +46,9 @@ IDENTITY_MODES: Final = ("strict", "canonical")
 """Accepted ``[[upstream]] identity`` values: ``strict`` refuses (SASL outcome ``auth``) a name
 the authenticator would change; ``canonical`` takes the changed name."""
 
+#: RabbitMQ 4.x's management node (HTTP over AMQP: queues, exchanges, bindings, token
+#: renewal): internal, so only a rule naming it literally allows a link to or from it.
+RABBIT_MANAGEMENT_NODE: Final = "/management"
 #: Prefixes of qdrouterd's router-internal address classes (after its address view).
 QDR_INTERNAL_PREFIXES: Final = ("_local", "_topo", "_edge", "$")
 #: The management node (qdrouterd's agent subscribes it as a mobile address; Artemis, Azure and
@@ -296,10 +299,13 @@ def rabbit_node(address: str) -> Node | None:
     message's ``subject`` (``by_subject``). v2 (3.13+, 4.x): ``/queues/Q``, ``/exchanges/X/K``
     and ``/exchanges/X``, percent-decoded. Anything else (more segments, ``/temp-queue/``, a
     decoded name holding ``/``, an empty name) is None: RabbitMQ refuses it or its meaning is
-    not certain.
+    not certain. ``/management`` (4.x's HTTP-over-AMQP node, exactly that text) is the broker's
+    own: internal, allowed only by a rule that names it literally.
     """
     if not address or any(ord(c) < 0x20 for c in address):
         return None
+    if address == RABBIT_MANAGEMENT_NODE:
+        return Node(RABBIT_MANAGEMENT_NODE, internal=True)
     if "/" not in address:
         return Node("/queue/" + _v1_unescape(address))
     parts = address.split("/")

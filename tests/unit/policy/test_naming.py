@@ -94,9 +94,17 @@ def test_internal_nodes_need_a_literal_grant():
     ("/exchanges/amq.topic/k", Node("/topic/k", False, "k")),
     ("/queue//x", None), ("/temp-queue/x", None), ("/queues/a%2Fb", None),
     ("/queues/%zz", None), ("/exchange/x/k/more", None), ("", None), ("a\nb", None),
+    ("/management", Node("/management", internal=True)),
+    ("/management/", None), ("/Management", None),
 ])
 def test_rabbit_node(address, node):
     assert rabbit_node(address) == node
+
+
+def test_rabbitmqs_management_node_needs_a_literal_grant():
+    node = Naming("rabbitmq").resolve("/management")
+    assert not node_allowed(AddressRules.from_list(["*"]), node, "u")
+    assert node_allowed(AddressRules.from_list(["*", "/management"]), node, "u")
 
 
 def test_subject_routing():
