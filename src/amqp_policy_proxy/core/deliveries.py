@@ -43,6 +43,7 @@ from .context import Context, Room
 from .eligibility import refresh_router, refresh_session
 from .events import MessageDenied
 from .numbering import DeliveryNumbering, credit_back
+from .proxylinks import RENEWAL_REFUSED
 from .records import LinkRecord, ProxyLink, SessionRecord
 from .rules import MessageRules
 from .sessions import Sessions
@@ -198,6 +199,12 @@ class Deliveries(Room):
             if denial is not None and not self._shadow(denial[0], denial[1], now):
                 self._deny(session, link, denial[0], denial[1], now)
                 return False
+            if link.renewal and not self.sessions.proxy.broker_request(
+                    buf, payload_offset, fend, more, now):
+                # a renewal the proxy refuses never reaches the broker (not a policy denial:
+                # shadow mode does not let it through)
+                self._deny(session, link, MessageDenyReason.TOKEN_RENEWAL, link.address, now)
+                return False
         limit = self.rules.max_message_size
         if limit is not None and link.delivery_bytes > limit and not aborted:
             if link.discard_reason != _SHADOWED_SIZE:  # once per delivery
@@ -337,7 +344,9 @@ class Deliveries(Room):
             self._finish_oversize(session, link, now)
             return
         description = (
-            C.USER_ID_VIOLATION if reason == MessageDenyReason.USER_ID else C.TARGET_VIOLATION
+            C.USER_ID_VIOLATION if reason == MessageDenyReason.USER_ID
+            else RENEWAL_REFUSED if reason == MessageDenyReason.TOKEN_RENEWAL
+            else C.TARGET_VIOLATION
         )  # relay target, by address rules or topics
         frames = []
         if not link.delivery_settled and link.delivery_id is not None:
@@ -446,7 +455,8 @@ class Deliveries(Room):
             buf, body, fend
         )
         link = session.router_links.get(handle)
-        if link is None or link.is_sender or not (link.topic_filter or link.strip_durable):
+        if link is None or link.is_sender or not (
+                link.topic_filter or link.strip_durable or link.renewal):
             return None
         first = not link.in_delivery
         last = not more or aborted
@@ -456,6 +466,8 @@ class Deliveries(Room):
             link.delivery_settled = settled
             link.discarding = False
             link.rewrite_durable = link.strip_durable
+            if link.renewal and not aborted:
+                self.sessions.proxy.broker_reply(buf, payload_offset, fend, more, now)
             if link.topic_filter and not aborted:
                 self._filter(link, buf, payload_offset, fend, more, delivery_id, now)
         elif settled:

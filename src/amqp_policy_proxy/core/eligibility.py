@@ -20,7 +20,8 @@ value                             inputs (who sets them)
 ``Sessions.router_fast``          :data:`ROUTER_INPUTS`: shaping (admission, close), counting
                                   the router's Transfers (``maxSessionWindow``, sessions that
                                   track the router's flow), renumbering, topic receivers, the
-                                  proxy's own deliveries (``inserting``, :mod:`.proxylinks`)
+                                  proxy's own deliveries (``inserting``, :mod:`.proxylinks`),
+                                  the broker's renewal answers (``reads_replies``)
 ================================  ===========================================================
 
 What stays a per-frame test in the loops is per-delivery or per-frame state, not a feature:
@@ -66,6 +67,8 @@ class _Sessions(Protocol):
     def renumbering(self) -> bool: ...
     @property
     def inserting(self) -> bool: ...
+    @property
+    def reads_replies(self) -> bool: ...
 
 
 NOT_FAST = 0
@@ -82,7 +85,7 @@ LINK_INPUTS = frozenset({"is_sender", "client_detached", "shaper", "inspect", "a
 SESSION_INPUTS = frozenset({"numbering"})
 """The session's attributes :func:`refresh_session` reads."""
 ROUTER_INPUTS = frozenset({"shaping", "count_router_transfers", "renumbering",
-                           "topic_receivers", "inserting"})
+                           "topic_receivers", "inserting", "reads_replies"})
 """The connection's attributes :func:`refresh_router` reads."""
 PER_FRAME_STATE = frozenset({
     # the delivery in progress on a link (the scanner carries it, link.carry)
@@ -143,4 +146,5 @@ def refresh_router(sessions: _Sessions) -> None:
                                 or sessions.count_router_transfers
                                 or sessions.renumbering
                                 or sessions.inserting
+                                or sessions.reads_replies
                                 or sessions.rules.topic_receivers)

@@ -16,6 +16,18 @@ A reply link may not be attached on a session where the client already receives 
 router (the router's delivery-ids there were never read, so the proxy cannot number its own
 after them): it is refused with ``amqp:precondition-failed``; attach the renewal links first
 or on a session of their own.
+
+In front of RabbitMQ (``[[upstream]] kind = "rabbitmq"``) ``/management`` is the broker's own
+node, so its links go to the broker; with ``token_authority = "upstream"`` the broker holds the
+connection's token and renews it on ``PUT /auth/tokens``. There the proxy reads the pair
+instead of answering it (decision 0008): each request is looked at on its first frame
+(:meth:`ProxyLinks.broker_request`); a renewal the proxy refuses never reaches the broker (the
+delivery is withheld and rejected, ``amqp:unauthorized-access``); one it accepts is forwarded
+as it came and remembered by its ``message-id``; the broker's answer on the reply link
+(:meth:`ProxyLinks.broker_reply`, the reply's ``correlation-id``) decides: ``204`` puts the
+connection under the new identity, anything else changes nothing. With ``token_authority =
+"proxy"`` the broker knows the proxy's service identity, not the client's token: a renewal there
+is refused (renew on ``$cbs``, which the proxy answers in front of every router).
 """
 
 from __future__ import annotations
@@ -24,7 +36,9 @@ import logging
 import struct
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
+from ..amqp.accel import read_head
 from ..amqp.constants import UINT_MAX, Condition
 from ..amqp.errors import ResourceLimitError
 from ..amqp.performatives import Accepted, Attach, Detach, Disposition, Flow, Source, Target
@@ -33,6 +47,7 @@ from ..tokens.claims import TokenIdentity
 from ..tokens.renewal import (
     BAD_REQUEST,
     CBS_NODE,
+    HTTP_NO_CONTENT,
     MANAGEMENT_NODE,
     RenewalOutcome,
     RenewalRequestError,
@@ -44,7 +59,7 @@ from ..tokens.renewal import (
     parse_cbs_put_token,
     renew,
 )
-from ..tokens.sections import MAX_MESSAGE_BYTES
+from ..tokens.sections import MAX_MESSAGE_BYTES, MessageError, decode_message
 from .commands import CLIENT
 from .context import Context, Room
 from .eligibility import refresh_router
@@ -68,6 +83,14 @@ REPLY_LINK_REFUSED = ("the token renewal reply link must be attached before any 
 ACCEPTED, REFUSED, BAD = "accepted", "refused", "bad_request"
 #: The refusal reason of a renewal whose new groups would not admit the connection.
 GROUPS_DENIED = "groups_denied"
+#: The refusal reason of a forwarded renewal the broker did not answer ``204``.
+UPSTREAM_REFUSED = "upstream_refused"
+#: The refusal reason of a ``PUT /auth/tokens`` to a broker that does not hold the token.
+NOT_UPSTREAM = "not_upstream_authority"
+#: Forwarded renewals waiting for the broker's answer, per connection (older ones dropped).
+MAX_FORWARDED = 16
+#: The rejection's description of a renewal request the proxy refused (broker's pair).
+RENEWAL_REFUSED = "token renewal refused"
 
 Renewed = Callable[[TokenIdentity, float], str | None]
 """The facade's part of an accepted renewal: put the connection under the new identity (its
@@ -87,10 +110,30 @@ def node_of(ctx: Context, address: str | None) -> str | None:
     return address
 
 
+def reads_broker_renewals(ctx: Context, address: str | None) -> bool:
+    """Whether a link to or from ``address`` is one of RabbitMQ's own ``/management`` pair on
+    a token connection: its requests (a sender) or replies (a receiver) are read for renewals
+    (:meth:`ProxyLinks.broker_request`, :meth:`ProxyLinks.broker_reply`)."""
+    return (ctx.token is not None and address == MANAGEMENT_NODE
+            and ctx.naming.kind == "rabbitmq")
+
+
+def is_token_put(to: str | None, method: str | None) -> bool:
+    """Whether an HTTP-over-AMQP request with properties ``to`` and ``subject`` ``method`` may
+    be a token renewal as the broker reads it: ``PUT`` in any case, and a path whose segments,
+    percent-decoded and compared without case, empty ones left out, are ``auth``, ``tokens``.
+    Wider than the broker's own match on purpose: what could be a renewal is treated as one
+    (and must then be exactly ``PUT /auth/tokens``, or it is refused)."""
+    if to is None or method is None or method.upper() != "PUT":
+        return False
+    path = unquote(to)
+    return [part.lower() for part in path.split("/") if part] == ["auth", "tokens"]
+
+
 class ProxyLinks(Room):
     """The links of one connection that the proxy answers itself."""
 
-    __slots__ = ("sessions", "renewed")
+    __slots__ = ("sessions", "renewed", "forwarded")
 
     def __init__(self, ctx: Context, sessions: Any) -> None:
         """For the connection ``ctx`` and its ``sessions`` (:class:`.sessions.Sessions`,
@@ -99,6 +142,9 @@ class ProxyLinks(Room):
         Room.__init__(self, ctx)
         self.sessions = sessions
         self.renewed: Renewed | None = None
+        self.forwarded: dict[tuple[type, Any], TokenIdentity] = {}
+        """Renewals forwarded to the broker (``/management`` of RabbitMQ), by the request's
+        ``message-id`` (its type and value): the identity each puts in force on ``204``."""
 
     # ------------------------------------------------------------------ links
 
@@ -266,6 +312,95 @@ class ProxyLinks(Room):
                         ctx.conn_id, node, ctx.user, ctx.remote_host, detail)
         self.wire.emit(TokenRenewed(*ctx.who(now), node=node, result=result, reason=reason))
 
+    # ------------------------------------------------------------------ the broker's pair
+
+    def broker_request(self, buf: Any, payload: int, fend: int, more: bool,
+                       now: float) -> bool:
+        """The first frame of a client delivery to RabbitMQ's own ``/management``
+        (:func:`reads_broker_renewals`), its message at ``buf[payload:fend]``: False refuses it
+        (the caller withholds and rejects the delivery), True forwards it.
+
+        A request that is not a renewal (:func:`is_token_put`) goes on. A renewal must be whole
+        in this frame and exactly ``PUT /auth/tokens`` with a ``message-id`` and a token the
+        proxy accepts (:func:`~..tokens.renewal.renew`: same subject, an ``exp`` no earlier),
+        on a connection whose broker holds the token (``token_authority = "upstream"``); then
+        it is forwarded and remembered until the broker answers (:meth:`broker_reply`).
+        Every refusal is counted (``TokenRenewed``) and logged without the token.
+
+        Raises:
+            DecodeError: the message head is not canonical.
+        """
+        head = read_head(buf, payload, fend, last=not more, subject=True)
+        if not head.complete:  # (only a delivery of more frames)
+            self._record(BAD, BAD_REQUEST_REASON, "a request's properties must fit its first "
+                         "frame", MANAGEMENT_NODE, now)
+            return False
+        if not is_token_put(head.to, head.subject):
+            return True
+        if more:
+            self._record(BAD, BAD_REQUEST_REASON, "a token renewal must fit one frame",
+                         MANAGEMENT_NODE, now)
+            return False
+        try:
+            request = parse_auth_tokens_put(bytes(buf[payload:fend]))
+        except RenewalRequestError as exc:
+            self._record(BAD, BAD_REQUEST_REASON, exc.description, MANAGEMENT_NODE, now)
+            return False
+        ctx = self.ctx
+        tokens = ctx.tokens
+        token = ctx.token
+        assert tokens is not None and token is not None
+        if tokens.authority != "upstream":
+            self._record(REFUSED, NOT_UPSTREAM, "the broker does not hold this connection's "
+                         "token (token_authority proxy): renew on $cbs", MANAGEMENT_NODE, now)
+            return False
+        key = (type(request.message_id), request.message_id)
+        if key in self.forwarded:
+            self._record(BAD, BAD_REQUEST_REASON, "a renewal with this message-id is already "
+                         "waiting for the broker's answer", MANAGEMENT_NODE, now)
+            return False
+        outcome = renew(token.identity, request.token, config=tokens.config,
+                        keys=tokens.keys.keys(now), now=now + ctx.wall_offset)
+        if not outcome.accepted:
+            reason = GROUPS_DENIED if outcome.reason is None else outcome.reason.value
+            self._record(REFUSED, reason, outcome.detail, MANAGEMENT_NODE, now)
+            return False
+        self.forwarded[key] = outcome.identity
+        while len(self.forwarded) > MAX_FORWARDED:
+            del self.forwarded[next(iter(self.forwarded))]
+        return True
+
+    def broker_reply(self, buf: Any, payload: int, fend: int, more: bool, now: float) -> None:
+        """The first frame of a delivery from RabbitMQ's own ``/management`` to the client,
+        its message at ``buf[payload:fend]``: the broker's answer to a forwarded renewal (its
+        ``correlation-id`` that renewal's ``message-id``) puts the connection under the new
+        identity when it is ``204`` (its groups re-checked by the facade), else changes
+        nothing. The first answer with an id settles it (the broker answers a link's requests
+        in order). Anything else, or a reply that spans frames, is relayed and not read."""
+        forwarded = self.forwarded
+        if not forwarded or more:
+            return
+        try:
+            message = decode_message(buf[payload:fend])
+        except MessageError:
+            return
+        props = message.properties
+        if props is None:
+            return
+        mid = props.correlation_id
+        identity = forwarded.pop((type(mid), mid), None)
+        if identity is None:
+            return
+        if props.subject != str(HTTP_NO_CONTENT):
+            self._record(REFUSED, UPSTREAM_REFUSED, f"the broker answered "
+                         f"{str(props.subject)[:16]!r}", MANAGEMENT_NODE, now)
+            return
+        why = None if self.renewed is None else self.renewed(identity, now)
+        if why is not None:
+            self._record(REFUSED, GROUPS_DENIED, why, MANAGEMENT_NODE, now)
+            return
+        self._record(ACCEPTED, "", "", MANAGEMENT_NODE, now)
+
     # ------------------------------------------------------------------ replies
 
     def _reply(self, session: SessionRecord, node: str, reply_to: str | None,
@@ -343,4 +478,5 @@ class ProxyLinks(Room):
 
 #: The ``reason`` of a request that could not be acted on.
 BAD_REQUEST_REASON = "bad_request"
-__all__ = ["ACCEPTED", "BAD", "BAD_REQUEST", "NODES", "REFUSED", "ProxyLinks", "node_of"]
+__all__ = ["ACCEPTED", "BAD", "BAD_REQUEST", "NODES", "REFUSED", "RENEWAL_REFUSED", "ProxyLinks",
+           "is_token_put", "node_of", "reads_broker_renewals"]

@@ -55,7 +55,7 @@ class LinkRecord:
         "delivery_tag", "delivery_settled", "in_delivery", "discarding", "discard_reason",
         "qos", "topic_filter", "strip_durable", "rewrite_durable", "shaper", "withheld",
         "initial_count", "router_flow", "node", "by_subject", "revoked", "client_answered",
-        "dynamic", "fast",
+        "dynamic", "fast", "renewal",
     )
 
     def __init__(self, name: str, handle: int, is_sender: bool, address: str | None) -> None:
@@ -116,6 +116,11 @@ class LinkRecord:
         self.fast = 0
         """May the client fast path take its Transfers (:mod:`.eligibility`: ``NOT_FAST``
         until computed at attach)."""
+        self.renewal = False
+        """One of RabbitMQ's own ``/management`` pair on a token connection
+        (:func:`.proxylinks.reads_broker_renewals`): a sender's requests are read for token
+        renewals (``inspect`` is set too), a receiver's deliveries for the broker's answers
+        (``Sessions.reads_replies``)."""
 
     def carry(self, delivery: tuple[int, int | None, bool] | None) -> None:
         """Take the delivery in progress as the relay scanner left it

@@ -394,7 +394,7 @@ class RouterSide(Leg):
                         run.start = fend
                         pos = fend
                         continue
-                if rules.topic_receivers:
+                if rules.topic_receivers or sessions.reads_replies:
                     replacement = deliveries.router_transfer(buf, pos, body, fend, channel, now)
                     if replacement is not None:
                         if pos > run.start:

@@ -43,7 +43,7 @@ from .eligibility import refresh_link, refresh_router
 from .events import LinkDenied, SessionDenied
 from .flows import SessionFlows
 from .numbering import disposition_to_router, inserted_disposition
-from .proxylinks import ProxyLinks, node_of
+from .proxylinks import ProxyLinks, node_of, reads_broker_renewals
 from .records import LinkRecord, ReservedPool, SessionRecord
 from .rules import MessageRules
 from .shadow import shadowed, verb
@@ -93,6 +93,7 @@ class Sessions(SessionFlows):
         "window_pending",
         "router_fast",
         "inserting",
+        "reads_replies",
         "proxy",
     )
 
@@ -130,6 +131,10 @@ class Sessions(SessionFlows):
         self.inserting = False
         """Some session carries deliveries of the proxy's own toward the client: the router's
         Transfers on it are renumbered (:class:`.numbering.InsertedNumbering`)."""
+        self.reads_replies = False
+        """Some receiver link is RabbitMQ's own ``/management`` on a token connection: the
+        router's Transfers are read for the broker's answers to forwarded renewals
+        (:meth:`.proxylinks.ProxyLinks.broker_reply`)."""
         self.proxy = ProxyLinks(ctx, self)
         """The links the proxy answers itself (:mod:`.proxylinks`)."""
         self.early_denials: list[bytes] = []
@@ -333,7 +338,11 @@ class Sessions(SessionFlows):
         link.initial_count = _int_or_none(perf.initial_delivery_count) or 0
         link.dynamic = dynamic
         link.qos = qos
-        link.inspect = is_sender and group is not None and rules.inspects(link)
+        link.renewal = not dynamic and reads_broker_renewals(conn, address)
+        link.inspect = is_sender and group is not None and (rules.inspects(link) or link.renewal)
+        if link.renewal and not is_sender:
+            self.reads_replies = True  # the broker's answers to forwarded renewals are read
+            refresh_router(self)
         if link.inspect:
             # a delivery may be withheld here: keep the router's flow state (numbering.py)
             session.tracks_router = self.count_router_transfers = True

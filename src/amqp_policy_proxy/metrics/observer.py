@@ -205,8 +205,8 @@ _EVENT_COUNTERS: dict[type, tuple[str, str, tuple[str, ...]]] = {
         "amqp_proxy_token_renewals_total",
         "In-band token renewals on live token connections (CBS put-token on $cbs, PUT "
         "/auth/tokens on /management), by result (accepted, refused, bad_request) and reason "
-        "(a rejection reason, subject_changed, not_newer, groups_denied, bad_request; empty "
-        "when accepted).",
+        "(a rejection reason, subject_changed, not_newer, groups_denied, upstream_refused, "
+        "not_upstream_authority, bad_request; empty when accepted).",
         ("result", "reason"),
     ),
     Revoked: (

@@ -98,6 +98,9 @@ class MessageDenyReason(StrEnum):
     """A delivery to a wildcard subscriber withheld: no subscribe authority on its address,
     or its address is unknown and the subscriber may not see every topic the wildcard
     matches."""
+    TOKEN_RENEWAL = "token_renewal"
+    """A ``PUT /auth/tokens`` to RabbitMQ's own ``/management`` the proxy refused (the token
+    is worse than the connection's, or the request is malformed): never forwarded."""
     ROUTER_ANNOTATIONS = "router_annotations"
     """An anonymous-relay message carrying the router's own ``x-opt-qd.*`` annotations (by
     which qdrouterd would route it past the ``to`` the proxy checked)."""
