@@ -102,10 +102,9 @@ def node_of(ctx: Context, address: str | None) -> str | None:
     """The node the proxy answers for an Attach's ``address`` on this connection, or None
     (not a token connection, or another address). ``/management`` is RabbitMQ's own node in
     front of RabbitMQ (``[[upstream]] kind = "rabbitmq"``: queues, exchanges, bindings, and
-    its own ``/auth/tokens``): its links go to the broker as any other address."""
-    if ctx.token is None or address not in NODES:
-        return None
-    if address == MANAGEMENT_NODE and ctx.naming.kind == "rabbitmq":
+    its own ``/auth/tokens``): its links go to the broker, read there
+    (:func:`reads_broker_renewals`)."""
+    if ctx.token is None or address not in NODES or reads_broker_renewals(ctx, address):
         return None
     return address
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..amqp import codec
+from ..policy.naming import RABBIT_MANAGEMENT_NODE
 from .claims import TokenIdentity, identity_from_token
 from .errors import RejectReason, TokenRejected, shown
 from .jwks import JwkSet
@@ -52,7 +53,7 @@ if TYPE_CHECKING:  # a type only: the schema (pydantic) stays out of the core
 
 CBS_NODE = "$cbs"
 """The CBS node's address (a client attaches a sender to it and a receiver from it)."""
-MANAGEMENT_NODE = "/management"
+MANAGEMENT_NODE = RABBIT_MANAGEMENT_NODE
 """RabbitMQ's management node: the address of the HTTP-over-AMQP link pair."""
 AUTH_TOKENS_PATH = "/auth/tokens"
 """The HTTP-over-AMQP request target of a token renewal."""
