@@ -195,7 +195,10 @@ class Deliveries(Room):
             return False
         link.delivery_bytes += fend - payload_offset
         if first and not aborted and link.inspect:
-            denial = self.rules.message_denial(link, buf, payload_offset, fend, more, now)
+            # (a link inspected only for renewals has no per-message rule: it would read a
+            # head that does not fit its first frame as a rule's denial)
+            denial = (self.rules.message_denial(link, buf, payload_offset, fend, more, now)
+                      if not link.renewal or self.rules.inspects(link) else None)
             if denial is not None and not self._shadow(denial[0], denial[1], now):
                 self._deny(session, link, denial[0], denial[1], now)
                 return False

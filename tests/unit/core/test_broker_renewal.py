@@ -43,9 +43,9 @@ POLICY = make_policy({
 }, allowUnknownUser=True)
 
 
-def connected(issuer: Issuer, authority: str = "upstream") -> Any:
+def connected(issuer: Issuer, authority: str = "upstream", policy: Any = POLICY) -> Any:
     """A token connection in front of RabbitMQ with the /management pair attached both ways."""
-    s = script(issuer, authority, cfg=CFG, policy=POLICY)
+    s = script(issuer, authority, cfg=CFG, policy=policy)
     s.conn.naming = Naming("rabbitmq")
     token = plain(issuer.token(now=WALL, exp=EXP))
     if authority == "upstream":
@@ -191,3 +191,20 @@ def test_the_broker_pair_keeps_the_router_side_off_the_fast_path(issuer):
 ])
 def test_what_counts_as_a_renewal(to, method, expected):
     assert is_token_put(to, method) is expected
+
+
+def test_a_request_whose_properties_do_not_fit_its_first_frame_is_a_refused_renewal(issuer):
+    # no per-message rule on the link (allowUserIdProxy): only the renewal check reads it
+    s = connected(issuer, policy=make_policy({
+        "senders": {"users": "nobody", "remoteHosts": "*", "targets": "*, /management",
+                    "sources": "*, /management", "allowUserIdProxy": True},
+        "$default": {"remoteHosts": "*", "sources": "*", "targets": "*"},
+    }, allowUnknownUser=True))
+    assert not s.conn.sessions.rules.check_user_id
+    put = auth_tokens(issuer.token(now=WALL, exp=EXP + 3600), "m1")
+    s.client(frame(0, Transfer(handle=0, delivery_id=0, delivery_tag=b"t0", message_format=0,
+                               more=True), put[:6]))
+    s.client(frame(0, Transfer(handle=0, more=False), put[6:]))
+    assert transfers(s.take(Side.ROUTER)) == []
+    assert renewals(s) == [("bad_request", "bad_request")]
+    assert [e.reason for e in s.events if isinstance(e, MessageDenied)] == ["token_renewal"]
